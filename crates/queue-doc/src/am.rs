@@ -1,0 +1,88 @@
+//! Small typed readers over Automerge values.
+//!
+//! Documents arrive from other peers, so every reader tolerates a missing key or a value of the
+//! wrong type by returning `None`; callers decide whether that makes a record malformed.
+
+use automerge::{ObjId, ObjType, ReadDoc, ScalarValue, Value};
+
+pub(crate) fn object<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str, ty: ObjType) -> Option<ObjId> {
+    match doc.get(obj, key).ok()?? {
+        (Value::Object(t), id) if t == ty => Some(id),
+        _ => None,
+    }
+}
+
+pub(crate) fn scalar<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<ScalarValue> {
+    match doc.get(obj, key).ok()?? {
+        (Value::Scalar(s), _) => Some(s.into_owned()),
+        _ => None,
+    }
+}
+
+pub(crate) fn string<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<String> {
+    match scalar(doc, obj, key)? {
+        ScalarValue::Str(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+pub(crate) fn uint<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<u64> {
+    match scalar(doc, obj, key)? {
+        ScalarValue::Uint(v) => Some(v),
+        ScalarValue::Int(v) => u64::try_from(v).ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn int<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<i64> {
+    match scalar(doc, obj, key)? {
+        ScalarValue::Int(v) => Some(v),
+        ScalarValue::Uint(v) => i64::try_from(v).ok(),
+        _ => None,
+    }
+}
+
+pub(crate) fn boolean<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<bool> {
+    match scalar(doc, obj, key)? {
+        ScalarValue::Boolean(b) => Some(b),
+        _ => None,
+    }
+}
+
+/// Every concurrent value of `key` that is an object of type `ty`.
+pub(crate) fn all_objects<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str, ty: ObjType) -> Vec<ObjId> {
+    doc.get_all(obj, key)
+        .map(|values| {
+            values
+                .into_iter()
+                .filter_map(|(v, id)| match v {
+                    Value::Object(t) if t == ty => Some(id),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The objects of type `ty` in list `list`, in list order.
+pub(crate) fn list_objects<R: ReadDoc>(doc: &R, list: &ObjId, ty: ObjType) -> Vec<ObjId> {
+    (0..doc.length(list))
+        .filter_map(|i| match doc.get(list, i).ok()?? {
+            (Value::Object(t), id) if t == ty => Some(id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The strings in list `list`, in list order; other values are skipped.
+pub(crate) fn list_strings<R: ReadDoc>(doc: &R, list: &ObjId) -> Vec<String> {
+    (0..doc.length(list))
+        .filter_map(|i| match doc.get(list, i).ok()?? {
+            (Value::Scalar(s), _) => match s.as_ref() {
+                ScalarValue::Str(s) => Some(s.to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,46 @@
+//! The documents' key names, in one place so that readers and writers agree.
+
+pub(crate) const SCHEMA: &str = "schema";
+pub(crate) const VERSION: &str = "version";
+pub(crate) const QUEUE_SCHEMA: &str = "piecework/queue";
+pub(crate) const TASK_SCHEMA: &str = "piecework/task";
+pub(crate) const SCHEMA_VERSION: u64 = 1;
+
+pub(crate) const NAME: &str = "name";
+pub(crate) const CONFIG: &str = "config";
+pub(crate) const CREATED_AT: &str = "created_at";
+pub(crate) const CREATOR: &str = "creator";
+pub(crate) const MEMBERS: &str = "members";
+pub(crate) const ROLE: &str = "role";
+pub(crate) const ADDRS: &str = "addrs";
+pub(crate) const JOINED_AT: &str = "joined_at";
+pub(crate) const ROUTER: &str = "router";
+pub(crate) const TERM: &str = "term";
+pub(crate) const PEER: &str = "peer";
+pub(crate) const CLAIMED_AT: &str = "claimed_at";
+pub(crate) const PAUSED: &str = "paused";
+pub(crate) const TASKS: &str = "tasks";
+
+pub(crate) const QUEUE: &str = "queue";
+pub(crate) const KIND: &str = "kind";
+pub(crate) const INPUT: &str = "input";
+pub(crate) const SUBMITTED_AT: &str = "submitted_at";
+pub(crate) const SUBMITTER: &str = "submitter";
+pub(crate) const PRIORITY: &str = "priority";
+pub(crate) const URGENT: &str = "urgent";
+pub(crate) const MAX_ATTEMPTS: &str = "max_attempts";
+pub(crate) const ATTEMPTS: &str = "attempts";
+
+pub(crate) const N: &str = "n";
+pub(crate) const WORKER: &str = "worker";
+pub(crate) const ASSIGNED_AT: &str = "assigned_at";
+pub(crate) const START: &str = "start";
+pub(crate) const FINISH: &str = "finish";
+pub(crate) const AT: &str = "at";
+pub(crate) const INCARNATION: &str = "incarnation";
+pub(crate) const OUTCOME: &str = "outcome";
+pub(crate) const ERROR: &str = "error";
+
+pub(crate) const RUNS: &str = "runs";
+pub(crate) const RESULT: &str = "result";
+pub(crate) const LOGS: &str = "logs";

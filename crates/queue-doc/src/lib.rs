@@ -1,0 +1,71 @@
+//! Piecework's documents, as typed operations on [`automerge::Automerge`] documents.
+//!
+//! This crate is pure: it reads no clock and no random source, and does no I/O. Callers pass
+//! wall-clock times (`now_ms`, unix milliseconds) and own the documents; the same functions run
+//! inside a node (on documents held by samod) and inside the simulator (on plain documents).
+//!
+//! # The documents
+//!
+//! - A **queue document** holds the queue's name and [`QueueConfig`], its members, the router
+//!   record, the pause flag, and the task index: for each task its kind, priority, submit time,
+//!   submitter and attempts. Operations: [`queue::create`], [`queue::set_member`],
+//!   [`queue::claim_router`], [`queue::submit`], [`queue::record_assignments`],
+//!   [`queue::record_start`], [`queue::record_finish`]. Read it with [`QueueView::read`].
+//! - A **task document** per task (its URL is the task id) holds the kind, the input and one
+//!   run record per started attempt: [`task::init`], [`task::record_run_start`],
+//!   [`task::record_run_end`], [`task::read`].
+//!
+//! # Merge rules
+//!
+//! Replicas apply these operations concurrently and exchange changes in any order. The rules
+//! that make every replica agree, and that keep outcomes from regressing:
+//!
+//! - **Router record.** Claims are written to one key; concurrent claims survive as conflicting
+//!   values. The effective router is the greatest `(term, peer)` among them ([`Claim`]'s order),
+//!   not Automerge's last-writer-wins pick.
+//! - **Attempts** are appended to a list and never removed: the list is the union of all
+//!   replicas' attempts. An attempt's start and end are written only by its worker's pool; if a
+//!   restarted node writes one again concurrently with its earlier self, the greatest by a fixed
+//!   order wins (`start`: greatest incarnation; `end`: [`AttemptOutcome`]'s order).
+//! - **Task state** is not stored but derived from the attempts ([`TaskEntry::state`]): any
+//!   successful attempt makes the task `Succeeded`; `max_attempts` failures make it `Failed`.
+//!   Since attempts only accumulate, a final state never turns back into a pending one.
+//! - Tasks are never removed from the index by this version.
+//!
+//! ```
+//! use automerge::Automerge;
+//! use piecework_queue_doc::{queue, PeerId, QueueConfig, QueueView, Submission, TaskId, TaskState};
+//!
+//! let me = PeerId::new("peer-a");
+//! let mut doc = Automerge::new();
+//! queue::create(&mut doc, "emails", &QueueConfig::default(), &me, 1_000).unwrap();
+//! queue::submit(&mut doc, &Submission {
+//!     id: TaskId::new("automerge:task1"),
+//!     kind: "send".into(),
+//!     submitter: me.clone(),
+//!     submitted_at: 1_001,
+//!     priority: 0,
+//!     urgent: false,
+//!     max_attempts: None,
+//! }).unwrap();
+//! let view = QueueView::read(&doc).unwrap();
+//! assert_eq!(view.pending()[0].state(), TaskState::Pending);
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod am;
+mod config;
+mod ids;
+mod keys;
+pub mod queue;
+pub mod task;
+mod view;
+
+pub use config::{ConfigError, Order, QueueConfig};
+pub use ids::{AttemptId, BadWorkerId, Claim, PeerId, QueueId, TaskId, WorkerId};
+pub use queue::{Assignment, Submission};
+pub use view::{
+    Attempt, AttemptOutcome, Finished, Member, QueueView, StateCounts, Started, TaskEntry,
+    TaskState,
+};
