@@ -15,6 +15,8 @@
 //!   run record per started attempt: [`task::init`], [`task::record_run_start`],
 //!   [`task::record_run_end`], [`task::read`].
 //!
+//! Beside the documents, peers gossip [`RouterBeat`]s and [`PoolBeat`]s (module [`beat`]).
+//!
 //! # Merge rules
 //!
 //! Replicas apply these operations concurrently and exchange changes in any order. The rules
@@ -55,6 +57,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod am;
+pub mod beat;
 mod config;
 mod ids;
 mod keys;
@@ -62,6 +65,7 @@ pub mod queue;
 pub mod task;
 mod view;
 
+pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use ids::{AttemptId, BadWorkerId, Claim, PeerId, QueueId, TaskId, WorkerId};
 pub use queue::{Assignment, Submission};

@@ -211,6 +211,20 @@ impl TaskEntry {
         state
     }
 
+    /// The routing order between two tasks: urgent first, then greater priority, then submit
+    /// time (oldest first for [`Order::Fifo`], newest first for [`Order::Lifo`]), then id.
+    pub fn route_cmp(&self, other: &TaskEntry, order: Order) -> std::cmp::Ordering {
+        other
+            .urgent
+            .cmp(&self.urgent)
+            .then(other.priority.cmp(&self.priority))
+            .then(match order {
+                Order::Fifo => self.submitted_at.cmp(&other.submitted_at),
+                Order::Lifo => other.submitted_at.cmp(&self.submitted_at),
+            })
+            .then(self.id.cmp(&other.id))
+    }
+
     /// The attempt with this id.
     pub fn attempt(&self, id: &AttemptId) -> Option<&Attempt> {
         self.attempts.iter().find(|a| &a.id == id)
@@ -311,16 +325,7 @@ impl QueueView {
             .filter(|t| t.state() == TaskState::Pending)
             .collect();
         let order = self.config.order;
-        pending.sort_by(|a, b| {
-            b.urgent
-                .cmp(&a.urgent)
-                .then(b.priority.cmp(&a.priority))
-                .then(match order {
-                    Order::Fifo => a.submitted_at.cmp(&b.submitted_at),
-                    Order::Lifo => b.submitted_at.cmp(&a.submitted_at),
-                })
-                .then(a.id.cmp(&b.id))
-        });
+        pending.sort_by(|a, b| a.route_cmp(b, order));
         pending
     }
 

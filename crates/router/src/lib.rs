@@ -1,1 +1,411 @@
-//! placeholder
+//! Piecework's router for one queue: the write → wait → recheck takeover state machine, and the
+//! routing policy that hands pending tasks to idle workers.
+//!
+//! The router is sans-IO, in the style of quinn-proto: it reads no clock, opens no socket and
+//! writes no document. Time comes in as `now` on every call; what the router wants done comes
+//! out as [`Action`]s, and what happened as [`Event`]s.
+//!
+//! # Driving a router
+//!
+//! - Inputs: [`Router::handle_view`] after every change to the queue document (including the
+//!   driver's own writes), [`Router::handle_router_beat`] and [`Router::handle_pool_beat`] for
+//!   heartbeats heard on the network (and the local pool's own), and [`Router::handle_timeout`]
+//!   when [`Router::poll_timeout`] says so.
+//! - Outputs: drain [`Router::poll_action`] after every input and carry each action out:
+//!   [`Action::Claim`] and [`Action::Assign`] are writes to the queue document (then feed the new
+//!   view back), [`Action::Beat`] is a broadcast. [`Router::poll_event`] reports role changes.
+//! - Then ask [`Router::poll_timeout`] for the next deadline.
+//!
+//! # The protocol
+//!
+//! A follower that has not heard the effective router for `takeover_after` writes a claim with
+//! `term + 1`, waits `settle`, re-reads the document, and becomes active only if the document
+//! still names it: the effective router is the greatest `(term, peer)` among the concurrent
+//! values of the router record. An active router steps down as soon as a view or a heartbeat
+//! shows a greater claim, and waits one pool-heartbeat interval before its first assignment, to
+//! learn what is already running. Time is only ever measured on the local monotonic clock;
+//! clocks of different peers are never compared.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use piecework_queue_doc::{PeerId, QueueId, QueueView};
+//! use piecework_router::{Action, Router};
+//!
+//! let t0 = Instant::now(); // in a node; the simulator passes virtual instants
+//! let mut router = Router::new(QueueId::new("automerge:q"), PeerId::new("me"), t0);
+//! router.handle_view(t0, QueueView::default().into());
+//! // No router is named yet: claim at once, term 1.
+//! router.handle_timeout(t0);
+//! assert!(matches!(router.poll_action(), Some(Action::Claim(c)) if c.term == 1));
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod policy;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use piecework_queue_doc::{
+    Assignment, Claim, PeerId, PoolBeat, QueueId, QueueView, RouterBeat, TaskId,
+};
+
+/// Something the driver must do for the router.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Write this claim as the queue's router record, then feed the new view back.
+    Claim(Claim),
+    /// Broadcast this heartbeat to the queue's members.
+    Beat(RouterBeat),
+    /// Record these assignments in the queue document in one change, then feed the view back.
+    Assign(Vec<Assignment>),
+}
+
+/// Something that happened to the router, for logs, metrics and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The router wrote a claim and is waiting `settle` to recheck it.
+    Claimed(Claim),
+    /// The recheck found the claim still effective: the router is active.
+    BecameActive(Claim),
+    /// The recheck found another claim effective.
+    ClaimLost {
+        /// The router's claim.
+        claim: Claim,
+        /// The effective claim at the recheck, if any.
+        winner: Option<Claim>,
+    },
+    /// The router was active and saw a greater claim.
+    SteppedDown {
+        /// The router's claim.
+        claim: Claim,
+        /// The greater claim it saw.
+        by: Claim,
+    },
+}
+
+/// The router's role for its queue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Listening for the effective router's heartbeats.
+    Follower,
+    /// Claim written; waiting to recheck it at `recheck_at`.
+    Claiming {
+        /// The claim written.
+        claim: Claim,
+        /// When the claim is re-read.
+        recheck_at: Instant,
+    },
+    /// The effective router.
+    Active {
+        /// The router's claim.
+        claim: Claim,
+        /// No assignment before this instant (one pool heartbeat after becoming active).
+        route_from: Instant,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct PoolState {
+    heard_at: Instant,
+    beat: PoolBeat,
+}
+
+/// The router of one queue on one peer. See the crate docs for how to drive it.
+#[derive(Debug)]
+pub struct Router {
+    queue: QueueId,
+    me: PeerId,
+    role: Role,
+    view: Option<Arc<QueueView>>,
+    /// When the effective router last showed life (heartbeat, or a new claim appearing).
+    heard_at: Instant,
+    /// The greatest claim heard in a heartbeat, and its last counter.
+    best_beat: Option<(Claim, u64)>,
+    started_at: Instant,
+    next_beat: Instant,
+    beat_counter: u64,
+    pools: BTreeMap<PeerId, PoolState>,
+    /// Local retry schedule: task → (failures seen, not before).
+    retry_at: HashMap<TaskId, (u32, Instant)>,
+    last_assign: Option<Instant>,
+    /// Set when routing must be re-evaluated.
+    dirty: bool,
+    /// An `Assign` was emitted; wait for the view that contains it before routing again.
+    awaiting_view: bool,
+    /// The next instant a timer-driven re-evaluation is due while active (lease, retry, rate).
+    next_check: Option<Instant>,
+    actions: VecDeque<Action>,
+    events: VecDeque<Event>,
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+impl Router {
+    /// A follower router for `queue` on peer `me`, started at `now`.
+    pub fn new(queue: QueueId, me: PeerId, now: Instant) -> Self {
+        Router {
+            queue,
+            me,
+            role: Role::Follower,
+            view: None,
+            heard_at: now,
+            best_beat: None,
+            started_at: now,
+            next_beat: now,
+            beat_counter: 0,
+            pools: BTreeMap::new(),
+            retry_at: HashMap::new(),
+            last_assign: None,
+            dirty: true,
+            awaiting_view: false,
+            next_check: None,
+            actions: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    // ----- getters -----
+
+    /// The queue this router serves.
+    pub fn queue(&self) -> &QueueId {
+        &self.queue
+    }
+
+    /// The router's current role.
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    /// Whether this router is the active router.
+    pub fn is_active(&self) -> bool {
+        matches!(self.role, Role::Active { .. })
+    }
+
+    /// The effective router according to the last view, if any.
+    pub fn effective(&self) -> Option<&Claim> {
+        self.view.as_ref().and_then(|v| v.router.as_ref())
+    }
+
+    /// The last view handed in.
+    pub fn view(&self) -> Option<&Arc<QueueView>> {
+        self.view.as_ref()
+    }
+
+    // ----- inputs -----
+
+    /// The queue document changed (or was first read). Call after every change, including
+    /// the driver's own writes of this router's actions.
+    pub fn handle_view(&mut self, now: Instant, view: Arc<QueueView>) {
+        let before = self.effective().cloned();
+        self.view = Some(view);
+        self.awaiting_view = false;
+        self.dirty = true;
+        let after = self.effective().cloned();
+        if after != before && after.as_ref().is_some_and(|c| c.peer != self.me) {
+            // A new claim appeared: its claimant is alive. Give it time to settle and beat.
+            self.heard_at = now;
+        }
+        match &self.role {
+            Role::Active { claim, .. } if after.as_ref() != Some(claim) => {
+                let (claim, by) = (claim.clone(), after.unwrap_or_else(|| claim.clone()));
+                self.step_down(now, claim, by);
+            }
+            Role::Claiming { claim, .. } if after.as_ref().is_some_and(|a| a > claim) => {
+                let claim = claim.clone();
+                self.role = Role::Follower;
+                self.events.push_back(Event::ClaimLost {
+                    claim,
+                    winner: after,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// A router heartbeat was heard (its sender authenticated by the network layer).
+    pub fn handle_router_beat(&mut self, now: Instant, beat: &RouterBeat) {
+        if beat.queue != self.queue || beat.claim.peer == self.me {
+            return;
+        }
+        if let Some((best, counter)) = &self.best_beat {
+            if beat.claim < *best || (beat.claim == *best && beat.counter <= *counter) {
+                return; // stale or replayed
+            }
+        }
+        self.best_beat = Some((beat.claim.clone(), beat.counter));
+        if self.effective().is_none_or(|e| beat.claim >= *e) {
+            self.heard_at = now;
+        }
+        match &self.role {
+            Role::Active { claim, .. } if beat.claim > *claim => {
+                let claim = claim.clone();
+                self.step_down(now, claim, beat.claim.clone());
+            }
+            Role::Claiming { claim, .. } if beat.claim > *claim => {
+                let claim = claim.clone();
+                self.role = Role::Follower;
+                self.events.push_back(Event::ClaimLost {
+                    claim,
+                    winner: Some(beat.claim.clone()),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// A pool heartbeat was heard (including this node's own pool's).
+    pub fn handle_pool_beat(&mut self, now: Instant, beat: &PoolBeat) {
+        if let Some(p) = self.pools.get(&beat.peer) {
+            let old = (p.beat.incarnation, p.beat.counter);
+            if (beat.incarnation, beat.counter) <= old {
+                return; // stale or replayed
+            }
+        }
+        self.pools.insert(
+            beat.peer.clone(),
+            PoolState {
+                heard_at: now,
+                beat: beat.clone(),
+            },
+        );
+        self.dirty = true;
+    }
+
+    /// A deadline from [`Router::poll_timeout`] passed (calling early is harmless).
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(view) = self.view.clone() else {
+            return;
+        };
+        let config = view.config.clone();
+        match self.role.clone() {
+            Role::Follower => {
+                let silent = now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
+                if view.router.is_none() || silent {
+                    let known = view
+                        .router
+                        .iter()
+                        .chain(self.best_beat.as_ref().map(|(c, _)| c))
+                        .map(|c| c.term)
+                        .max()
+                        .unwrap_or(0);
+                    let claim = Claim::new(known + 1, self.me.clone());
+                    self.role = Role::Claiming {
+                        claim: claim.clone(),
+                        recheck_at: now + ms(config.settle_ms),
+                    };
+                    self.actions.push_back(Action::Claim(claim.clone()));
+                    self.events.push_back(Event::Claimed(claim));
+                }
+            }
+            Role::Claiming { claim, recheck_at } if now >= recheck_at => {
+                if view.router.as_ref() == Some(&claim) {
+                    let wait = config.pool_heartbeat_ms.max(config.rate_interval_ms);
+                    self.role = Role::Active {
+                        claim: claim.clone(),
+                        route_from: now + ms(wait),
+                    };
+                    self.next_beat = now;
+                    self.beat_counter = 0;
+                    self.last_assign = None;
+                    self.retry_at.clear();
+                    self.dirty = true;
+                    self.events.push_back(Event::BecameActive(claim));
+                } else {
+                    self.role = Role::Follower;
+                    self.heard_at = now;
+                    self.events.push_back(Event::ClaimLost {
+                        claim,
+                        winner: view.router.clone(),
+                    });
+                }
+            }
+            Role::Claiming { .. } => {}
+            Role::Active { .. } => {}
+        }
+        if let Role::Active { claim, route_from } = self.role.clone() {
+            if now >= self.next_beat {
+                self.beat_counter += 1;
+                self.actions.push_back(Action::Beat(RouterBeat {
+                    queue: self.queue.clone(),
+                    claim: claim.clone(),
+                    counter: self.beat_counter,
+                }));
+                self.next_beat = now + ms(config.heartbeat_ms);
+            }
+            let due = self.dirty || self.next_check.is_some_and(|t| now >= t);
+            if now >= route_from && due && !self.awaiting_view {
+                self.route(now, &claim, &view);
+            }
+        }
+    }
+
+    fn step_down(&mut self, now: Instant, claim: Claim, by: Claim) {
+        self.role = Role::Follower;
+        self.heard_at = now;
+        self.next_check = None;
+        self.events.push_back(Event::SteppedDown { claim, by });
+    }
+
+    fn route(&mut self, now: Instant, claim: &Claim, view: &QueueView) {
+        self.dirty = false;
+        let plan = policy::plan(&mut policy::Input {
+            now,
+            queue: &self.queue,
+            me: claim,
+            view,
+            pools: &self
+                .pools
+                .iter()
+                .map(|(p, s)| (p.clone(), (s.heard_at, &s.beat)))
+                .collect(),
+            started_at: self.started_at,
+            retry_at: &mut self.retry_at,
+            last_assign: self.last_assign,
+        });
+        self.next_check = plan.next_check;
+        if !plan.assignments.is_empty() {
+            self.last_assign = Some(now);
+            self.awaiting_view = true;
+            self.actions.push_back(Action::Assign(plan.assignments));
+        }
+    }
+
+    // ----- outputs -----
+
+    /// The next action to carry out, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Router::handle_timeout`] must next be called; `None` until a view arrives.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let view = self.view.as_ref()?;
+        let c = &view.config;
+        match &self.role {
+            Role::Follower if view.router.is_none() => Some(self.heard_at),
+            Role::Follower => Some(self.heard_at + ms(c.takeover_after_ms)),
+            Role::Claiming { recheck_at, .. } => Some(*recheck_at),
+            Role::Active { route_from, .. } => {
+                let mut t = self.next_beat;
+                if !self.awaiting_view {
+                    if self.dirty {
+                        t = t.min(*route_from);
+                    }
+                    if let Some(check) = self.next_check {
+                        t = t.min(check.max(*route_from));
+                    }
+                }
+                Some(t)
+            }
+        }
+    }
+}

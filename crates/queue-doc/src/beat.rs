@@ -1,0 +1,52 @@
+//! The heartbeats peers gossip beside the documents: a router's, and a pool's.
+//!
+//! They travel over the network (signed by the sender's key) and are never stored. Both carry a
+//! counter that strictly increases per sender and start, so replays can be told apart.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AttemptId, Claim, PeerId, QueueId, TaskId};
+
+/// "I am the active router of this queue, under this claim."
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RouterBeat {
+    /// The queue.
+    pub queue: QueueId,
+    /// The sender's claim; `claim.peer` must be the authenticated sender.
+    pub claim: Claim,
+    /// Strictly increasing per claim.
+    pub counter: u64,
+}
+
+/// What one worker of a pool is doing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The worker's index in its pool.
+    pub index: u32,
+    /// The attempt it is running, if any.
+    pub running: Option<RunningReport>,
+}
+
+/// An attempt a worker is running.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunningReport {
+    /// The task's queue.
+    pub queue: QueueId,
+    /// The task.
+    pub task: TaskId,
+    /// The attempt.
+    pub attempt: AttemptId,
+}
+
+/// "My pool is alive and its workers are doing this."
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PoolBeat {
+    /// The pool's peer; must be the authenticated sender.
+    pub peer: PeerId,
+    /// How many times the pool's node has started.
+    pub incarnation: u64,
+    /// Strictly increasing per incarnation.
+    pub counter: u64,
+    /// Every worker of the pool.
+    pub workers: Vec<WorkerReport>,
+}

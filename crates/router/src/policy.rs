@@ -1,0 +1,167 @@
+//! The routing policy: which pending tasks go to which idle workers, this round.
+//!
+//! - Tasks are taken in the queue's order ([`QueueView::pending`]): urgent first, then
+//!   priority, then submit time (FIFO or LIFO), then id.
+//! - A task whose open attempts are all on pools silent for `lease` is routed again.
+//! - A task that failed waits `retry_delay(failures)`, measured on this router's clock from
+//!   when it first saw the failure.
+//! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
+//!   lease) that have no open attempt in the document and report no unfinished run. They are
+//!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load.
+//! - `concurrency` caps tasks assigned or running at once; `rate_interval` allows one
+//!   assignment per interval.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use piecework_queue_doc::{
+    Assignment, AttemptId, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry, TaskId, TaskState,
+    WorkerId,
+};
+
+pub(crate) struct Input<'a> {
+    pub(crate) now: Instant,
+    pub(crate) queue: &'a QueueId,
+    pub(crate) me: &'a Claim,
+    pub(crate) view: &'a QueueView,
+    pub(crate) pools: &'a BTreeMap<PeerId, (Instant, &'a PoolBeat)>,
+    pub(crate) started_at: Instant,
+    pub(crate) retry_at: &'a mut HashMap<TaskId, (u32, Instant)>,
+    pub(crate) last_assign: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    pub(crate) assignments: Vec<Assignment>,
+    /// When a timer could make more work routable (a retry, a lease, the rate interval).
+    pub(crate) next_check: Option<Instant>,
+}
+
+fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
+    Some(a.map_or(b, |a| a.min(b)))
+}
+
+pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
+    let mut plan = Plan::default();
+    let view = input.view;
+    if view.paused {
+        return plan;
+    }
+    let c = &view.config;
+    let now = input.now;
+    let lease = Duration::from_millis(c.lease_ms);
+    let fresh = Duration::from_millis((3 * c.pool_heartbeat_ms).min(c.lease_ms));
+    let heard_at = |peer: &PeerId| {
+        input
+            .pools
+            .get(peer)
+            .map_or(input.started_at, |(t, _)| *t)
+            .max(input.started_at)
+    };
+
+    // Tasks to route: pending ones past their retry delay, and lease-expired ones.
+    let mut active = 0u32;
+    let mut candidates: Vec<&TaskEntry> = Vec::new();
+    let mut still_retrying = HashMap::new();
+    for t in view.tasks.values() {
+        match t.state() {
+            TaskState::Pending => {
+                let failures = t.failures();
+                if failures > 0 {
+                    let delay = Duration::from_millis(c.retry_delay_ms(failures));
+                    let entry = match input.retry_at.get(&t.id) {
+                        Some(e) if e.0 == failures => *e,
+                        _ => (failures, now + delay),
+                    };
+                    still_retrying.insert(t.id.clone(), entry);
+                    if now < entry.1 {
+                        plan.next_check = earliest(plan.next_check, entry.1);
+                        continue;
+                    }
+                }
+                candidates.push(t);
+            }
+            TaskState::Assigned | TaskState::Running => {
+                let expires = t
+                    .current_attempts()
+                    .filter(|a| a.is_open())
+                    .map(|a| heard_at(&a.worker.peer) + lease)
+                    .max();
+                match expires {
+                    Some(e) if now >= e => candidates.push(t),
+                    Some(e) => {
+                        active += 1;
+                        plan.next_check = earliest(plan.next_check, e);
+                    }
+                    None => {}
+                }
+            }
+            TaskState::Succeeded | TaskState::Failed => {}
+        }
+    }
+    *input.retry_at = still_retrying;
+    if candidates.is_empty() {
+        return plan;
+    }
+    let order = c.order;
+    candidates.sort_by(|a, b| a.route_cmp(b, order));
+
+    let mut budget = candidates.len();
+    if c.concurrency > 0 {
+        budget = budget.min(c.concurrency.saturating_sub(active) as usize);
+    }
+    if c.rate_interval_ms > 0 {
+        let interval = Duration::from_millis(c.rate_interval_ms);
+        if let Some(last) = input.last_assign.filter(|t| now < *t + interval) {
+            plan.next_check = earliest(plan.next_check, last + interval);
+            return plan;
+        }
+        budget = budget.min(1);
+    }
+    if budget == 0 {
+        return plan;
+    }
+
+    let workers = idle_workers(input, view, fresh);
+    for (task, worker) in candidates.into_iter().zip(workers).take(budget) {
+        plan.assignments.push(Assignment {
+            task: task.id.clone(),
+            attempt: AttemptId {
+                n: task.last_n() + 1,
+                claim: input.me.clone(),
+            },
+            worker,
+        });
+    }
+    plan
+}
+
+fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<WorkerId> {
+    let open = view.open_attempts();
+    let mut idle: Vec<WorkerId> = Vec::new();
+    for (peer, (heard_at, beat)) in input.pools {
+        if input.now.saturating_duration_since(*heard_at) > fresh || !view.members.contains_key(peer) {
+            continue;
+        }
+        for w in &beat.workers {
+            let id = WorkerId::new(peer.clone(), w.index);
+            if open.contains_key(&id) {
+                continue;
+            }
+            let busy = w.running.as_ref().is_some_and(|r| {
+                // A run the document does not show finished yet keeps the worker busy.
+                &r.queue != input.queue
+                    || view
+                        .tasks
+                        .get(&r.task)
+                        .and_then(|t| t.attempt(&r.attempt))
+                        .is_none_or(|a| a.is_open())
+            });
+            if !busy {
+                idle.push(id);
+            }
+        }
+    }
+    idle.sort_by(|a, b| a.index.cmp(&b.index).then(a.peer.cmp(&b.peer)));
+    idle
+}

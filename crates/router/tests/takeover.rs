@@ -1,0 +1,398 @@
+//! The takeover protocol, driven with explicit instants over real queue documents.
+//!
+//! Each story runs routers of a few peers, each with its own replica of the queue document;
+//! `sync` merges replicas the way the network eventually would.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use automerge::{ActorId, Automerge};
+use piecework_queue_doc::{
+    Claim, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat, Submission, TaskId,
+    TaskState, WorkerReport, queue,
+};
+use piecework_router::{Action, Event, Role, Router};
+
+const QUEUE: &str = "automerge:queue";
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn config() -> QueueConfig {
+    QueueConfig {
+        heartbeat_ms: 100,
+        takeover_after_ms: 500,
+        settle_ms: 100,
+        pool_heartbeat_ms: 100,
+        lease_ms: 1_000,
+        ..QueueConfig::default()
+    }
+}
+
+struct Peer {
+    id: PeerId,
+    doc: Automerge,
+    router: Router,
+    beats: Vec<RouterBeat>,
+    events: Vec<Event>,
+    pool_counter: u64,
+    /// The latest instant this peer was driven at.
+    last_now: Instant,
+}
+
+impl Peer {
+    fn view(&self) -> Arc<QueueView> {
+        Arc::new(QueueView::read(&self.doc).unwrap())
+    }
+
+    /// Feeds the router a timeout at `now` and carries out its actions until it has none.
+    fn tick(&mut self, now: Instant) {
+        self.router.handle_timeout(now);
+        self.drain(now);
+    }
+
+    fn drain(&mut self, now: Instant) {
+        self.last_now = now;
+        while let Some(a) = self.router.poll_action() {
+            match a {
+                Action::Claim(c) => {
+                    queue::claim_router(&mut self.doc, &c, 0).unwrap();
+                    let v = self.view();
+                    self.router.handle_view(now, v);
+                }
+                Action::Assign(list) => {
+                    queue::record_assignments(&mut self.doc, &list, 0).unwrap();
+                    let v = self.view();
+                    self.router.handle_view(now, v);
+                }
+                Action::Beat(b) => self.beats.push(b),
+            }
+        }
+        while let Some(e) = self.router.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    /// This peer's pool reports `workers` idle workers.
+    fn pool_beat(&mut self, workers: u32) -> PoolBeat {
+        self.pool_counter += 1;
+        PoolBeat {
+            peer: self.id.clone(),
+            incarnation: 1,
+            counter: self.pool_counter,
+            workers: (0..workers)
+                .map(|index| WorkerReport {
+                    index,
+                    running: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn submit(&mut self, n: u64) -> TaskId {
+        let id = TaskId::new(format!("automerge:task{n}"));
+        queue::submit(
+            &mut self.doc,
+            &Submission {
+                id: id.clone(),
+                kind: "k".into(),
+                submitter: self.id.clone(),
+                submitted_at: n,
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            },
+        )
+        .unwrap();
+        let v = self.view();
+        self.router.handle_view(self.last_now, v);
+        id
+    }
+}
+
+struct Cluster {
+    t0: Instant,
+    peers: Vec<Peer>,
+}
+
+impl Cluster {
+    /// `n` peers, all members of one queue with no router yet.
+    fn new(n: usize) -> Self {
+        // The anchor of virtual time; every instant below is an offset from it.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        let ids: Vec<PeerId> = (0..n).map(|i| PeerId::new(format!("peer-{i}"))).collect();
+        let mut first = Automerge::new().with_actor(ActorId::from(vec![0u8; 16]));
+        queue::create(&mut first, "q", &config(), &ids[0], 0).unwrap();
+        for id in &ids[1..] {
+            queue::set_member(&mut first, id, &[], 0).unwrap();
+        }
+        let bytes = first.save();
+        let peers = ids
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut doc = Automerge::load(&bytes).unwrap();
+                doc.set_actor(ActorId::from(vec![u8::try_from(i).unwrap() + 1; 16]));
+                let mut router = Router::new(QueueId::new(QUEUE), id.clone(), t0);
+                router.handle_view(t0, Arc::new(QueueView::read(&doc).unwrap()));
+                Peer {
+                    id,
+                    doc,
+                    router,
+                    beats: vec![],
+                    events: vec![],
+                    pool_counter: 0,
+                    last_now: t0,
+                }
+            })
+            .collect();
+        Cluster { t0, peers }
+    }
+
+    fn at(&self, offset_ms: u64) -> Instant {
+        self.t0 + ms(offset_ms)
+    }
+
+    /// Merges replicas `a` and `b` and hands both routers the new view.
+    fn sync(&mut self, a: usize, b: usize, now: Instant) {
+        let mut other = self.peers[b].doc.fork();
+        self.peers[a].doc.merge(&mut other).unwrap();
+        let mut back = self.peers[a].doc.fork();
+        self.peers[b].doc.merge(&mut back).unwrap();
+        for i in [a, b] {
+            let v = self.peers[i].view();
+            self.peers[i].router.handle_view(now, v);
+            self.peers[i].drain(now);
+        }
+    }
+
+    /// Delivers every beat `from` has sent since the last call to all other routers.
+    fn deliver_beats(&mut self, from: usize, now: Instant) {
+        let beats = std::mem::take(&mut self.peers[from].beats);
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if i != from {
+                for b in &beats {
+                    p.router.handle_router_beat(now, b);
+                }
+                p.drain(now);
+            }
+        }
+    }
+
+    fn tick(&mut self, i: usize, offset_ms: u64) {
+        let now = self.at(offset_ms);
+        self.peers[i].tick(now);
+    }
+
+    /// Which of `among` are active.
+    fn active(&self, among: &[usize]) -> Vec<usize> {
+        among
+            .iter()
+            .copied()
+            .filter(|&i| self.peers[i].router.is_active())
+            .collect()
+    }
+
+    /// Elects peer `i` on a fresh queue (no router named yet) and syncs everyone.
+    fn elect_first(&mut self, i: usize) {
+        let t = self.at(0);
+        self.peers[i].tick(t);
+        let t = self.at(100);
+        self.peers[i].tick(t);
+        assert!(self.peers[i].router.is_active());
+        for j in 0..self.peers.len() {
+            if j != i {
+                self.sync(i, j, t);
+            }
+        }
+    }
+}
+
+/// 1. A fresh queue: the first router claims term 1 at once, waits `settle`, rechecks and
+/// becomes active; it beats at once, and routes only one pool heartbeat later.
+#[test]
+fn first_election() {
+    let mut c = Cluster::new(1);
+    let p = &mut c.peers[0];
+    p.tick(c.t0);
+    assert!(matches!(p.router.role(), Role::Claiming { claim, .. } if claim.term == 1));
+    assert_eq!(p.events, vec![Event::Claimed(Claim::new(1, p.id.clone()))]);
+    assert_eq!(p.router.poll_timeout(), Some(c.t0 + ms(100)), "recheck after settle");
+
+    p.tick(c.t0 + ms(99));
+    assert!(!p.router.is_active(), "not before settle");
+    p.tick(c.t0 + ms(100));
+    assert!(p.router.is_active());
+    assert_eq!(p.events.last(), Some(&Event::BecameActive(Claim::new(1, p.id.clone()))));
+    assert_eq!(p.beats.len(), 1, "the first heartbeat goes out at once");
+
+    // Work arrives, and a pool with two idle workers.
+    let t1 = p.submit(1);
+    let t2 = p.submit(2);
+    p.submit(3);
+    let beat = p.pool_beat(2);
+    p.router.handle_pool_beat(c.t0 + ms(120), &beat);
+    let v = p.view();
+    p.router.handle_view(c.t0 + ms(120), v);
+    p.tick(c.t0 + ms(150));
+    assert!(p.view().tasks.values().all(|t| t.state() == TaskState::Pending), "waits one pool heartbeat");
+    p.tick(c.t0 + ms(200));
+    let view = p.view();
+    assert_eq!(view.tasks[&t1].state(), TaskState::Assigned, "oldest first");
+    assert_eq!(view.tasks[&t2].state(), TaskState::Assigned);
+    assert_eq!(view.counts().pending, 1, "two workers, two assignments");
+    assert_eq!(view.tasks[&t1].attempts[0].id.claim, Claim::new(1, p.id.clone()));
+}
+
+/// 2. Followers that keep hearing the router never claim; once it goes silent for
+/// `takeover_after`, one takes over with the next term.
+#[test]
+fn takeover_after_silence() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    for k in 1..=20 {
+        let now = c.at(100 + k * 100);
+        c.peers[0].tick(now);
+        c.deliver_beats(0, now);
+        c.peers[1].tick(now);
+    }
+    assert!(!c.peers[1].events.iter().any(|e| matches!(e, Event::Claimed(_))), "no claim while beats arrive");
+    // Peer 0 dies at 2.1 s; peer 1 last heard it then.
+    let dead_at = 2_100;
+    c.tick(1, dead_at + 499);
+    assert_eq!(c.peers[1].router.role(), &Role::Follower);
+    assert_eq!(c.peers[1].router.poll_timeout(), Some(c.at(dead_at + 500)));
+    c.tick(1, dead_at + 500);
+    assert!(matches!(c.peers[1].router.role(), Role::Claiming { claim, .. } if claim.term == 2));
+    c.tick(1, dead_at + 600);
+    assert!(c.peers[1].router.is_active());
+    assert_eq!(c.peers[1].view().router, Some(Claim::new(2, c.peers[1].id.clone())));
+}
+
+/// 3. Two followers claim at once. If their claims meet within `settle`, only the greater
+/// becomes active; if they meet later, the lesser steps down as soon as it sees the other.
+#[test]
+fn two_concurrent_claimants_leave_exactly_one_active() {
+    for meet_within_settle in [true, false] {
+        let mut c = Cluster::new(3);
+        c.elect_first(0);
+        // Peer 0 dies (it is driven no more); 1 and 2 both time out and claim term 2.
+        c.tick(1, 600);
+        c.tick(2, 600);
+        for i in [1, 2] {
+            assert!(matches!(c.peers[i].router.role(), Role::Claiming { claim, .. } if claim.term == 2));
+        }
+        if meet_within_settle {
+            c.sync(1, 2, c.at(650));
+        }
+        c.tick(1, 700);
+        c.tick(2, 700);
+        if !meet_within_settle {
+            assert_eq!(c.active(&[1, 2]), vec![1, 2], "without the sync both recheck their own replica");
+            c.sync(1, 2, c.at(750));
+        }
+        assert_eq!(c.active(&[1, 2]), vec![2], "peer-2 > peer-1 at the same term");
+        let loser = &c.peers[1].events;
+        assert!(
+            loser.iter().any(|e| matches!(e, Event::ClaimLost { .. } | Event::SteppedDown { .. })),
+            "{loser:?}"
+        );
+        assert_eq!(c.peers[1].view().router, c.peers[2].view().router);
+    }
+}
+
+/// 4. An active router steps down on the first view that names a greater claim, and stops
+/// beating and routing at once.
+#[test]
+fn step_down_on_a_document_change() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    // Peer 1 has heard nothing (a partition) and takes over on its side.
+    c.tick(1, 600);
+    c.tick(1, 700);
+    assert!(c.peers[1].router.is_active());
+    c.peers[0].submit(1);
+    let beats_before = c.peers[0].beats.len();
+    c.sync(0, 1, c.at(800));
+    assert_eq!(c.active(&[0, 1]), vec![1]);
+    assert!(matches!(
+        c.peers[0].events.last(),
+        Some(Event::SteppedDown { by, .. }) if by == &Claim::new(2, c.peers[1].id.clone())
+    ));
+    let beat = c.peers[0].pool_beat(4);
+    let t = c.at(850);
+    c.peers[0].router.handle_pool_beat(t, &beat);
+    c.tick(0, 900);
+    assert_eq!(c.peers[0].beats.len(), beats_before, "no heartbeat after stepping down");
+    assert_eq!(c.peers[0].view().counts().assigned, 0, "no assignment after stepping down");
+}
+
+/// 5. Fencing on the router side: a heartbeat under a greater claim deposes an active router
+/// before the documents even meet, and stale or replayed heartbeats are ignored.
+#[test]
+fn fencing_by_heartbeat() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    let higher = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(5, c.peers[1].id.clone()),
+        counter: 1,
+    };
+    let lower = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(0, c.peers[1].id.clone()),
+        counter: 99,
+    };
+    let t = c.at(150);
+    c.peers[0].router.handle_router_beat(t, &lower);
+    let t = c.at(150);
+    c.peers[0].drain(t);
+    assert!(c.peers[0].router.is_active(), "a lower claim does not depose");
+    let t = c.at(160);
+    c.peers[0].router.handle_router_beat(t, &higher);
+    let t = c.at(160);
+    c.peers[0].drain(t);
+    assert_eq!(c.peers[0].router.role(), &Role::Follower);
+    // A later claim must outbid the greatest heard, not only the document's.
+    c.tick(0, 160 + 500);
+    assert!(matches!(c.peers[0].router.role(), Role::Claiming { claim, .. } if claim.term == 6));
+    // A replay of the same beat does not count as a sign of life.
+    let mut f = Cluster::new(2);
+    f.elect_first(0);
+    let t = f.at(100);
+    f.peers[1].router.handle_router_beat(t, &higher);
+    let t = f.at(450);
+    f.peers[1].router.handle_router_beat(t, &higher);
+    f.tick(1, 600);
+    assert!(matches!(f.peers[1].router.role(), Role::Claiming { .. }), "replay ignored: 500 ms since the first");
+}
+
+/// 6. A task whose worker's pool goes silent for `lease` is routed again, to a live worker,
+/// with the next attempt number.
+#[test]
+fn lease_expiry_routes_again() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    let task = c.peers[0].submit(1);
+    // Only peer 1's pool is around at first.
+    let b1 = c.peers[1].pool_beat(1);
+    let t = c.at(150);
+    c.peers[0].router.handle_pool_beat(t, &b1);
+    c.tick(0, 200);
+    let a = &c.peers[0].view().tasks[&task].attempts[0];
+    assert_eq!((a.id.n, a.worker.peer.clone()), (1, c.peers[1].id.clone()));
+    // Peer 1 falls silent; peer 0's own pool keeps beating.
+    for k in 0..12 {
+        let now = c.at(300 + k * 100);
+        let b0 = c.peers[0].pool_beat(1);
+        c.peers[0].router.handle_pool_beat(now, &b0);
+        c.peers[0].tick(now);
+    }
+    let view = c.peers[0].view();
+    let t = &view.tasks[&task];
+    assert_eq!(t.last_n(), 2, "routed again after the lease");
+    let again = t.current_attempts().next().unwrap();
+    assert_eq!(again.worker.peer, c.peers[0].id);
+}
