@@ -1,1 +1,43 @@
-//! placeholder
+//! Piecework's worker pool: N task workers per node.
+//!
+//! Two halves:
+//!
+//! - [`Pool`] is the pure state machine (no tokio, no clock): it reads the assignments in each
+//!   queue's view, fences them against the effective router, and decides which to start, which
+//!   to refuse and which an earlier start of this node left interrupted. It also produces the
+//!   pool's heartbeat listing every worker's state.
+//! - [`runner`] holds the handler [`Registry`] and [`execute`], which runs a handler in its own
+//!   tokio task and turns errors and panics into failed outcomes.
+//!
+//! # Driving a pool
+//!
+//! Feed [`Pool::handle_view`] each queue's view and [`Pool::handle_router_beat`] each router
+//! heartbeat; carry out every [`Action`] from [`Pool::poll_action`]: record a `Start` in the
+//! documents and run the handler, report its end with [`Pool::handle_finished`]; record a
+//! `Finish`; broadcast a `Beat`. Call [`Pool::handle_timeout`] at [`Pool::poll_timeout`].
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::{Duration, Instant};
+//! use piecework_queue_doc::{PeerId, QueueId, QueueView};
+//! use piecework_worker_pool::{Action, Config, Pool};
+//!
+//! let t0 = Instant::now(); // the node's clock; the simulator passes virtual instants
+//! let mut pool = Pool::new(
+//!     Config { peer: PeerId::new("me"), workers: 2, incarnation: 1, heartbeat: Duration::from_millis(500) },
+//!     t0,
+//! );
+//! pool.handle_timeout(t0);
+//! let Some(Action::Beat(beat)) = pool.poll_action() else { panic!() };
+//! assert_eq!(beat.workers.len(), 2);
+//! pool.handle_view(&QueueId::new("automerge:q"), &Arc::new(QueueView::default()));
+//! assert_eq!(pool.poll_action(), None, "nothing assigned to us");
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod pool;
+pub mod runner;
+
+pub use pool::{Action, Config, Pool, Run, RunEnd};
+pub use runner::{Context, Handler, HandlerError, Outcome, Registry, execute};

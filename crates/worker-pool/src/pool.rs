@@ -1,0 +1,286 @@
+//! The pool state machine: which assignments to start, refuse or mark interrupted, and the
+//! pool's heartbeat. Pure: time comes in as `now`, effects go out as [`Action`]s.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use piecework_queue_doc::{
+    AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
+    RunningReport, TaskId, WorkerId, WorkerReport,
+};
+
+/// A pool's fixed settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// The pool's peer.
+    pub peer: PeerId,
+    /// How many task workers the pool runs.
+    pub workers: u32,
+    /// How many times this node has started; tells this start's runs from earlier ones.
+    pub incarnation: u64,
+    /// How often the pool beats (the smallest `pool_heartbeat_ms` of the queues it serves is a
+    /// good choice).
+    pub heartbeat: Duration,
+}
+
+/// An attempt a worker is running or about to run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Run {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The task's queue.
+    pub queue: QueueId,
+    /// The task.
+    pub task: TaskId,
+    /// The attempt.
+    pub attempt: AttemptId,
+    /// The handler kind.
+    pub kind: String,
+}
+
+/// Something the driver must do for the pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Record the start in the queue and task documents, then run the handler. Report its end
+    /// with [`Pool::handle_finished`].
+    Start(Run),
+    /// Record this end of an attempt in the queue document (and, for a run that had started,
+    /// in the task document's run record of that incarnation).
+    Finish {
+        /// The worker the attempt was assigned to.
+        worker: WorkerId,
+        /// The task's queue.
+        queue: QueueId,
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: AttemptId,
+        /// How it ended.
+        outcome: AttemptOutcome,
+        /// The error or the refusal's reason.
+        error: Option<String>,
+        /// The incarnation that started the run, if it started.
+        started_by: Option<u64>,
+    },
+    /// Broadcast this heartbeat on every queue the pool serves.
+    Beat(PoolBeat),
+}
+
+/// How a handler run ended, as the runner reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The handler returned a result.
+    Succeeded,
+    /// The handler returned an error, panicked or timed out.
+    Failed(String),
+}
+
+/// A node's pool of task workers. Drive it like the router: `handle_*` in, `poll_action` out,
+/// `poll_timeout` for the next deadline.
+#[derive(Debug)]
+pub struct Pool {
+    config: Config,
+    slots: Vec<Option<Run>>,
+    /// The greatest router claim heard in a heartbeat, per queue.
+    fences: HashMap<QueueId, Claim>,
+    /// Attempts this pool already answered (start, refusal, interruption); the view may not
+    /// show the answer yet.
+    answered: BTreeSet<(QueueId, TaskId, AttemptId)>,
+    next_beat: Instant,
+    counter: u64,
+    actions: VecDeque<Action>,
+}
+
+impl Pool {
+    /// A pool with every worker idle, started at `now`; it beats at once.
+    pub fn new(config: Config, now: Instant) -> Self {
+        let slots = vec![None; config.workers as usize];
+        Pool {
+            config,
+            slots,
+            fences: HashMap::new(),
+            answered: BTreeSet::new(),
+            next_beat: now,
+            counter: 0,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The pool's settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What each worker is running.
+    pub fn runs(&self) -> impl Iterator<Item = (u32, Option<&Run>)> {
+        (0u32..).zip(self.slots.iter().map(Option::as_ref))
+    }
+
+    /// How many workers are idle.
+    pub fn idle(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_none()).count()
+    }
+
+    /// A router heartbeat was heard: remember the greatest claim per queue, to fence with.
+    pub fn handle_router_beat(&mut self, beat: &RouterBeat) {
+        let fence = self.fences.entry(beat.queue.clone()).or_insert_with(|| beat.claim.clone());
+        if beat.claim > *fence {
+            *fence = beat.claim.clone();
+        }
+    }
+
+    /// The queue document of `queue` changed: answer every open attempt assigned to this pool.
+    ///
+    /// An attempt not yet started is started if its worker is idle and its router's claim is
+    /// not below the effective router (from the view and from heartbeats); otherwise it is
+    /// refused, with the reason. An attempt started by an earlier incarnation of this node is
+    /// marked interrupted.
+    pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>) {
+        let me = &self.config.peer;
+        let fence = [view.router.as_ref(), self.fences.get(queue)]
+            .into_iter()
+            .flatten()
+            .max()
+            .cloned();
+        // Forget answers the view now shows, so the set stays as small as the open attempts.
+        self.answered.retain(|(q, t, a)| {
+            q != queue || view.tasks.get(t).and_then(|e| e.attempt(a)).is_none_or(|a| a.is_open())
+        });
+        for (task, attempt) in view.open_attempts_of(me) {
+            let key = (queue.clone(), task.id.clone(), attempt.id.clone());
+            if self.answered.contains(&key) {
+                continue;
+            }
+            let finish = |outcome, error: String, started_by| Action::Finish {
+                worker: attempt.worker.clone(),
+                queue: queue.clone(),
+                task: task.id.clone(),
+                attempt: attempt.id.clone(),
+                outcome,
+                error: Some(error),
+                started_by,
+            };
+            let action = if let Some(started) = &attempt.started {
+                if started.incarnation == self.config.incarnation {
+                    continue; // ours, running (or just finished: its Finish is on its way)
+                }
+                finish(
+                    AttemptOutcome::Interrupted,
+                    format!(
+                        "the worker's node restarted (incarnation {} -> {})",
+                        started.incarnation, self.config.incarnation
+                    ),
+                    Some(started.incarnation),
+                )
+            } else if let Some(f) = fence.as_ref().filter(|f| attempt.id.claim < **f) {
+                finish(
+                    AttemptOutcome::Refused,
+                    format!("fenced: assigned by {}, but {} is the router", attempt.id.claim, f),
+                    None,
+                )
+            } else {
+                match self.slots.get(attempt.worker.index as usize) {
+                    None => finish(
+                        AttemptOutcome::Refused,
+                        format!("this pool has no worker {}", attempt.worker.index),
+                        None,
+                    ),
+                    Some(Some(busy)) => finish(
+                        AttemptOutcome::Refused,
+                        format!("worker busy with {} {}", busy.task, busy.attempt),
+                        None,
+                    ),
+                    Some(None) => {
+                        let run = Run {
+                            worker: attempt.worker.clone(),
+                            queue: queue.clone(),
+                            task: task.id.clone(),
+                            attempt: attempt.id.clone(),
+                            kind: task.kind.clone(),
+                        };
+                        self.slots[attempt.worker.index as usize] = Some(run.clone());
+                        Action::Start(run)
+                    }
+                }
+            };
+            self.answered.insert(key);
+            self.actions.push_back(action);
+        }
+    }
+
+    /// The run on worker `index` ended. Returns `false` (and does nothing) if the worker was not
+    /// running.
+    pub fn handle_finished(&mut self, index: u32, end: RunEnd) -> bool {
+        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
+            return false;
+        };
+        let (outcome, error) = match end {
+            RunEnd::Succeeded => (AttemptOutcome::Succeeded, None),
+            RunEnd::Failed(e) => (AttemptOutcome::Failed, Some(e)),
+        };
+        self.actions.push_back(Action::Finish {
+            worker: run.worker,
+            queue: run.queue,
+            task: run.task,
+            attempt: run.attempt,
+            outcome,
+            error,
+            started_by: Some(self.config.incarnation),
+        });
+        true
+    }
+
+    /// The run on worker `index` could not start (its task document is unavailable, or the
+    /// start could not be recorded): free the worker and refuse the attempt with `reason`.
+    pub fn handle_start_failed(&mut self, index: u32, reason: String) -> bool {
+        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
+            return false;
+        };
+        self.actions.push_back(Action::Finish {
+            worker: run.worker,
+            queue: run.queue,
+            task: run.task,
+            attempt: run.attempt,
+            outcome: AttemptOutcome::Refused,
+            error: Some(reason),
+            started_by: None,
+        });
+        true
+    }
+
+    /// A deadline from [`Pool::poll_timeout`] passed.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if now >= self.next_beat {
+            self.counter += 1;
+            let workers = self
+                .runs()
+                .map(|(index, run)| WorkerReport {
+                    index,
+                    running: run.map(|r| RunningReport {
+                        queue: r.queue.clone(),
+                        task: r.task.clone(),
+                        attempt: r.attempt.clone(),
+                    }),
+                })
+                .collect();
+            self.actions.push_back(Action::Beat(PoolBeat {
+                peer: self.config.peer.clone(),
+                incarnation: self.config.incarnation,
+                counter: self.counter,
+                workers,
+            }));
+            self.next_beat = now + self.config.heartbeat;
+        }
+    }
+
+    /// The next action to carry out, if any.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// When [`Pool::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Instant {
+        self.next_beat
+    }
+}

@@ -1,0 +1,185 @@
+//! Handlers and the async runner: a registry of handlers by kind, and [`execute`], which runs
+//! one in its own tokio task so that panics are caught and recorded as failures.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use piecework_queue_doc::{AttemptId, TaskId, WorkerId};
+use tokio_util::sync::CancellationToken;
+
+/// The most log lines one run keeps; later lines are counted, not kept.
+pub const MAX_LOG_LINES: usize = 1_000;
+
+/// An error a handler returns: the attempt fails with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct HandlerError(pub String);
+
+impl HandlerError {
+    /// An error with this message.
+    pub fn new(msg: impl fmt::Display) -> Self {
+        HandlerError(msg.to_string())
+    }
+}
+
+/// What a handler gets besides its input: which run this is, a log, and a cancellation token.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// The task.
+    pub task: TaskId,
+    /// The attempt being run.
+    pub attempt: AttemptId,
+    /// The worker running it.
+    pub worker: WorkerId,
+    logs: Arc<Mutex<Logs>>,
+    cancel: CancellationToken,
+}
+
+#[derive(Debug, Default)]
+struct Logs {
+    lines: Vec<String>,
+    dropped: usize,
+}
+
+impl Context {
+    /// A context for one run.
+    pub fn new(task: TaskId, attempt: AttemptId, worker: WorkerId) -> Self {
+        Context {
+            task,
+            attempt,
+            worker,
+            logs: Arc::default(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Appends a line to the run's log (kept in the task document's run record).
+    pub fn log(&self, line: impl Into<String>) {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        if logs.lines.len() < MAX_LOG_LINES {
+            logs.lines.push(line.into());
+        } else {
+            logs.dropped += 1;
+        }
+    }
+
+    /// The token that is cancelled when the run should stop; handlers check it cooperatively.
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    fn take_logs(&self) -> Vec<String> {
+        let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lines = std::mem::take(&mut logs.lines);
+        if logs.dropped > 0 {
+            lines.push(format!("({} more lines dropped)", logs.dropped));
+        }
+        lines
+    }
+}
+
+/// A task handler: an async function of (context, input) to a result.
+pub trait Handler: Send + Sync + 'static {
+    /// Runs the task.
+    fn call(
+        &self,
+        ctx: Context,
+        input: serde_json::Value,
+    ) -> BoxFuture<'static, Result<serde_json::Value, HandlerError>>;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(Context, serde_json::Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<serde_json::Value, HandlerError>> + Send + 'static,
+{
+    fn call(
+        &self,
+        ctx: Context,
+        input: serde_json::Value,
+    ) -> BoxFuture<'static, Result<serde_json::Value, HandlerError>> {
+        Box::pin(self(ctx, input))
+    }
+}
+
+/// Handlers by kind.
+#[derive(Clone, Default)]
+pub struct Registry {
+    handlers: BTreeMap<String, Arc<dyn Handler>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.handlers.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers `handler` for `kind`, replacing any earlier one.
+    pub fn register(&mut self, kind: impl Into<String>, handler: impl Handler) -> &mut Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// The handler for `kind`.
+    pub fn get(&self, kind: &str) -> Option<Arc<dyn Handler>> {
+        self.handlers.get(kind).cloned()
+    }
+
+    /// The registered kinds.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.handlers.keys().map(String::as_str)
+    }
+}
+
+/// How a run ended, with what the task document records of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    /// The result, or the error message.
+    pub result: Result<serde_json::Value, String>,
+    /// The run's log lines.
+    pub logs: Vec<String>,
+}
+
+/// Runs the handler for `kind` in its own tokio task and waits for it. A missing handler, an
+/// error and a panic all come back as `Err` with a message; nothing escapes.
+pub async fn execute(
+    registry: &Registry,
+    kind: &str,
+    ctx: Context,
+    input: serde_json::Value,
+) -> Outcome {
+    let Some(handler) = registry.get(kind) else {
+        return Outcome {
+            result: Err(format!("no handler for kind {kind:?} on this node")),
+            logs: vec![],
+        };
+    };
+    let task = tokio::spawn(handler.call(ctx.clone(), input));
+    let result = match task.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.0),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-text panic payload".to_owned());
+            Err(format!("handler panicked: {msg}"))
+        }
+        Err(_) => Err("handler was cancelled".to_owned()),
+    };
+    Outcome {
+        result,
+        logs: ctx.take_logs(),
+    }
+}
