@@ -1,1 +1,321 @@
-fn main() {}
+//! The `piecework` command: run a node, talk to one, or run the demo.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use piecework::client::Client;
+use piecework::node::{self, Multiaddr, api};
+use piecework::queue_doc::{QueueId, TaskId, TaskState};
+
+/// A peer-to-peer task queue: tasks in Automerge documents, routers that take over.
+#[derive(Parser, Debug)]
+#[command(name = "piecework", version, about)]
+struct Cli {
+    /// The node whose HTTP API to talk to.
+    #[arg(long, global = true, env = "PIECEWORK_NODE", default_value = "http://127.0.0.1:7700")]
+    node: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a peer: join the network, serve queues, run tasks.
+    Node {
+        /// Where the node keeps its key and documents.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// libp2p address to listen on.
+        #[arg(long, default_value = "/ip4/0.0.0.0/tcp/0")]
+        listen: Vec<Multiaddr>,
+        /// A peer to dial at start (repeatable), e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3Koo…
+        #[arg(long)]
+        bootstrap: Vec<Multiaddr>,
+        /// Address of the local HTTP API.
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        http: SocketAddr,
+        /// Task workers in this node's pool (default: one per core).
+        #[arg(long)]
+        workers: Option<u32>,
+    },
+    /// Create or join queues.
+    Queue {
+        #[command(subcommand)]
+        command: QueueCommand,
+    },
+    /// Submit tasks and look at them.
+    Task {
+        #[command(subcommand)]
+        command: TaskCommand,
+    },
+    /// This node: its queues (router, term, task counts) and workers.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a cluster on this machine, kill its router mid-way, and show the takeover.
+    Demo {
+        /// Nodes to start.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Tasks to submit.
+        #[arg(long, default_value_t = 200)]
+        tasks: usize,
+        /// Workers per node.
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        /// SHA-256 rounds per task.
+        #[arg(long, default_value_t = 20_000)]
+        rounds: u64,
+        /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum QueueCommand {
+    /// Create a queue; prints its id.
+    Create {
+        /// The queue's name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Join a queue that a connected peer has.
+    Join {
+        /// The queue's id (automerge:…).
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TaskCommand {
+    /// Submit a task; prints its id.
+    Submit {
+        /// The queue's id.
+        queue_id: String,
+        /// The handler kind (built in: noop, sleep, sha256).
+        #[arg(long)]
+        kind: String,
+        /// The input, as JSON.
+        #[arg(long, default_value = "null")]
+        input: String,
+        /// Relative priority in [-99999, 99999].
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        priority: i64,
+        /// Run before every non-urgent task.
+        #[arg(long)]
+        urgent: bool,
+        /// Wait for the outcome and print it.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: give up after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A task's state, attempts and result.
+    Status {
+        /// The task's id (automerge:…).
+        task_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PIECEWORK_LOG")
+                // samod and libp2p warn on every retry to reach a peer that is gone, which is
+                // routine here: a dead router is the point of the demo.
+                .unwrap_or_else(|_| "warn,samod=error,samod_core=error,libp2p=error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(cli))
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Node { data_dir, listen, bootstrap, http, workers } => run_node(data_dir, listen, bootstrap, http, workers).await,
+        Command::Demo { nodes, tasks, workers, rounds, json } => {
+            let opts = piecework::demo::Options { nodes, tasks, workers, rounds, progress: true };
+            let summary = piecework::demo::run(&opts).await?;
+            if json {
+                println!("{}", serde_json::to_string(&summary)?);
+            } else {
+                piecework::demo::print_summary(&summary);
+            }
+            if summary.lost > 0 || summary.router_before == summary.router_after {
+                bail!("the demo did not go as it should: {} lost, router {} -> {}", summary.lost, summary.router_before, summary.router_after);
+            }
+            Ok(())
+        }
+        Command::Queue { command } => {
+            let client = Client::new(&cli.node)?;
+            match command {
+                QueueCommand::Create { name, json } => {
+                    let id = client.create_queue(&name, None).await?;
+                    if json {
+                        print_json(&api::Created { queue_id: id })
+                    } else {
+                        println!("{id}");
+                        Ok(())
+                    }
+                }
+                QueueCommand::Join { queue_id, json } => {
+                    let q = client.join_queue(&QueueId::new(queue_id)).await?;
+                    if json {
+                        print_json(&q)
+                    } else {
+                        println!("joined {} ({}), {} members, router {}", q.name, q.id, q.members, q.router.map_or("-".into(), |r| r.to_string()));
+                        Ok(())
+                    }
+                }
+            }
+        }
+        Command::Task { command } => {
+            let client = Client::new(&cli.node)?;
+            match command {
+                TaskCommand::Submit { queue_id, kind, input, priority, urgent, wait, timeout, json } => {
+                    let input: serde_json::Value = serde_json::from_str(&input)
+                        .with_context(|| format!("--input is not valid JSON: {input:?}"))?;
+                    let req = api::SubmitTask { kind, input, priority, urgent, max_attempts: None };
+                    let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
+                    let id = submitted.task_id.clone();
+                    if !wait {
+                        if json {
+                            return print_json(&submitted);
+                        }
+                        println!("{id}");
+                        return Ok(());
+                    }
+                    if !json {
+                        println!("{id}");
+                    }
+                    let status = client.wait(&id, Duration::from_secs(timeout)).await?;
+                    print_task(&status, json)?;
+                    if status.state == TaskState::Failed {
+                        bail!("task failed");
+                    }
+                    Ok(())
+                }
+                TaskCommand::Status { task_id, json } => {
+                    let status = client.task_status(&TaskId::new(task_id)).await?;
+                    print_task(&status, json)
+                }
+            }
+        }
+        Command::Status { json } => {
+            let client = Client::new(&cli.node)?;
+            let s = client.status().await?;
+            if json {
+                return print_json(&s);
+            }
+            println!("peer {} (incarnation {})", s.peer_id, s.incarnation);
+            println!("connected to {} peers; kinds: {}", s.connected.len(), s.kinds.join(", "));
+            for q in &s.queues {
+                let t = &q.tasks;
+                println!(
+                    "queue {} ({})\n  router {} (this node: {})\n  tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed",
+                    q.name,
+                    q.id,
+                    q.router.as_ref().map_or("-".into(), |r| format!("{} term {}", r.peer, r.term)),
+                    q.role,
+                    t.pending,
+                    t.assigned,
+                    t.running,
+                    t.succeeded,
+                    t.failed
+                );
+            }
+            for w in &s.workers {
+                match &w.running {
+                    Some(r) => println!("worker {}: running {} ({})", w.name, r.task, r.attempt),
+                    None => println!("worker {}: idle", w.name),
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(s);
+    }
+    println!("{} {}", s.id, s.state.as_str());
+    println!("  kind {}  queue {}  attempts {}", s.kind, s.queue, s.attempts.len());
+    if let Some(r) = &s.result {
+        println!("  result {r}");
+    }
+    if let Some(e) = &s.error {
+        println!("  last error {e}");
+    }
+    Ok(())
+}
+
+async fn run_node(
+    data_dir: PathBuf,
+    listen: Vec<Multiaddr>,
+    bootstrap: Vec<Multiaddr>,
+    http: SocketAddr,
+    workers: Option<u32>,
+) -> anyhow::Result<()> {
+    let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
+    config.listen = listen;
+    config.bootstrap = bootstrap;
+    if let Some(w) = workers {
+        if w == 0 {
+            bail!("--workers must be at least 1");
+        }
+        config.workers = w;
+    }
+    let listener = tokio::net::TcpListener::bind(http)
+        .await
+        .with_context(|| format!("cannot listen for the HTTP API on {http}"))?;
+    let http_addr = listener.local_addr()?;
+    let node = node::Node::start(config)
+        .await
+        .with_context(|| format!("cannot start a node in {}", data_dir.display()))?;
+    let handle = node.handle().clone();
+    handle.wait_listening().await;
+    println!("peer id: {}", handle.peer_id());
+    for a in handle.status().await?.listen {
+        println!("listening on: {a}");
+    }
+    println!("http api: http://{http_addr}");
+    let server = tokio::spawn(node::http::serve(handle, listener));
+    tokio::select! {
+        r = server => {
+            r.context("the HTTP server task failed")?.context("the HTTP server stopped")?;
+        }
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("stopping");
+        }
+    }
+    Ok(())
+}

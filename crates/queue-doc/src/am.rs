@@ -3,7 +3,7 @@
 //! Documents arrive from other peers, so every reader tolerates a missing key or a value of the
 //! wrong type by returning `None`; callers decide whether that makes a record malformed.
 
-use automerge::{ObjId, ObjType, ReadDoc, ScalarValue, Value};
+use automerge::{ObjId, ObjType, ReadDoc, ScalarValue, ScalarValueRef, Value, ValueRef};
 
 pub(crate) fn object<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str, ty: ObjType) -> Option<ObjId> {
     match doc.get(obj, key).ok()?? {
@@ -30,21 +30,6 @@ pub(crate) fn uint<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<u64> {
     match scalar(doc, obj, key)? {
         ScalarValue::Uint(v) => Some(v),
         ScalarValue::Int(v) => u64::try_from(v).ok(),
-        _ => None,
-    }
-}
-
-pub(crate) fn int<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<i64> {
-    match scalar(doc, obj, key)? {
-        ScalarValue::Int(v) => Some(v),
-        ScalarValue::Uint(v) => i64::try_from(v).ok(),
-        _ => None,
-    }
-}
-
-pub(crate) fn boolean<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<bool> {
-    match scalar(doc, obj, key)? {
-        ScalarValue::Boolean(b) => Some(b),
         _ => None,
     }
 }
@@ -85,4 +70,38 @@ pub(crate) fn list_strings<R: ReadDoc>(doc: &R, list: &ObjId) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// A string value read in a range scan.
+pub(crate) fn as_str<'a>(v: &'a ValueRef<'_>) -> Option<&'a str> {
+    match v {
+        ValueRef::Scalar(ScalarValueRef::Str(s)) => Some(s.as_ref()),
+        _ => None,
+    }
+}
+
+/// A non-negative integer read in a range scan.
+pub(crate) fn as_uint(v: &ValueRef<'_>) -> Option<u64> {
+    match v {
+        ValueRef::Scalar(ScalarValueRef::Uint(x)) => Some(*x),
+        ValueRef::Scalar(ScalarValueRef::Int(x)) => u64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+/// An integer read in a range scan.
+pub(crate) fn as_int(v: &ValueRef<'_>) -> Option<i64> {
+    match v {
+        ValueRef::Scalar(ScalarValueRef::Int(x)) => Some(*x),
+        ValueRef::Scalar(ScalarValueRef::Uint(x)) => i64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+/// A boolean read in a range scan.
+pub(crate) fn as_bool(v: &ValueRef<'_>) -> Option<bool> {
+    match v {
+        ValueRef::Scalar(ScalarValueRef::Boolean(b)) => Some(*b),
+        _ => None,
+    }
 }

@@ -58,6 +58,7 @@
 
 mod am;
 pub mod beat;
+mod cache;
 mod config;
 mod ids;
 mod keys;
@@ -65,6 +66,7 @@ pub mod queue;
 pub mod task;
 mod view;
 
+pub use cache::{CacheStats, ViewCache};
 pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use ids::{AttemptId, BadWorkerId, Claim, PeerId, QueueId, TaskId, WorkerId};

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use automerge::{Automerge, ObjId, ObjType, ROOT, ReadDoc};
+use automerge::{Automerge, ObjId, ObjType, ROOT, ReadDoc, ValueRef};
 use serde::{Deserialize, Serialize};
 
 use crate::am;
@@ -178,6 +178,16 @@ impl TaskEntry {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
+    /// The number of refused attempts (not run: fenced, busy worker, task document missing).
+    pub fn refusals(&self) -> u32 {
+        let n = self
+            .attempts
+            .iter()
+            .filter(|a| a.finished.as_ref().is_some_and(|f| f.outcome == AttemptOutcome::Refused))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// The highest attempt number, 0 if never assigned.
     pub fn last_n(&self) -> u64 {
         self.attempts.iter().map(|a| a.id.n).max().unwrap_or(0)
@@ -279,33 +289,16 @@ pub struct StateCounts {
 impl QueueView {
     /// Reads a queue document. Returns `None` if the document is not a queue document.
     /// Malformed task entries are skipped and counted in [`QueueView::malformed`].
+    ///
+    /// This reads the whole document; [`crate::ViewCache`] keeps a view up to date at the cost
+    /// of the changes since its last read.
     pub fn read(doc: &Automerge) -> Option<QueueView> {
-        if am::string(doc, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
-            return None;
-        }
-        let mut view = QueueView {
-            name: am::string(doc, &ROOT, keys::NAME).unwrap_or_default(),
-            config: read_config(doc),
-            paused: am::boolean(doc, &ROOT, keys::PAUSED).unwrap_or(false),
-            ..QueueView::default()
-        };
-        view.claims = read_claims(doc);
-        view.router = view.claims.iter().max().cloned();
-        if let Some(members) = am::object(doc, &ROOT, keys::MEMBERS, ObjType::Map) {
-            for item in doc.map_range(&members, ..) {
-                let obj = item.id();
-                let role = am::string(doc, &obj, keys::ROLE).unwrap_or_default();
-                let addrs = am::object(doc, &obj, keys::ADDRS, ObjType::List)
-                    .map(|l| am::list_strings(doc, &l))
-                    .unwrap_or_default();
-                view.members
-                    .insert(PeerId::new(item.key.as_ref()), Member { role, addrs });
-            }
-        }
-        if let Some(tasks) = am::object(doc, &ROOT, keys::TASKS, ObjType::Map) {
+        let mut view = QueueView::default();
+        let tasks = read_root(doc, &mut view)?;
+        if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
-                match read_task_entry(doc, &item.id(), id.clone(), &mut view.malformed) {
+                match read_task_entry(doc, &item.id(), id.clone(), &mut view.malformed, &mut |_| {}) {
                     Some(entry) => {
                         view.tasks.insert(id, entry);
                     }
@@ -369,32 +362,76 @@ impl QueueView {
     }
 }
 
-fn read_config(doc: &Automerge) -> QueueConfig {
-    let mut c = QueueConfig::default();
-    let Some(obj) = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map) else {
-        return c;
-    };
-    let u = |k: &str, v: &mut u64| {
-        if let Some(x) = am::uint(doc, &obj, k) {
-            *v = x;
+/// Reads everything but the tasks into `view`; returns the tasks map's id (`None` inside if
+/// the document has none), or `None` if the document is not a queue.
+pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<Option<ObjId>> {
+    let mut schema_ok = false;
+    let mut tasks = None;
+    let mut config = None;
+    let mut members = None;
+    view.name.clear();
+    view.paused = false;
+    for item in doc.map_range(ROOT, ..) {
+        match (item.key.as_ref(), &item.value) {
+            (keys::SCHEMA, v) => schema_ok = am::as_str(v) == Some(keys::QUEUE_SCHEMA),
+            (keys::NAME, v) => view.name = am::as_str(v).unwrap_or_default().to_owned(),
+            (keys::PAUSED, v) => view.paused = am::as_bool(v).unwrap_or(false),
+            (keys::TASKS, ValueRef::Object(ObjType::Map)) => tasks = Some(item.id()),
+            (keys::CONFIG, ValueRef::Object(ObjType::Map)) => config = Some(item.id()),
+            (keys::MEMBERS, ValueRef::Object(ObjType::Map)) => members = Some(item.id()),
+            _ => {}
         }
-    };
-    u("heartbeat_ms", &mut c.heartbeat_ms);
-    u("takeover_after_ms", &mut c.takeover_after_ms);
-    u("settle_ms", &mut c.settle_ms);
-    u("pool_heartbeat_ms", &mut c.pool_heartbeat_ms);
-    u("lease_ms", &mut c.lease_ms);
-    u("retry_backoff_ms", &mut c.retry_backoff_ms);
-    u("retry_backoff_max_ms", &mut c.retry_backoff_max_ms);
-    u("rate_interval_ms", &mut c.rate_interval_ms);
-    if let Some(x) = am::uint(doc, &obj, "max_attempts") {
-        c.max_attempts = u32::try_from(x).unwrap_or(u32::MAX);
     }
-    if let Some(x) = am::uint(doc, &obj, "concurrency") {
-        c.concurrency = u32::try_from(x).unwrap_or(u32::MAX);
+    if !schema_ok {
+        return None;
     }
-    if let Some(o) = am::string(doc, &obj, "order").and_then(|s| Order::parse(&s)) {
-        c.order = o;
+    view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
+    view.claims = read_claims(doc);
+    view.router = view.claims.iter().max().cloned();
+    view.members.clear();
+    if let Some(members) = members {
+        for item in doc.map_range(&members, ..) {
+            if !matches!(item.value, ValueRef::Object(ObjType::Map)) {
+                continue;
+            }
+            let obj = item.id();
+            let mut m = Member {
+                role: String::new(),
+                addrs: vec![],
+            };
+            for f in doc.map_range(&obj, ..) {
+                match (f.key.as_ref(), &f.value) {
+                    (keys::ROLE, v) => m.role = am::as_str(v).unwrap_or_default().to_owned(),
+                    (keys::ADDRS, ValueRef::Object(ObjType::List)) => m.addrs = am::list_strings(doc, &f.id()),
+                    _ => {}
+                }
+            }
+            view.members.insert(PeerId::new(item.key.as_ref()), m);
+        }
+    }
+    Some(tasks)
+}
+
+fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
+    let mut c = QueueConfig::default();
+    for item in doc.map_range(obj, ..) {
+        let v = &item.value;
+        let u = am::as_uint(v);
+        let small = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
+        match item.key.as_ref() {
+            "heartbeat_ms" => c.heartbeat_ms = u.unwrap_or(c.heartbeat_ms),
+            "takeover_after_ms" => c.takeover_after_ms = u.unwrap_or(c.takeover_after_ms),
+            "settle_ms" => c.settle_ms = u.unwrap_or(c.settle_ms),
+            "pool_heartbeat_ms" => c.pool_heartbeat_ms = u.unwrap_or(c.pool_heartbeat_ms),
+            "lease_ms" => c.lease_ms = u.unwrap_or(c.lease_ms),
+            "retry_backoff_ms" => c.retry_backoff_ms = u.unwrap_or(c.retry_backoff_ms),
+            "retry_backoff_max_ms" => c.retry_backoff_max_ms = u.unwrap_or(c.retry_backoff_max_ms),
+            "rate_interval_ms" => c.rate_interval_ms = u.unwrap_or(c.rate_interval_ms),
+            "max_attempts" => c.max_attempts = u.map_or(c.max_attempts, small),
+            "concurrency" => c.concurrency = u.map_or(c.concurrency, small),
+            "order" => c.order = am::as_str(v).and_then(Order::parse).unwrap_or(c.order),
+            _ => {}
+        }
     }
     c
 }
@@ -410,25 +447,42 @@ pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> Vec<Claim> {
         .collect()
 }
 
-fn read_task_entry(
+/// Reads one task entry in a single pass over each of its objects, reporting every object id
+/// that belongs to it to `owned` (for [`crate::ViewCache`]'s object table).
+pub(crate) fn read_task_entry(
     doc: &Automerge,
     obj: &ObjId,
     id: TaskId,
     malformed: &mut usize,
+    owned: &mut dyn FnMut(&ObjId),
 ) -> Option<TaskEntry> {
-    let kind = am::string(doc, obj, keys::KIND)?;
-    let submitted_at = am::uint(doc, obj, keys::SUBMITTED_AT)?;
-    let submitter = PeerId::new(am::string(doc, obj, keys::SUBMITTER)?);
-    let priority = am::int(doc, obj, keys::PRIORITY).unwrap_or(0);
-    let urgent = am::boolean(doc, obj, keys::URGENT).unwrap_or(false);
-    let max_attempts = am::uint(doc, obj, keys::MAX_ATTEMPTS)
-        .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
-        .unwrap_or(1)
-        .max(1);
+    owned(obj);
+    let (mut kind, mut submitted_at, mut submitter) = (None, None, None);
+    let (mut priority, mut urgent, mut max_attempts, mut list) = (0, false, 1, None);
+    for item in doc.map_range(obj, ..) {
+        let v = &item.value;
+        match item.key.as_ref() {
+            keys::KIND => kind = am::as_str(v).map(str::to_owned),
+            keys::SUBMITTED_AT => submitted_at = am::as_uint(v),
+            keys::SUBMITTER => submitter = am::as_str(v).map(PeerId::new),
+            keys::PRIORITY => priority = am::as_int(v).unwrap_or(0),
+            keys::URGENT => urgent = am::as_bool(v).unwrap_or(false),
+            keys::MAX_ATTEMPTS => {
+                max_attempts = am::as_uint(v).map_or(1, |x| u32::try_from(x).unwrap_or(u32::MAX)).max(1);
+            }
+            keys::ATTEMPTS if matches!(v, ValueRef::Object(ObjType::List)) => list = Some(item.id()),
+            _ => {}
+        }
+    }
     let mut attempts = Vec::new();
-    if let Some(list) = am::object(doc, obj, keys::ATTEMPTS, ObjType::List) {
-        for a in am::list_objects(doc, &list, ObjType::Map) {
-            match read_attempt(doc, &a) {
+    if let Some(list) = list {
+        owned(&list);
+        for item in doc.list_range(&list, ..) {
+            if !matches!(item.value, ValueRef::Object(ObjType::Map)) {
+                *malformed += 1;
+                continue;
+            }
+            match read_attempt(doc, &item.id(), owned) {
                 Some(a) => attempts.push(a),
                 None => *malformed += 1,
             }
@@ -436,9 +490,9 @@ fn read_task_entry(
     }
     Some(TaskEntry {
         id,
-        kind,
-        submitted_at,
-        submitter,
+        kind: kind?,
+        submitted_at: submitted_at?,
+        submitter: submitter?,
         priority,
         urgent,
         max_attempts,
@@ -446,32 +500,57 @@ fn read_task_entry(
     })
 }
 
-pub(crate) fn read_attempt<R: ReadDoc>(doc: &R, obj: &ObjId) -> Option<Attempt> {
-    let n = am::uint(doc, obj, keys::N)?;
-    let term = am::uint(doc, obj, keys::TERM)?;
-    let router = PeerId::new(am::string(doc, obj, keys::ROUTER)?);
-    let worker = am::string(doc, obj, keys::WORKER)?.parse().ok()?;
-    let assigned_at = am::uint(doc, obj, keys::ASSIGNED_AT)?;
+pub(crate) fn read_attempt(doc: &Automerge, obj: &ObjId, owned: &mut dyn FnMut(&ObjId)) -> Option<Attempt> {
+    owned(obj);
+    let (mut n, mut term, mut router, mut worker, mut assigned_at) = (None, None, None, None, None);
+    let (mut start, mut finish) = (None, None);
+    for item in doc.map_range(obj, ..) {
+        let v = &item.value;
+        match item.key.as_ref() {
+            keys::N => n = am::as_uint(v),
+            keys::TERM => term = am::as_uint(v),
+            keys::ROUTER => router = am::as_str(v).map(PeerId::new),
+            keys::WORKER => worker = am::as_str(v).and_then(|w| w.parse::<WorkerId>().ok()),
+            keys::ASSIGNED_AT => assigned_at = am::as_uint(v),
+            keys::START => start = Some(item.conflict),
+            keys::FINISH => finish = Some(item.conflict),
+            _ => {}
+        }
+    }
+    // Start and end records are rare and small; read them (with their conflicts) directly.
+    let started = start.and_then(|_| {
+        let objs = am::all_objects(doc, obj, keys::START, ObjType::Map);
+        objs.iter().for_each(&mut *owned);
+        resolve_started(doc, &objs)
+    });
+    let finished = finish.and_then(|_| {
+        let objs = am::all_objects(doc, obj, keys::FINISH, ObjType::Map);
+        objs.iter().for_each(&mut *owned);
+        resolve_finished(doc, &objs)
+    });
     Some(Attempt {
         id: AttemptId {
-            n,
-            claim: Claim::new(term, router),
+            n: n?,
+            claim: Claim::new(term?, router?),
         },
-        worker,
-        assigned_at,
-        started: read_started(doc, obj),
-        finished: read_finished(doc, obj),
+        worker: worker?,
+        assigned_at: assigned_at?,
+        started,
+        finished,
     })
 }
 
 /// The start record; among concurrent ones, the greatest `(incarnation, at)`.
 pub(crate) fn read_started<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Started> {
-    am::all_objects(doc, attempt, keys::START, ObjType::Map)
-        .into_iter()
+    resolve_started(doc, &am::all_objects(doc, attempt, keys::START, ObjType::Map))
+}
+
+fn resolve_started<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Started> {
+    objs.iter()
         .filter_map(|o| {
             Some(Started {
-                at: am::uint(doc, &o, keys::AT)?,
-                incarnation: am::uint(doc, &o, keys::INCARNATION)?,
+                at: am::uint(doc, o, keys::AT)?,
+                incarnation: am::uint(doc, o, keys::INCARNATION)?,
             })
         })
         .max_by_key(|s| (s.incarnation, s.at))
@@ -479,13 +558,16 @@ pub(crate) fn read_started<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Start
 
 /// The end record; among concurrent ones, the greatest by outcome, then time, then error text.
 pub(crate) fn read_finished<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Finished> {
-    am::all_objects(doc, attempt, keys::FINISH, ObjType::Map)
-        .into_iter()
+    resolve_finished(doc, &am::all_objects(doc, attempt, keys::FINISH, ObjType::Map))
+}
+
+fn resolve_finished<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Finished> {
+    objs.iter()
         .filter_map(|o| {
             Some(Finished {
-                at: am::uint(doc, &o, keys::AT)?,
-                outcome: AttemptOutcome::parse(&am::string(doc, &o, keys::OUTCOME)?)?,
-                error: am::string(doc, &o, keys::ERROR),
+                at: am::uint(doc, o, keys::AT)?,
+                outcome: AttemptOutcome::parse(&am::string(doc, o, keys::OUTCOME)?)?,
+                error: am::string(doc, o, keys::ERROR),
             })
         })
         .max_by(|a, b| {

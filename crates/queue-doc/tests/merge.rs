@@ -9,7 +9,7 @@ use automerge::sync::{State as SyncState, SyncDoc};
 use automerge::{ActorId, Automerge};
 use piecework_queue_doc::{
     AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, Submission, TaskId,
-    TaskState, WorkerId, queue,
+    TaskState, ViewCache, WorkerId, queue,
 };
 use proptest::prelude::*;
 
@@ -43,6 +43,8 @@ struct Cluster {
     sync: BTreeMap<(usize, usize), SyncState>,
     /// The highest state rank each replica has shown for each task, and whether it was final.
     seen: Vec<BTreeMap<TaskId, TaskState>>,
+    /// Each replica's incrementally maintained view, checked against full reads.
+    caches: Vec<ViewCache>,
     next_task: u64,
     clock: u64,
 }
@@ -66,6 +68,7 @@ impl Cluster {
             docs,
             sync: BTreeMap::new(),
             seen: vec![BTreeMap::new(); n],
+            caches: (0..n).map(|_| ViewCache::new()).collect(),
             next_task: 0,
             clock: 1,
         }
@@ -201,6 +204,8 @@ impl Cluster {
     fn check_monotone(&mut self) -> Result<(), TestCaseError> {
         for i in 0..self.docs.len() {
             let view = self.view(i);
+            let cached = self.caches[i].refresh(&self.docs[i]).expect("a queue");
+            prop_assert_eq!(cached.as_ref(), &view, "replica {}: the incremental view drifted", i);
             for (id, before) in &self.seen[i] {
                 let entry = view.tasks.get(id);
                 prop_assert!(entry.is_some(), "task {id} vanished from replica {i}");

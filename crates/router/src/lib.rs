@@ -43,6 +43,8 @@
 
 mod policy;
 
+pub use policy::{MAX_REFUSAL_BACKOFF, REFUSAL_BACKOFF};
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,8 +129,8 @@ pub struct Router {
     next_beat: Instant,
     beat_counter: u64,
     pools: BTreeMap<PeerId, PoolState>,
-    /// Local retry schedule: task → (failures seen, not before).
-    retry_at: HashMap<TaskId, (u32, Instant)>,
+    /// Local retry schedule: task → ((failures, refusals) seen, not before).
+    retry_at: HashMap<TaskId, policy::RetryAt>,
     last_assign: Option<Instant>,
     /// Set when routing must be re-evaluated.
     dirty: bool,

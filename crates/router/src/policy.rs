@@ -4,7 +4,9 @@
 //!   priority, then submit time (FIFO or LIFO), then id.
 //! - A task whose open attempts are all on pools silent for `lease` is routed again.
 //! - A task that failed waits `retry_delay(failures)`, measured on this router's clock from
-//!   when it first saw the failure.
+//!   when it first saw the failure. A task whose last attempt was refused (by a fenced, busy
+//!   or task-less worker) waits [`REFUSAL_BACKOFF`] doubled per refusal, at most
+//!   [`MAX_REFUSAL_BACKOFF`], so that a task no worker can run does not spin.
 //! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
 //!   lease) that have no open attempt in the document and report no unfinished run. They are
 //!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load.
@@ -15,9 +17,23 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Assignment, AttemptId, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry, TaskId, TaskState,
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry, TaskId, TaskState,
     WorkerId,
 };
+
+/// The wait before routing a task again after its first refusal.
+pub const REFUSAL_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait after refusals.
+pub const MAX_REFUSAL_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Local retry schedule entry: the (failures, refusals) it was computed for, and not-before.
+pub(crate) type RetryAt = ((u32, u32), Instant);
+
+fn refusal_delay(refusals: u32) -> Duration {
+    REFUSAL_BACKOFF
+        .saturating_mul(1u32 << refusals.saturating_sub(1).min(16))
+        .min(MAX_REFUSAL_BACKOFF)
+}
 
 pub(crate) struct Input<'a> {
     pub(crate) now: Instant,
@@ -26,7 +42,7 @@ pub(crate) struct Input<'a> {
     pub(crate) view: &'a QueueView,
     pub(crate) pools: &'a BTreeMap<PeerId, (Instant, &'a PoolBeat)>,
     pub(crate) started_at: Instant,
-    pub(crate) retry_at: &'a mut HashMap<TaskId, (u32, Instant)>,
+    pub(crate) retry_at: &'a mut HashMap<TaskId, RetryAt>,
     pub(crate) last_assign: Option<Instant>,
 }
 
@@ -66,12 +82,18 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     for t in view.tasks.values() {
         match t.state() {
             TaskState::Pending => {
-                let failures = t.failures();
-                if failures > 0 {
-                    let delay = Duration::from_millis(c.retry_delay_ms(failures));
+                let (failures, refusals) = (t.failures(), t.refusals());
+                if failures + refusals > 0 {
+                    let last_refused = t.current_attempts().all(|a| {
+                        a.finished.as_ref().is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+                    });
+                    let delay = match last_refused {
+                        true => refusal_delay(refusals),
+                        false => Duration::from_millis(c.retry_delay_ms(failures)),
+                    };
                     let entry = match input.retry_at.get(&t.id) {
-                        Some(e) if e.0 == failures => *e,
-                        _ => (failures, now + delay),
+                        Some(e) if e.0 == (failures, refusals) => *e,
+                        _ => ((failures, refusals), now + delay),
                     };
                     still_retrying.insert(t.id.clone(), entry);
                     if now < entry.1 {

@@ -112,6 +112,11 @@ impl Pool {
         &self.config
     }
 
+    /// Changes how often the pool beats, from the next beat on.
+    pub fn set_heartbeat(&mut self, every: Duration) {
+        self.config.heartbeat = every;
+    }
+
     /// What each worker is running.
     pub fn runs(&self) -> impl Iterator<Item = (u32, Option<&Run>)> {
         (0u32..).zip(self.slots.iter().map(Option::as_ref))

@@ -1,0 +1,340 @@
+//! On-disk storage: one redb file per node holding every document chunk samod saves, plus the
+//! node's own metadata (its incarnation counter and the queues it joined).
+//!
+//! Writes go through one writer thread that commits them in groups: every write waiting when a
+//! transaction starts joins it (at most [`MAX_BATCH`]), and all of them are acknowledged after
+//! the one durable commit. A write is acknowledged only once it is on disk. Reads run on tokio's
+//! blocking pool against redb's snapshot reads.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use samod::storage::StorageKey;
+use tokio::sync::oneshot;
+
+const CHUNKS: TableDefinition<&str, &[u8]> = TableDefinition::new("chunks");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const QUEUES: TableDefinition<&str, &str> = TableDefinition::new("queues");
+
+/// Writes committed in one transaction, at most.
+pub const MAX_BATCH: usize = 512;
+/// Writes waiting for the writer thread, at most (callers wait for room).
+pub const WRITE_QUEUE: usize = 4096;
+
+/// Opening or using the store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// redb failed.
+    #[error("storage: {0}")]
+    Redb(String),
+    /// The writer thread is gone.
+    #[error("storage writer stopped")]
+    Stopped,
+}
+
+fn redb_err(e: impl std::fmt::Display) -> StorageError {
+    StorageError::Redb(e.to_string())
+}
+
+enum Write {
+    Put(String, Vec<u8>),
+    Delete(String),
+    Meta(String, Vec<u8>),
+    Queue(String, String),
+}
+
+struct Request {
+    write: Write,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// The node's store. Cheap to clone; implements [`samod::Storage`].
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<Database>,
+    writes: std_mpsc::SyncSender<Request>,
+    closed: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Resolves once a store's writer thread has stopped and released the database file, so the
+/// same data directory can be opened again (a node restarted in the same process).
+#[derive(Debug)]
+pub struct Closed(tokio::sync::watch::Receiver<bool>);
+
+impl Closed {
+    /// Waits for the release.
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|c| *c).await;
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+fn key_text(key: &StorageKey) -> String {
+    key.to_string()
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path` and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Store, StorageError> {
+        let db = Arc::new(Database::create(path).map_err(redb_err)?);
+        {
+            let tx = db.begin_write().map_err(redb_err)?;
+            tx.open_table(CHUNKS).map_err(redb_err)?;
+            tx.open_table(META).map_err(redb_err)?;
+            tx.open_table(QUEUES).map_err(redb_err)?;
+            tx.commit().map_err(redb_err)?;
+        }
+        let (tx, rx) = std_mpsc::sync_channel(WRITE_QUEUE);
+        let (closed_tx, closed) = tokio::sync::watch::channel(false);
+        let writer_db = db.clone();
+        std::thread::Builder::new()
+            .name("piecework-store".into())
+            .spawn(move || {
+                writer(&writer_db, &rx);
+                drop(writer_db);
+                let _ = closed_tx.send(true);
+            })
+            .map_err(redb_err)?;
+        Ok(Store { db, writes: tx, closed })
+    }
+
+    /// A signal for when the last handle is gone and the file released (see [`Closed`]).
+    pub fn closed(&self) -> Closed {
+        Closed(self.closed.clone())
+    }
+
+    async fn write(&self, write: Write) -> Result<(), StorageError> {
+        let (done, rx) = oneshot::channel();
+        let writes = self.writes.clone();
+        // The queue is bounded: wait for room off the async threads.
+        tokio::task::spawn_blocking(move || writes.send(Request { write, done }))
+            .await
+            .map_err(|_| StorageError::Stopped)?
+            .map_err(|_| StorageError::Stopped)?;
+        rx.await.map_err(|_| StorageError::Stopped)?.map_err(StorageError::Redb)
+    }
+
+    /// Stores a document chunk durably.
+    pub async fn put_chunk(&self, key: &StorageKey, data: Vec<u8>) -> Result<(), StorageError> {
+        self.write(Write::Put(key_text(key), data)).await
+    }
+
+    /// Reads a metadata value.
+    pub async fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let db = self.db.clone();
+        let key = key.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(redb_err)?;
+            let t = tx.open_table(META).map_err(redb_err)?;
+            Ok(t.get(key.as_str()).map_err(redb_err)?.map(|v| v.value().to_vec()))
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
+    /// Writes a metadata value durably.
+    pub async fn set_meta(&self, key: &str, value: Vec<u8>) -> Result<(), StorageError> {
+        self.write(Write::Meta(key.to_owned(), value)).await
+    }
+
+    /// Remembers a joined queue (id → name) durably.
+    pub async fn add_queue(&self, id: &str, name: &str) -> Result<(), StorageError> {
+        self.write(Write::Queue(id.to_owned(), name.to_owned())).await
+    }
+
+    /// The joined queues (id → name).
+    pub async fn queues(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(redb_err)?;
+            let t = tx.open_table(QUEUES).map_err(redb_err)?;
+            let mut out = vec![];
+            for row in t.iter().map_err(redb_err)? {
+                let (k, v) = row.map_err(redb_err)?;
+                out.push((k.value().to_owned(), v.value().to_owned()));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
+    /// Whether any chunk of document `doc` is stored.
+    pub async fn has_doc(&self, doc: &str) -> Result<bool, StorageError> {
+        let db = self.db.clone();
+        let doc = doc.to_owned();
+        tokio::task::spawn_blocking(move || Ok(!Store::load_range_blocking(&db, &doc)?.is_empty()))
+            .await
+            .map_err(|_| StorageError::Stopped)?
+    }
+
+    fn load_blocking(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let tx = db.begin_read().map_err(redb_err)?;
+        let t = tx.open_table(CHUNKS).map_err(redb_err)?;
+        Ok(t.get(key).map_err(redb_err)?.map(|v| v.value().to_vec()))
+    }
+
+    fn load_range_blocking(db: &Database, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let tx = db.begin_read().map_err(redb_err)?;
+        let t = tx.open_table(CHUNKS).map_err(redb_err)?;
+        let mut out = vec![];
+        if let Some(v) = t.get(prefix).map_err(redb_err)? {
+            out.push((prefix.to_owned(), v.value().to_vec()));
+        }
+        // Keys under `prefix/…`: components never contain '/', and '0' follows '/'.
+        let lo = format!("{prefix}/");
+        let hi = format!("{prefix}0");
+        for row in t.range(lo.as_str()..hi.as_str()).map_err(redb_err)? {
+            let (k, v) = row.map_err(redb_err)?;
+            out.push((k.value().to_owned(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+fn writer(db: &Database, rx: &std_mpsc::Receiver<Request>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let result = commit(db, &batch).map_err(|e| e.to_string());
+        if let Err(e) = &result {
+            tracing::error!("storage commit failed: {e}");
+        }
+        for r in batch {
+            let _ = r.done.send(result.clone());
+        }
+    }
+}
+
+fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
+    let tx = db.begin_write().map_err(redb_err)?;
+    {
+        let mut chunks = tx.open_table(CHUNKS).map_err(redb_err)?;
+        let mut meta = tx.open_table(META).map_err(redb_err)?;
+        let mut queues = tx.open_table(QUEUES).map_err(redb_err)?;
+        for r in batch {
+            match &r.write {
+                Write::Put(k, v) => {
+                    chunks.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
+                }
+                Write::Delete(k) => {
+                    chunks.remove(k.as_str()).map_err(redb_err)?;
+                }
+                Write::Meta(k, v) => {
+                    meta.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
+                }
+                Write::Queue(k, v) => {
+                    queues.insert(k.as_str(), v.as_str()).map_err(redb_err)?;
+                }
+            }
+        }
+    }
+    tx.commit().map_err(redb_err)
+}
+
+/// samod's storage calls cannot fail, so failures are logged: loudly when the disk refused,
+/// quietly when the node is stopping (its runtime is gone, nothing will read the answer).
+fn report(op: &str, r: Result<(), StorageError>) {
+    match r {
+        Ok(()) => {}
+        Err(StorageError::Stopped) => tracing::debug!("storage {op} abandoned: the node is stopping"),
+        Err(e) => tracing::error!("storage {op} failed: {e}"),
+    }
+}
+
+fn parse_key(text: &str) -> Option<StorageKey> {
+    StorageKey::from_parts(text.split('/')).ok()
+}
+
+impl samod::storage::Storage for Store {
+    fn load(&self, key: StorageKey) -> impl Future<Output = Option<Vec<u8>>> + Send {
+        let db = self.db.clone();
+        async move {
+            let key = key_text(&key);
+            match tokio::task::spawn_blocking(move || Store::load_blocking(&db, &key)).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    tracing::error!("storage load failed: {e}");
+                    None
+                }
+                Err(_) => None,
+            }
+        }
+    }
+
+    fn load_range(&self, prefix: StorageKey) -> impl Future<Output = HashMap<StorageKey, Vec<u8>>> + Send {
+        let db = self.db.clone();
+        async move {
+            let prefix = key_text(&prefix);
+            match tokio::task::spawn_blocking(move || Store::load_range_blocking(&db, &prefix)).await {
+                Ok(Ok(rows)) => rows
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((parse_key(&k)?, v)))
+                    .collect(),
+                Ok(Err(e)) => {
+                    tracing::error!("storage range load failed: {e}");
+                    HashMap::new()
+                }
+                Err(_) => HashMap::new(),
+            }
+        }
+    }
+
+    fn put(&self, key: StorageKey, data: Vec<u8>) -> impl Future<Output = ()> + Send {
+        let this = self.clone();
+        async move { report("put", this.write(Write::Put(key_text(&key), data)).await) }
+    }
+
+    fn delete(&self, key: StorageKey) -> impl Future<Output = ()> + Send {
+        let this = self.clone();
+        async move { report("delete", this.write(Write::Delete(key_text(&key))).await) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use samod::storage::Storage;
+
+    fn key(parts: &[&str]) -> StorageKey {
+        StorageKey::from_parts(parts.iter().copied()).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn chunks_survive_reopening_and_ranges_stop_at_component_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        {
+            let s = Store::open(&path).unwrap();
+            s.put(key(&["doc1", "incremental", "a"]), b"1".to_vec()).await;
+            s.put(key(&["doc1", "snapshot", "b"]), b"2".to_vec()).await;
+            s.put(key(&["doc10", "incremental", "c"]), b"3".to_vec()).await;
+            s.delete(key(&["doc1", "snapshot", "b"])).await;
+            s.set_meta("incarnation", 7u64.to_le_bytes().to_vec()).await.unwrap();
+            s.add_queue("automerge:q", "emails").await.unwrap();
+            let closed = s.closed();
+            drop(s);
+            closed.wait().await;
+        }
+        let s = Store::open(&path).unwrap();
+        let range = s.load_range(key(&["doc1"])).await;
+        assert_eq!(range.len(), 1, "doc10 is not under doc1, and the deletion held: {range:?}");
+        assert_eq!(range[&key(&["doc1", "incremental", "a"])], b"1");
+        assert_eq!(s.load(key(&["doc10", "incremental", "c"])).await.as_deref(), Some(&b"3"[..]));
+        assert_eq!(s.meta("incarnation").await.unwrap(), Some(7u64.to_le_bytes().to_vec()));
+        assert_eq!(s.queues().await.unwrap(), vec![("automerge:q".to_owned(), "emails".to_owned())]);
+    }
+}

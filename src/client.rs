@@ -1,0 +1,120 @@
+//! A client of a node's HTTP API (see `piecework_node::http`), as the CLI uses it.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use piecework_node::api;
+use piecework_queue_doc::{QueueConfig, QueueId, TaskId};
+use serde::de::DeserializeOwned;
+
+/// A node's API at a base URL such as `http://127.0.0.1:7700`.
+#[derive(Clone, Debug)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the node at `base`.
+    pub fn new(base: &str) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Client {
+            base: base.trim_end_matches('/').to_owned(),
+            http,
+        })
+    }
+
+    async fn parse<T: DeserializeOwned>(&self, resp: reqwest::Response) -> anyhow::Result<T> {
+        let status = resp.status();
+        let body = resp.bytes().await.context("cannot read the node's answer")?;
+        if status.is_success() {
+            return serde_json::from_slice(&body).context("the node's answer is not what this CLI expects");
+        }
+        match serde_json::from_slice::<api::ApiError>(&body) {
+            Ok(e) => bail!("{}", e.error),
+            Err(_) => bail!("the node answered {status}"),
+        }
+    }
+
+    fn unreachable(&self) -> String {
+        format!("cannot reach a piecework node at {} (is `piecework node` running there?)", self.base)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str, timeout: Duration) -> anyhow::Result<T> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .timeout(timeout)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> anyhow::Result<T> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(30))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    /// The node's status.
+    pub async fn status(&self) -> anyhow::Result<api::NodeStatus> {
+        self.get("/v1/status", Duration::from_secs(10)).await
+    }
+
+    /// Creates a queue.
+    pub async fn create_queue(&self, name: &str, config: Option<QueueConfig>) -> anyhow::Result<QueueId> {
+        let c: api::Created = self
+            .post("/v1/queues", &api::CreateQueue { name: name.to_owned(), config })
+            .await?;
+        Ok(c.queue_id)
+    }
+
+    /// Joins a queue.
+    pub async fn join_queue(&self, id: &QueueId) -> anyhow::Result<api::QueueStatus> {
+        self.post(&format!("/v1/queues/{id}/join"), &serde_json::json!({})).await
+    }
+
+    /// Submits a task.
+    pub async fn submit(&self, queue: &QueueId, req: &api::SubmitTask) -> anyhow::Result<api::Submitted> {
+        self.post(&format!("/v1/queues/{queue}/tasks"), req).await
+    }
+
+    /// A task's status.
+    pub async fn task_status(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
+        self.get(&format!("/v1/tasks/{id}"), Duration::from_secs(15)).await
+    }
+
+    /// Waits until the task is final, up to `timeout` (in rounds of at most a minute).
+    pub async fn wait(&self, id: &TaskId, timeout: Duration) -> anyhow::Result<api::TaskStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                bail!("task {id} had not finished after {timeout:?}");
+            }
+            let round = left.min(Duration::from_secs(60));
+            let path = format!("/v1/tasks/{id}/wait?timeout_ms={}", round.as_millis());
+            let resp = self
+                .http
+                .get(format!("{}{path}", self.base))
+                .timeout(round + Duration::from_secs(10))
+                .send()
+                .await
+                .with_context(|| self.unreachable())?;
+            if resp.status() == reqwest::StatusCode::REQUEST_TIMEOUT {
+                continue;
+            }
+            return self.parse(resp).await;
+        }
+    }
+}
