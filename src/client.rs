@@ -29,9 +29,13 @@ impl Client {
 
     async fn parse<T: DeserializeOwned>(&self, resp: reqwest::Response) -> anyhow::Result<T> {
         let status = resp.status();
-        let body = resp.bytes().await.context("cannot read the node's answer")?;
+        let body = resp
+            .bytes()
+            .await
+            .context("cannot read the node's answer")?;
         if status.is_success() {
-            return serde_json::from_slice(&body).context("the node's answer is not what this CLI expects");
+            return serde_json::from_slice(&body)
+                .context("the node's answer is not what this CLI expects");
         }
         match serde_json::from_slice::<api::ApiError>(&body) {
             Ok(e) => bail!("{}", e.error),
@@ -40,7 +44,10 @@ impl Client {
     }
 
     fn unreachable(&self) -> String {
-        format!("cannot reach a piecework node at {} (is `piecework node` running there?)", self.base)
+        format!(
+            "cannot reach a piecework node at {} (is `piecework node` running there?)",
+            self.base
+        )
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str, timeout: Duration) -> anyhow::Result<T> {
@@ -54,7 +61,11 @@ impl Client {
         self.parse(resp).await
     }
 
-    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl serde::Serialize) -> anyhow::Result<T> {
+    async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> anyhow::Result<T> {
         let resp = self
             .http
             .post(format!("{}{path}", self.base))
@@ -72,26 +83,42 @@ impl Client {
     }
 
     /// Creates a queue.
-    pub async fn create_queue(&self, name: &str, config: Option<QueueConfig>) -> anyhow::Result<QueueId> {
+    pub async fn create_queue(
+        &self,
+        name: &str,
+        config: Option<QueueConfig>,
+    ) -> anyhow::Result<QueueId> {
         let c: api::Created = self
-            .post("/v1/queues", &api::CreateQueue { name: name.to_owned(), config })
+            .post(
+                "/v1/queues",
+                &api::CreateQueue {
+                    name: name.to_owned(),
+                    config,
+                },
+            )
             .await?;
         Ok(c.queue_id)
     }
 
     /// Joins a queue.
     pub async fn join_queue(&self, id: &QueueId) -> anyhow::Result<api::QueueStatus> {
-        self.post(&format!("/v1/queues/{id}/join"), &serde_json::json!({})).await
+        self.post(&format!("/v1/queues/{id}/join"), &serde_json::json!({}))
+            .await
     }
 
     /// Submits a task.
-    pub async fn submit(&self, queue: &QueueId, req: &api::SubmitTask) -> anyhow::Result<api::Submitted> {
+    pub async fn submit(
+        &self,
+        queue: &QueueId,
+        req: &api::SubmitTask,
+    ) -> anyhow::Result<api::Submitted> {
         self.post(&format!("/v1/queues/{queue}/tasks"), req).await
     }
 
     /// A task's status.
     pub async fn task_status(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
-        self.get(&format!("/v1/tasks/{id}"), Duration::from_secs(15)).await
+        self.get(&format!("/v1/tasks/{id}"), Duration::from_secs(15))
+            .await
     }
 
     /// Waits until the task is final, up to `timeout` (in rounds of at most a minute).

@@ -2,7 +2,6 @@
 //! loopback, a queue is created and joined, tasks are submitted and routed, the active router is
 //! killed when about a third are done, another peer takes over, and every task still completes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,7 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use indicatif::{ProgressBar, ProgressStyle};
 use piecework_node::{Config, IsolatedNode, NodeEvent, NodeHandle, api, spawn_isolated};
-use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueView, TaskState};
+use piecework_queue_doc::{AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, TaskState};
 use piecework_router::Event as RouterEvent;
 use serde::Serialize;
 
@@ -154,27 +153,49 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let addr = first.handle().wait_listening().await;
     nodes.push(Some(first));
     for i in 1..opts.nodes {
-        nodes.push(Some(spawn_isolated(node_config(i, vec![addr.clone()]), 1).await?));
+        nodes.push(Some(
+            spawn_isolated(node_config(i, vec![addr.clone()]), 1).await?,
+        ));
     }
     let handles: Vec<NodeHandle> = nodes.iter().flatten().map(|n| n.handle().clone()).collect();
     display.say(format!(
         "started {} nodes on loopback: {}",
         opts.nodes,
-        handles.iter().map(|h| short(h.peer_id())).collect::<Vec<_>>().join(" ")
+        handles
+            .iter()
+            .map(|h| short(h.peer_id()))
+            .collect::<Vec<_>>()
+            .join(" ")
     ));
 
     let queue = handles[0].create_queue("demo", Some(demo_config())).await?;
     for h in &handles[1..] {
         h.join_queue(&queue).await?;
     }
-    display.say(format!("queue {queue} created on node 0 and joined by the others"));
+    display.say(format!(
+        "queue {queue} created on node 0 and joined by the others"
+    ));
     let mut watch0 = handles[0].watch_queue(&queue).context("queue not open")?;
-    let view = wait_view(&mut watch0, Duration::from_secs(30), "a first router", |v| v.router.is_some()).await?;
+    let view = wait_view(
+        &mut watch0,
+        Duration::from_secs(30),
+        "a first router",
+        |v| v.router.is_some(),
+    )
+    .await?;
     let first_router = view.router.clone().expect("checked");
-    display.say(format!("router elected: {} (term {})", short(&first_router.peer), first_router.term));
+    display.say(format!(
+        "router elected: {} (term {})",
+        short(&first_router.peer),
+        first_router.term
+    ));
 
     // Watch router events on every node, to narrate the takeover.
-    let mut events = futures::stream::select_all(handles.iter().map(|h| events_of(h.peer_id().clone(), h.events())));
+    let mut events = futures::stream::select_all(
+        handles
+            .iter()
+            .map(|h| events_of(h.peer_id().clone(), h.events())),
+    );
 
     // Submit with routing paused, so that the run starts from zero done.
     handles[0].set_paused(&queue, true).await?;
@@ -214,9 +235,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
 
     // Observe from a node that is not the router, so that the observer survives the kill.
     let router_index = |c: &Claim| handles.iter().position(|h| h.peer_id() == &c.peer);
-    let victim = router_index(&first_router).context("the router is not one of the demo's nodes")?;
+    let victim =
+        router_index(&first_router).context("the router is not one of the demo's nodes")?;
     let observer = (victim + 1) % handles.len();
-    let mut watch = handles[observer].watch_queue(&queue).context("queue not open")?;
+    let mut watch = handles[observer]
+        .watch_queue(&queue)
+        .context("queue not open")?;
     let deadline = Duration::from_secs(120) + Duration::from_millis(opts.tasks as u64 * 100);
 
     let mut killed: Option<(Instant, u64, Claim, usize)> = None;
@@ -306,24 +330,35 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         bail!("the demo ended before the router could be killed");
     };
 
-    // Count executions and duplicates from the task documents on the observer.
+    // Count executions and duplicates from both records a run leaves: the attempt's outcome in
+    // the queue document and the run record in the task document (a killed node's last writes
+    // may have reached only one of them). Per task, the larger count wins.
     let reader = handles[observer].clone();
     let mut executions = 0;
     let mut duplicates = 0;
-    let mut per_task = BTreeMap::new();
     for id in &task_ids {
-        if let Ok(s) = reader.task_status(id).await {
-            let ended = s.runs.iter().filter(|r| r.end.is_some()).count();
-            let ok = s
-                .runs
+        let (mut ended, mut ok) = (0, 0);
+        if let Some(t) = final_view.tasks.get(id) {
+            let ran = t.attempts.iter().filter(|a| a.started.is_some());
+            let finished: Vec<_> = ran.filter_map(|a| a.finished.as_ref()).collect();
+            ended = finished.len();
+            ok = finished
                 .iter()
-                .filter(|r| r.end.as_ref().is_some_and(|e| e.outcome == piecework_queue_doc::AttemptOutcome::Succeeded))
+                .filter(|f| f.outcome == AttemptOutcome::Succeeded)
                 .count();
-            executions += ended;
-            if ok > 1 {
-                duplicates += 1;
-            }
-            per_task.insert(id.clone(), s.state);
+        }
+        if let Ok(s) = reader.task_status(id).await {
+            let runs: Vec<_> = s.runs.iter().filter_map(|r| r.end.as_ref()).collect();
+            ended = ended.max(runs.len());
+            ok = ok.max(
+                runs.iter()
+                    .filter(|e| e.outcome == AttemptOutcome::Succeeded)
+                    .count(),
+            );
+        }
+        executions += ended;
+        if ok > 1 {
+            duplicates += 1;
         }
     }
     let completed = final_view
@@ -331,7 +366,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         .values()
         .filter(|t| t.state() == TaskState::Succeeded)
         .count();
-    let after = final_view.router.clone().or(new_router).unwrap_or_else(|| old.clone());
+    let after = final_view
+        .router
+        .clone()
+        .or(new_router)
+        .unwrap_or_else(|| old.clone());
     drop(handles);
     drop(nodes);
     Ok(Summary {
@@ -382,10 +421,22 @@ pub fn print_summary(s: &Summary) {
     println!("tasks submitted    {}", s.tasks_submitted);
     println!("tasks completed    {}", s.tasks_completed);
     println!("executions         {}", s.executions);
-    println!("duplicates         {}  (tasks whose handler succeeded more than once)", s.duplicates);
+    println!(
+        "duplicates         {}  (tasks whose handler succeeded more than once)",
+        s.duplicates
+    );
     println!("lost               {}", s.lost);
-    println!("router before      {} (term {})", s.router_before, s.term_before);
-    println!("router after       {} (term {})", s.router_after, s.term_after);
-    println!("takeover           {} ms from the kill to the first task routed by the new router", s.takeover_ms);
+    println!(
+        "router before      {} (term {})",
+        s.router_before, s.term_before
+    );
+    println!(
+        "router after       {} (term {})",
+        s.router_after, s.term_after
+    );
+    println!(
+        "takeover           {} ms from the kill to the first task routed by the new router",
+        s.takeover_ms
+    );
     println!("elapsed            {} ms", s.elapsed_ms);
 }

@@ -21,7 +21,9 @@ pub const MAX_ROUNDS: u64 = 10_000_000;
 /// A registry with every built-in kind.
 pub fn builtin() -> Registry {
     let mut r = Registry::new();
-    r.register("noop", |_ctx: Context, _input: Value| async { Ok(Value::Null) });
+    r.register("noop", |_ctx: Context, _input: Value| async {
+        Ok(Value::Null)
+    });
     r.register("sleep", sleep);
     r.register("sha256", sha256);
     r
@@ -36,7 +38,9 @@ async fn sleep(ctx: Context, input: Value) -> Result<Value, HandlerError> {
     let SleepInput { ms } = serde_json::from_value(input)
         .map_err(|e| HandlerError::new(format!("sleep wants {{\"ms\": N}}: {e}")))?;
     if ms > MAX_SLEEP_MS {
-        return Err(HandlerError::new(format!("sleep: at most {MAX_SLEEP_MS} ms")));
+        return Err(HandlerError::new(format!(
+            "sleep: at most {MAX_SLEEP_MS} ms"
+        )));
     }
     tokio::select! {
         () = tokio::time::sleep(std::time::Duration::from_millis(ms)) => Ok(json!({ "slept_ms": ms })),
@@ -65,10 +69,15 @@ pub fn sha256_rounds(data: &[u8], rounds: u64) -> String {
 }
 
 async fn sha256(ctx: Context, input: Value) -> Result<Value, HandlerError> {
-    let Sha256Input { data, rounds } = serde_json::from_value(input)
-        .map_err(|e| HandlerError::new(format!("sha256 wants {{\"data\": STRING, \"rounds\": N}}: {e}")))?;
+    let Sha256Input { data, rounds } = serde_json::from_value(input).map_err(|e| {
+        HandlerError::new(format!(
+            "sha256 wants {{\"data\": STRING, \"rounds\": N}}: {e}"
+        ))
+    })?;
     if !(1..=MAX_ROUNDS).contains(&rounds) {
-        return Err(HandlerError::new(format!("sha256: rounds must be in 1..={MAX_ROUNDS}")));
+        return Err(HandlerError::new(format!(
+            "sha256: rounds must be in 1..={MAX_ROUNDS}"
+        )));
     }
     ctx.log(format!("hashing {} bytes, {rounds} rounds", data.len()));
     let digest = tokio::task::spawn_blocking(move || sha256_rounds(data.as_bytes(), rounds))

@@ -15,7 +15,12 @@ use piecework::queue_doc::{QueueId, TaskId, TaskState};
 #[command(name = "piecework", version, about)]
 struct Cli {
     /// The node whose HTTP API to talk to.
-    #[arg(long, global = true, env = "PIECEWORK_NODE", default_value = "http://127.0.0.1:7700")]
+    #[arg(
+        long,
+        global = true,
+        env = "PIECEWORK_NODE",
+        default_value = "http://127.0.0.1:7700"
+    )]
     node: String,
     #[command(subcommand)]
     command: Command,
@@ -160,9 +165,27 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Node { data_dir, listen, bootstrap, http, workers } => run_node(data_dir, listen, bootstrap, http, workers).await,
-        Command::Demo { nodes, tasks, workers, rounds, json } => {
-            let opts = piecework::demo::Options { nodes, tasks, workers, rounds, progress: true };
+        Command::Node {
+            data_dir,
+            listen,
+            bootstrap,
+            http,
+            workers,
+        } => run_node(data_dir, listen, bootstrap, http, workers).await,
+        Command::Demo {
+            nodes,
+            tasks,
+            workers,
+            rounds,
+            json,
+        } => {
+            let opts = piecework::demo::Options {
+                nodes,
+                tasks,
+                workers,
+                rounds,
+                progress: true,
+            };
             let summary = piecework::demo::run(&opts).await?;
             if json {
                 println!("{}", serde_json::to_string(&summary)?);
@@ -170,7 +193,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 piecework::demo::print_summary(&summary);
             }
             if summary.lost > 0 || summary.router_before == summary.router_after {
-                bail!("the demo did not go as it should: {} lost, router {} -> {}", summary.lost, summary.router_before, summary.router_after);
+                bail!(
+                    "the demo did not go as it should: {} lost, router {} -> {}",
+                    summary.lost,
+                    summary.router_before,
+                    summary.router_after
+                );
             }
             Ok(())
         }
@@ -191,7 +219,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     if json {
                         print_json(&q)
                     } else {
-                        println!("joined {} ({}), {} members, router {}", q.name, q.id, q.members, q.router.map_or("-".into(), |r| r.to_string()));
+                        println!(
+                            "joined {} ({}), {} members, router {}",
+                            q.name,
+                            q.id,
+                            q.members,
+                            q.router.map_or("-".into(), |r| r.to_string())
+                        );
                         Ok(())
                     }
                 }
@@ -200,10 +234,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { command } => {
             let client = Client::new(&cli.node)?;
             match command {
-                TaskCommand::Submit { queue_id, kind, input, priority, urgent, wait, timeout, json } => {
+                TaskCommand::Submit {
+                    queue_id,
+                    kind,
+                    input,
+                    priority,
+                    urgent,
+                    wait,
+                    timeout,
+                    json,
+                } => {
                     let input: serde_json::Value = serde_json::from_str(&input)
                         .with_context(|| format!("--input is not valid JSON: {input:?}"))?;
-                    let req = api::SubmitTask { kind, input, priority, urgent, max_attempts: None };
+                    let req = api::SubmitTask {
+                        kind,
+                        input,
+                        priority,
+                        urgent,
+                        max_attempts: None,
+                    };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();
                     if !wait {
@@ -236,14 +285,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 return print_json(&s);
             }
             println!("peer {} (incarnation {})", s.peer_id, s.incarnation);
-            println!("connected to {} peers; kinds: {}", s.connected.len(), s.kinds.join(", "));
+            println!(
+                "connected to {} peers; kinds: {}",
+                s.connected.len(),
+                s.kinds.join(", ")
+            );
             for q in &s.queues {
                 let t = &q.tasks;
                 println!(
                     "queue {} ({})\n  router {} (this node: {})\n  tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed",
                     q.name,
                     q.id,
-                    q.router.as_ref().map_or("-".into(), |r| format!("{} term {}", r.peer, r.term)),
+                    q.router
+                        .as_ref()
+                        .map_or("-".into(), |r| format!("{} term {}", r.peer, r.term)),
                     q.role,
                     t.pending,
                     t.assigned,
@@ -268,7 +323,12 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
         return print_json(s);
     }
     println!("{} {}", s.id, s.state.as_str());
-    println!("  kind {}  queue {}  attempts {}", s.kind, s.queue, s.attempts.len());
+    println!(
+        "  kind {}  queue {}  attempts {}",
+        s.kind,
+        s.queue,
+        s.attempts.len()
+    );
     if let Some(r) = &s.result {
         println!("  result {r}");
     }

@@ -3,8 +3,9 @@
 //! - **heartbeats** over gossipsub, one topic per queue ([`topic_for`]); every message is signed
 //!   with the sender's node key and gossipsub rejects unsigned or forged ones, so the
 //!   [`Event::Message`] `source` is authenticated;
-//! - **document sync**: samod connections over libp2p streams ([`sync`]), each bound to the
-//!   Noise-authenticated peer id of its connection. Documents never travel over gossipsub.
+//! - **document sync**: one libp2p stream per pair of peers carrying replica messages ([`sync`]),
+//!   each bound to the Noise-authenticated peer id of its connection. Documents never travel
+//!   over gossipsub.
 //!
 //! # Driving it
 //!
@@ -15,13 +16,13 @@
 //!
 //! Bounds: [`COMMAND_CAPACITY`] pending commands (senders wait), [`EVENT_CAPACITY`] pending
 //! events. When the application falls that far behind, gossip messages are dropped and counted
-//! (heartbeats repeat); connection events are never dropped, the loop waits for room instead.
+//! (heartbeats repeat); connection events and sync messages are never dropped, their senders wait
+//! for room instead (which slows the peer down through TCP).
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod sync;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -30,14 +31,14 @@ use futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Swarm, identify, noise, ping, tcp, yamux};
 pub use libp2p::{Multiaddr, PeerId, identity};
+use libp2p::{Swarm, identify, noise, ping, tcp, yamux};
 use tokio::sync::{mpsc, oneshot};
 
 /// Pending commands from [`Client`]s to the event loop.
 pub const COMMAND_CAPACITY: usize = 256;
 /// Pending events from the event loop to the application.
-pub const EVENT_CAPACITY: usize = 1024;
+pub const EVENT_CAPACITY: usize = 4096;
 /// The largest gossip message: 256 KiB (a pool heartbeat of 256 workers is about 60 KiB).
 pub const MAX_GOSSIP_MESSAGE: usize = 256 * 1024;
 
@@ -80,6 +81,17 @@ pub enum Event {
     Connected(PeerId),
     /// The last connection to `peer` closed.
     Disconnected(PeerId),
+    /// A sync stream to `peer` opened: start syncing documents with it.
+    SyncOpened(PeerId),
+    /// The sync stream to `peer` closed: forget the sync state with it.
+    SyncClosed(PeerId),
+    /// A frame from `peer`'s sync stream (the peer is authenticated by the connection).
+    SyncMessage {
+        /// The peer.
+        peer: PeerId,
+        /// The frame.
+        data: Vec<u8>,
+    },
     /// A gossip message, signed by `source`.
     Message {
         /// The topic.
@@ -108,9 +120,6 @@ pub enum StartError {
         /// Why.
         reason: String,
     },
-    /// samod is already stopped.
-    #[error("the document repository is stopped")]
-    RepoStopped,
 }
 
 /// A request to the event loop failed because the loop has stopped.
@@ -145,8 +154,14 @@ pub struct Info {
 enum Command {
     Subscribe(String),
     Unsubscribe(String),
-    Publish { topic: String, data: Vec<u8> },
-    Dial { opts: DialOpts, reply: oneshot::Sender<Result<(), DialError>> },
+    Publish {
+        topic: String,
+        data: Vec<u8>,
+    },
+    Dial {
+        opts: DialOpts,
+        reply: oneshot::Sender<Result<(), DialError>>,
+    },
     Info(oneshot::Sender<Info>),
 }
 
@@ -155,6 +170,13 @@ enum Command {
 pub struct Client {
     commands: mpsc::Sender<Command>,
     peer: PeerId,
+    streams: sync::Streams,
+}
+
+impl std::fmt::Debug for sync::Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Streams")
+    }
 }
 
 impl std::fmt::Debug for Command {
@@ -193,12 +215,21 @@ impl Client {
     /// queue is full the message is dropped rather than delaying the caller; returns whether it
     /// was queued.
     pub fn publish(&self, topic: String, data: Vec<u8>) -> bool {
-        self.commands.try_send(Command::Publish { topic, data }).is_ok()
+        self.commands
+            .try_send(Command::Publish { topic, data })
+            .is_ok()
+    }
+
+    /// Sends a frame on `peer`'s sync stream without waiting; false if there is no open stream
+    /// or the peer is too far behind (see [`sync`]).
+    pub fn send_sync(&self, peer: &PeerId, frame: Vec<u8>) -> bool {
+        self.streams.send(peer, frame)
     }
 
     /// Dials an address (which may end in `/p2p/<peer id>`).
     pub async fn dial(&self, addr: Multiaddr) -> Result<(), DialError> {
-        self.dial_opts(DialOpts::unknown_peer_id().address(addr).build()).await
+        self.dial_opts(DialOpts::unknown_peer_id().address(addr).build())
+            .await
     }
 
     /// Dials `peer` at `addrs` unless already connected to it.
@@ -212,7 +243,9 @@ impl Client {
 
     async fn dial_opts(&self, opts: DialOpts) -> Result<(), DialError> {
         let (reply, rx) = oneshot::channel();
-        self.send(Command::Dial { opts, reply }).await.map_err(|_| DialError::Stopped)?;
+        self.send(Command::Dial { opts, reply })
+            .await
+            .map_err(|_| DialError::Stopped)?;
         rx.await.map_err(|_| DialError::Stopped)?
     }
 
@@ -242,9 +275,8 @@ pub struct Net {
 }
 
 /// Builds the swarm, starts listening and dialing the bootstrap peers, and spawns the event loop
-/// and the sync acceptor on the current tokio runtime. `repo` must use this node's libp2p peer
-/// id (see [`sync::samod_peer`]).
-pub fn spawn(config: Config, repo: samod::Repo) -> Result<Net, StartError> {
+/// and the sync acceptor on the current tokio runtime.
+pub fn spawn(config: Config) -> Result<Net, StartError> {
     let peer = config.keypair.public().to_peer_id();
     let gossip_config = gossipsub::ConfigBuilder::default()
         .heartbeat_interval(Duration::from_millis(500))
@@ -254,12 +286,19 @@ pub fn spawn(config: Config, repo: samod::Repo) -> Result<Net, StartError> {
         .map_err(|e| StartError::Gossipsub(e.to_string()))?;
     let mut swarm = libp2p::SwarmBuilder::with_existing_identity(config.keypair.clone())
         .with_tokio()
-        .with_tcp(tcp::Config::default().nodelay(true), noise::Config::new, yamux::Config::default)
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
         .map_err(|e| StartError::Transport(e.to_string()))?
         .with_behaviour(|key| {
             Ok(Behaviour {
-                gossipsub: gossipsub::Behaviour::new(MessageAuthenticity::Signed(key.clone()), gossip_config)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?,
+                gossipsub: gossipsub::Behaviour::new(
+                    MessageAuthenticity::Signed(key.clone()),
+                    gossip_config,
+                )
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
                 identify: identify::Behaviour::new(identify::Config::new(
                     "/piecework/id/1".to_owned(),
                     key.public(),
@@ -272,10 +311,12 @@ pub fn spawn(config: Config, repo: samod::Repo) -> Result<Net, StartError> {
         .with_swarm_config(|c| c.with_idle_connection_timeout(config.idle_timeout))
         .build();
     for addr in &config.listen {
-        swarm.listen_on(addr.clone()).map_err(|e| StartError::Listen {
-            addr: addr.clone(),
-            reason: e.to_string(),
-        })?;
+        swarm
+            .listen_on(addr.clone())
+            .map_err(|e| StartError::Listen {
+                addr: addr.clone(),
+                reason: e.to_string(),
+            })?;
     }
     for addr in &config.bootstrap {
         if let Err(e) = swarm.dial(addr.clone()) {
@@ -283,20 +324,20 @@ pub fn spawn(config: Config, repo: samod::Repo) -> Result<Net, StartError> {
         }
     }
     let control = swarm.behaviour().stream.new_control();
-    let acceptor = repo
-        .make_acceptor(samod::Url::parse(&format!("libp2p://{peer}")).expect("valid url"))
-        .map_err(|_| StartError::RepoStopped)?;
-    tokio::spawn(sync::accept_loop(control.clone(), acceptor));
-
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(EVENT_CAPACITY);
+    let streams = sync::Streams::default();
+    tokio::spawn(sync::accept(
+        control.clone(),
+        streams.clone(),
+        ev_tx.clone(),
+    ));
     let event_loop = EventLoop {
         swarm,
         commands: cmd_rx,
         events: ev_tx,
-        repo,
         control,
-        dialers: HashMap::new(),
+        streams: streams.clone(),
         dropped: Arc::new(AtomicU64::new(0)),
     };
     tokio::spawn(event_loop.run());
@@ -304,6 +345,7 @@ pub fn spawn(config: Config, repo: samod::Repo) -> Result<Net, StartError> {
         client: Client {
             commands: cmd_tx,
             peer,
+            streams,
         },
         events: ev_rx,
     })
@@ -313,9 +355,8 @@ struct EventLoop {
     swarm: Swarm<Behaviour>,
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
-    repo: samod::Repo,
     control: libp2p_stream::Control,
-    dialers: HashMap<PeerId, samod::DialerHandle<sync::OpenError>>,
+    streams: sync::Streams,
     dropped: Arc<AtomicU64>,
 }
 
@@ -333,9 +374,6 @@ impl EventLoop {
                     None => break,
                 },
             }
-        }
-        for (_, d) in self.dialers.drain() {
-            d.close();
         }
         tracing::debug!("network event loop stopped");
     }
@@ -358,7 +396,10 @@ impl EventLoop {
                 }
             }
             Command::Dial { opts, reply } => {
-                let r = self.swarm.dial(opts).map_err(|e| DialError::Refused(e.to_string()));
+                let r = self
+                    .swarm
+                    .dial(opts)
+                    .map_err(|e| DialError::Refused(e.to_string()));
                 let _ = reply.send(r);
             }
             Command::Info(reply) => {
@@ -376,25 +417,51 @@ impl EventLoop {
     async fn handle_swarm_event(&mut self, ev: SwarmEvent<BehaviourEvent>) -> Result<(), ()> {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
-                self.events.send(Event::Listening(address)).await.map_err(drop)?;
+                self.events
+                    .send(Event::Listening(address))
+                    .await
+                    .map_err(drop)?;
             }
-            SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                num_established,
+                ..
+            } => {
                 if num_established.get() == 1 {
                     self.ensure_sync(peer_id);
-                    self.events.send(Event::Connected(peer_id)).await.map_err(drop)?;
+                    self.events
+                        .send(Event::Connected(peer_id))
+                        .await
+                        .map_err(drop)?;
                 }
             }
-            SwarmEvent::ConnectionClosed { peer_id, num_established: 0, .. } => {
-                self.events.send(Event::Disconnected(peer_id)).await.map_err(drop)?;
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => {
+                self.events
+                    .send(Event::Disconnected(peer_id))
+                    .await
+                    .map_err(drop)?;
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. })) => {
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                info,
+                ..
+            })) => {
                 for addr in info.listen_addrs {
                     self.swarm.add_peer_address(peer_id, addr);
                 }
             }
-            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message { message, .. })) => {
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                message,
+                ..
+            })) => {
                 // Strict validation guarantees a verified signature, hence a source.
-                let Some(source) = message.source else { return Ok(()) };
+                let Some(source) = message.source else {
+                    return Ok(());
+                };
                 let ev = Event::Message {
                     topic: message.topic.into_string(),
                     source,
@@ -416,23 +483,17 @@ impl EventLoop {
         Ok(())
     }
 
-    /// Makes sure a samod connection to `peer` exists or is being dialed: the smaller peer id
-    /// dials, the greater accepts.
+    /// Makes sure a sync stream to `peer` exists or is being opened: the smaller peer id opens
+    /// it, the greater accepts.
     fn ensure_sync(&mut self, peer: PeerId) {
-        if *self.swarm.local_peer_id() >= peer || self.dialers.contains_key(&peer) {
+        if *self.swarm.local_peer_id() >= peer || self.streams.is_open(&peer) {
             return;
         }
-        let backoff = samod::BackoffConfig {
-            initial_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(2),
-            max_retries: None,
-        };
-        let dialer = Arc::new(sync::StreamDialer::new(peer, self.control.clone()));
-        match self.repo.dial(backoff, dialer) {
-            Ok(handle) => {
-                self.dialers.insert(peer, handle);
-            }
-            Err(_) => tracing::debug!("samod stopped; not dialing {peer}"),
-        }
+        tokio::spawn(sync::open(
+            self.control.clone(),
+            self.streams.clone(),
+            peer,
+            self.events.clone(),
+        ));
     }
 }

@@ -100,6 +100,8 @@ pub struct NodeStatus {
     pub queues: Vec<QueueStatus>,
     /// Its workers.
     pub workers: Vec<WorkerStatus>,
+    /// Documents held in memory (queues and live tasks; finished tasks' stay on disk).
+    pub documents_loaded: usize,
 }
 
 /// `GET /v1/tasks/{id}`: a task.

@@ -60,7 +60,9 @@ impl From<TaskError> for ApiError {
     fn from(e: TaskError) -> Self {
         let code = match e {
             TaskError::BadId(_) => StatusCode::BAD_REQUEST,
-            TaskError::NotFound(_) | TaskError::NotJoined(..) | TaskError::NotIndexed(..) => StatusCode::NOT_FOUND,
+            TaskError::NotFound(_) | TaskError::NotJoined(..) | TaskError::NotIndexed(..) => {
+                StatusCode::NOT_FOUND
+            }
             TaskError::NotATask(..) => StatusCode::UNPROCESSABLE_ENTITY,
             TaskError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
             TaskError::Stopped => StatusCode::INTERNAL_SERVER_ERROR,
@@ -95,13 +97,19 @@ async fn create_queue(
     Json(req): Json<api::CreateQueue>,
 ) -> Result<Json<api::Created>, ApiError> {
     if req.name.trim().is_empty() {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "a queue needs a name".into()));
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "a queue needs a name".into(),
+        ));
     }
     let queue_id = node.create_queue(&req.name, req.config).await?;
     Ok(Json(api::Created { queue_id }))
 }
 
-async fn join_queue(State(node): State<NodeHandle>, Path(id): Path<String>) -> Result<Json<api::QueueStatus>, ApiError> {
+async fn join_queue(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
     let id = QueueId::new(id);
     node.join_queue(&id).await?;
     let status = node.status().await?;
@@ -109,7 +117,12 @@ async fn join_queue(State(node): State<NodeHandle>, Path(id): Path<String>) -> R
         .queues
         .into_iter()
         .find(|q| q.id == id)
-        .ok_or_else(|| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "joined queue missing from status".into()))?;
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "joined queue missing from status".into(),
+            )
+        })?;
     Ok(Json(q))
 }
 
@@ -121,7 +134,10 @@ async fn submit(
     Ok(Json(node.submit(&QueueId::new(id), req).await?))
 }
 
-async fn task_status(State(node): State<NodeHandle>, Path(id): Path<String>) -> Result<Json<api::TaskStatus>, ApiError> {
+async fn task_status(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::TaskStatus>, ApiError> {
     Ok(Json(node.task_status(&TaskId::new(id)).await?))
 }
 

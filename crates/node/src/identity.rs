@@ -28,15 +28,21 @@ pub enum IdentityError {
 pub fn load_or_create(dir: &Path) -> Result<Keypair, IdentityError> {
     let path = dir.join(KEY_FILE);
     let shown = path.display().to_string();
-    let io = |source| IdentityError::Io { path: shown.clone(), source };
+    let io = |source| IdentityError::Io {
+        path: shown.clone(),
+        source,
+    };
     match std::fs::read(&path) {
         Ok(bytes) => {
             warn_if_shared(&path);
-            Keypair::from_protobuf_encoding(&bytes).map_err(|_| IdentityError::Corrupt(shown.clone()))
+            Keypair::from_protobuf_encoding(&bytes)
+                .map_err(|_| IdentityError::Corrupt(shown.clone()))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = Keypair::generate_ed25519();
-            let bytes = key.to_protobuf_encoding().map_err(|_| IdentityError::Corrupt(shown.clone()))?;
+            let bytes = key
+                .to_protobuf_encoding()
+                .map_err(|_| IdentityError::Corrupt(shown.clone()))?;
             let mut opts = std::fs::OpenOptions::new();
             opts.write(true).create_new(true);
             #[cfg(unix)]
@@ -75,10 +81,16 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(dir.path().join(KEY_FILE)).unwrap().permissions().mode();
+            let mode = std::fs::metadata(dir.path().join(KEY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
         std::fs::write(dir.path().join(KEY_FILE), b"garbage").unwrap();
-        assert!(matches!(load_or_create(dir.path()), Err(IdentityError::Corrupt(_))));
+        assert!(matches!(
+            load_or_create(dir.path()),
+            Err(IdentityError::Corrupt(_))
+        ));
     }
 }

@@ -1,10 +1,11 @@
 //! Piecework's node: the runtime that wires documents, routers, the worker pool and the network
 //! together with tokio, the real clock, on-disk storage and a local HTTP API.
 //!
-//! This is the only crate that owns a clock, the disk and the network. The pure cores
-//! (`queue-doc`, `router`, the `worker-pool` state machine) are driven from one task, the
-//! node's *actor*, which feeds them documents, heartbeats and timeouts and carries out their
-//! actions.
+//! This is the only crate that owns a clock, the disk and the network. Everything stateful runs
+//! in one task, the node's *actor*: it holds the documents (a [`Replica`]), one router per
+//! queue and the pool, feeds them messages, heartbeats and the clock, and carries out their
+//! actions. [`NodeHandle`] talks to the actor over a bounded command queue; handlers run in
+//! tasks of their own and report back to it.
 //!
 //! # Running a node
 //!
@@ -17,7 +18,7 @@
 //! registry.register("echo", |_ctx, input| async move { Ok(input) });
 //! let node = Node::start(Config::new("/tmp/piecework-a".into(), registry)).await?;
 //! let queue = node.handle().create_queue("emails", None).await?;
-//! let task = node
+//! let submitted = node
 //!     .handle()
 //!     .submit(&queue, piecework_node::api::SubmitTask {
 //!         kind: "echo".into(),
@@ -27,7 +28,7 @@
 //!         max_attempts: None,
 //!     })
 //!     .await?;
-//! let status = node.handle().wait_task(&task, std::time::Duration::from_secs(30)).await?;
+//! let status = node.handle().wait_task(&submitted.task_id, std::time::Duration::from_secs(30)).await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -38,8 +39,9 @@
 //! # What a node stores
 //!
 //! `<data dir>/identity.key` (the ed25519 key, mode 0600) and `<data dir>/piecework.redb`
-//! (every document chunk, the incarnation counter and the joined queues). A submit returns only
-//! once the task document and the queue document's index entry are on disk.
+//! (every document, the incarnation counter and the joined queues). A submit returns once the
+//! task document and the queue's index entry are on disk, and, when a peer is connected, held by
+//! one peer too.
 
 #![warn(missing_docs, unreachable_pub)]
 
@@ -52,30 +54,29 @@ mod wire;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use piecework_net as net;
-use piecework_queue_doc::task::{self, NewTask};
-use piecework_queue_doc::{
-    PeerId, QueueConfig, QueueId, QueueView, Submission, TaskId, TaskState, queue,
-};
+use piecework_queue_doc::replica::Replica;
+use piecework_queue_doc::{PeerId, QueueConfig, QueueId, QueueView, TaskId, queue, task};
 use piecework_router::Event as RouterEvent;
 use piecework_worker_pool::Registry;
-use samod::{AutomergeUrl, DocHandle, DocumentId};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub use net::Multiaddr;
 pub use wire::Wire;
 
-/// Capacity of the actor's input queue (senders wait when it is full).
-pub const ACTOR_QUEUE: usize = 1024;
+/// Capacity of the actor's command queue (callers wait when it is full).
+pub const COMMAND_QUEUE: usize = 1024;
 /// Capacity of the [`NodeEvent`] broadcast; a receiver that lags further loses events.
 pub const EVENT_BUFFER: usize = 1024;
 /// The most workers one node runs.
 pub const MAX_WORKERS: u32 = 256;
+/// How long a submit waits for a connected peer to hold the new task.
+pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);
+/// How long a lookup waits for peers to answer.
+pub const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -162,6 +163,9 @@ pub enum StartError {
     /// Too many workers.
     #[error("a node runs at most {MAX_WORKERS} workers, not {0}")]
     TooManyWorkers(u32),
+    /// The runtime could not start.
+    #[error("cannot start a runtime for the node: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// A queue operation failed.
@@ -254,62 +258,24 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-fn doc_id(url: &str) -> Option<DocumentId> {
-    AutomergeUrl::from_str(url).ok().map(|u| u.document_id().clone())
-}
-
-/// How long a submit waits for a connected peer to hold the new task.
-pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);
-
-/// Resolves once some connected peer has every change in `heads` of `handle`'s document.
-async fn replicated(handle: &DocHandle, heads: &[automerge::ChangeHash]) {
-    let peer_has = |s: &samod::PeerDocState| {
-        let Some(theirs) = s.their_heads.as_ref() else { return false };
-        handle.with_document(|d| {
-            use automerge::ReadDoc;
-            // They have our heads if none of them is among the changes they lack.
-            theirs.iter().all(|h| d.get_change_by_hash(h).is_some())
-                && !d.get_changes(theirs).iter().any(|c| heads.contains(&c.hash()))
-        })
-    };
-    let (mut states, mut updates) = handle.peers();
-    loop {
-        if states.values().any(peer_has) {
-            return;
-        }
-        match updates.next().await {
-            Some(delta) => states.extend(delta),
-            None => std::future::pending().await,
-        }
-    }
-}
-
-/// How long a lookup waits for peers to answer.
-const FIND_TIMEOUT: Duration = Duration::from_secs(10);
-
-struct QueueEntry {
-    handle: DocHandle,
-    view: watch::Receiver<Arc<QueueView>>,
-}
-
+/// What every part of the node shares.
 pub(crate) struct Shared {
-    peer: PeerId,
-    libp2p_peer: net::PeerId,
-    incarnation: u64,
-    repo: samod::Repo,
-    store: storage::Store,
-    net: net::Client,
-    registry: Registry,
-    workers: u32,
-    queues: RwLock<HashMap<QueueId, QueueEntry>>,
-    actor: mpsc::Sender<actor::Input>,
-    events: broadcast::Sender<NodeEvent>,
-    listen: RwLock<Vec<Multiaddr>>,
+    pub(crate) peer: PeerId,
+    pub(crate) libp2p_peer: net::PeerId,
+    pub(crate) incarnation: u64,
+    pub(crate) store: storage::Store,
+    pub(crate) net: net::Client,
+    pub(crate) registry: Registry,
+    pub(crate) workers: u32,
+    pub(crate) events: broadcast::Sender<NodeEvent>,
+    pub(crate) listen: RwLock<Vec<Multiaddr>>,
+    pub(crate) views: RwLock<HashMap<QueueId, watch::Receiver<Arc<QueueView>>>>,
+    pub(crate) commands: mpsc::Sender<actor::Command>,
 }
 
 impl Shared {
     /// The addresses this node advertises, each ending in `/p2p/<peer>`.
-    fn advertised(&self) -> Vec<String> {
+    pub(crate) fn advertised(&self) -> Vec<String> {
         let listen = self.listen.read().unwrap_or_else(|e| e.into_inner());
         listen
             .iter()
@@ -333,7 +299,9 @@ pub struct NodeHandle {
 
 impl std::fmt::Debug for NodeHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeHandle").field("peer", &self.shared.peer).finish()
+        f.debug_struct("NodeHandle")
+            .field("peer", &self.shared.peer)
+            .finish()
     }
 }
 
@@ -357,33 +325,33 @@ impl Node {
             .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
             .map_or(0, u64::from_le_bytes)
             + 1;
-        store.set_meta("incarnation", incarnation.to_le_bytes().to_vec()).await?;
-        let repo = samod::Repo::builder(tokio::runtime::Handle::current())
-            .with_storage(store.clone())
-            .with_peer_id(net::sync::samod_peer(&libp2p_peer))
-            .load()
-            .await;
+        store
+            .set_meta("incarnation", incarnation.to_le_bytes().to_vec())
+            .await?;
         let mut net_config = net::Config::new(keypair, config.listen.clone());
         net_config.bootstrap = config.bootstrap.clone();
-        let net = net::spawn(net_config, repo.clone())?;
-        let (actor_tx, actor_rx) = mpsc::channel(ACTOR_QUEUE);
+        let net = net::spawn(net_config)?;
+        let (commands, command_rx) = mpsc::channel(COMMAND_QUEUE);
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let shared = Arc::new(Shared {
             peer: PeerId::new(libp2p_peer.to_string()),
             libp2p_peer,
             incarnation,
-            repo,
             store,
             net: net.client.clone(),
             registry: config.registry.clone(),
             workers: config.workers,
-            queues: RwLock::new(HashMap::new()),
-            actor: actor_tx,
             events,
             listen: RwLock::new(vec![]),
+            views: RwLock::new(HashMap::new()),
+            commands,
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
-        tokio::spawn(tracing::Instrument::instrument(actor::run(shared.clone(), actor_rx, net.events), span));
+        let actor = actor::Actor::new(shared.clone(), Replica::new());
+        tokio::spawn(tracing::Instrument::instrument(
+            actor.run(command_rx, net.events),
+            span,
+        ));
         let handle = NodeHandle { shared };
         for (id, name) in handle.shared.store.queues().await? {
             let id = QueueId::new(id);
@@ -416,12 +384,8 @@ impl NodeHandle {
         self.shared.events.subscribe()
     }
 
-    /// Addresses the node listens on, once known.
-    pub async fn listen_addrs(&self) -> Vec<Multiaddr> {
-        self.shared.net.info().await.map(|i| i.listen).unwrap_or_default()
-    }
-
-    /// Waits until the node listens somewhere and returns the first address, with `/p2p/<id>`.
+    /// Waits until the node listens somewhere and returns its first advertised address (with
+    /// `/p2p/<id>`).
     pub async fn wait_listening(&self) -> Multiaddr {
         let mut events = self.events();
         loop {
@@ -444,8 +408,14 @@ impl NodeHandle {
 
     /// A watch on this node's view of `queue`, updated after every change.
     pub fn watch_queue(&self, queue: &QueueId) -> Option<watch::Receiver<Arc<QueueView>>> {
-        let queues = self.shared.queues.read().unwrap_or_else(|e| e.into_inner());
-        queues.get(queue).map(|q| q.view.clone())
+        let views = self.shared.views.read().unwrap_or_else(|e| e.into_inner());
+        views.get(queue).cloned()
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> actor::Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.commands.send(make(tx)).await.ok()?;
+        rx.await.ok()
     }
 
     /// Creates a queue with this node as its first member; returns its id.
@@ -454,104 +424,60 @@ impl NodeHandle {
         name: &str,
         config: Option<QueueConfig>,
     ) -> Result<QueueId, QueueError> {
-        let mut doc = automerge::Automerge::new();
-        queue::create(&mut doc, name, &config.unwrap_or_default(), &self.shared.peer, now_ms())?;
-        queue::set_member(&mut doc, &self.shared.peer, &self.shared.advertised(), now_ms())?;
-        let handle = self.shared.repo.create(doc).await.map_err(|_| QueueError::Stopped)?;
-        let id = QueueId::new(handle.url().to_string());
-        self.register(&id, name, handle).await?;
-        Ok(id)
+        let config = config.unwrap_or_default();
+        let name = name.to_owned();
+        self.ask(|reply| actor::Command::CreateQueue {
+            name,
+            config,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(QueueError::Stopped))
     }
 
-    /// Joins a queue a connected peer has; returns its view. Waits up to 10 s for peers to
-    /// answer.
+    /// Joins a queue a connected peer has; returns its view. Waits up to [`FIND_TIMEOUT`] for
+    /// a peer that has it.
     pub async fn join_queue(&self, id: &QueueId) -> Result<Arc<QueueView>, QueueError> {
         self.open_queue(id, true).await
     }
 
-    async fn open_queue(&self, id: &QueueId, from_peers: bool) -> Result<Arc<QueueView>, QueueError> {
-        if let Some(v) = self.watch_queue(id) {
-            return Ok(v.borrow().clone());
+    async fn open_queue(
+        &self,
+        id: &QueueId,
+        from_peers: bool,
+    ) -> Result<Arc<QueueView>, QueueError> {
+        let ask = self.ask(|reply| actor::Command::OpenQueue {
+            id: id.clone(),
+            from_peers,
+            reply,
+        });
+        match tokio::time::timeout(FIND_TIMEOUT, ask).await {
+            Ok(r) => r.unwrap_or(Err(QueueError::Stopped)),
+            Err(_) => Err(QueueError::NotFound(id.clone())),
         }
-        let doc = doc_id(id.as_str()).ok_or_else(|| QueueError::BadId(id.to_string()))?;
-        let find = async {
-            let mut connections = self.events();
-            loop {
-                match self.shared.repo.find(doc.clone()).await {
-                    Ok(Some(h)) => return Ok(h),
-                    Ok(None) if from_peers => {
-                        // Not found among the peers connected so far: wait for another to
-                        // connect (or a moment), then ask again.
-                        let _ = tokio::time::timeout(Duration::from_millis(500), connections.recv()).await;
-                    }
-                    Ok(None) => return Err(QueueError::NotFound(id.clone())),
-                    Err(_) => return Err(QueueError::Stopped),
-                }
-            }
-        };
-        let handle = tokio::time::timeout(FIND_TIMEOUT, find)
-            .await
-            .map_err(|_| QueueError::NotFound(id.clone()))??;
-        let view = handle
-            .with_document(|d| QueueView::read(d))
-            .ok_or_else(|| QueueError::NotAQueue(id.clone()))?;
-        let me = &self.shared.peer;
-        let addrs = self.shared.advertised();
-        if view.members.get(me).is_none_or(|m| m.addrs != addrs) {
-            handle.with_document(|d| queue::set_member(d, me, &addrs, now_ms()))?;
-        }
-        let name = view.name.clone();
-        self.register(id, &name, handle).await?;
-        Ok(self.watch_queue(id).map(|v| v.borrow().clone()).unwrap_or_else(|| Arc::new(view)))
-    }
-
-    async fn register(&self, id: &QueueId, name: &str, handle: DocHandle) -> Result<(), QueueError> {
-        self.shared.store.add_queue(id.as_str(), name).await?;
-        let view = Arc::new(handle.with_document(|d| QueueView::read(d)).unwrap_or_default());
-        let (tx, rx) = watch::channel(view);
-        {
-            let mut queues = self.shared.queues.write().unwrap_or_else(|e| e.into_inner());
-            queues.insert(
-                id.clone(),
-                QueueEntry {
-                    handle: handle.clone(),
-                    view: rx,
-                },
-            );
-        }
-        self.shared
-            .actor
-            .send(actor::Input::AddQueue {
-                id: id.clone(),
-                handle,
-                view: tx,
-            })
-            .await
-            .map_err(|_| QueueError::Stopped)
     }
 
     /// Pauses (or resumes) routing of a queue, for every router.
-    pub async fn set_paused(&self, queue_id: &QueueId, paused: bool) -> Result<(), QueueError> {
-        let qh = self
-            .queue_handle(queue_id)
-            .ok_or_else(|| QueueError::NotJoined(queue_id.clone()))?;
-        qh.with_document(|d| queue::set_paused(d, paused))?;
-        Ok(())
-    }
-
-    fn queue_handle(&self, id: &QueueId) -> Option<DocHandle> {
-        let queues = self.shared.queues.read().unwrap_or_else(|e| e.into_inner());
-        queues.get(id).map(|q| q.handle.clone())
+    pub async fn set_paused(&self, queue: &QueueId, paused: bool) -> Result<(), QueueError> {
+        let queue = queue.clone();
+        self.ask(|reply| actor::Command::SetPaused {
+            queue,
+            paused,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(QueueError::Stopped))
     }
 
     /// Submits a task: creates its task document and indexes it in the queue. Returns once both
     /// are on disk and, when a peer is connected, once one peer holds both too (up to
     /// [`REPLICATION_WAIT`]; `replicated` says whether that happened), so that the task
     /// survives this node dying right after.
-    pub async fn submit(&self, queue_id: &QueueId, req: api::SubmitTask) -> Result<api::Submitted, SubmitError> {
-        let qh = self
-            .queue_handle(queue_id)
-            .ok_or_else(|| SubmitError::NotJoined(queue_id.clone()))?;
+    pub async fn submit(
+        &self,
+        queue: &QueueId,
+        req: api::SubmitTask,
+    ) -> Result<api::Submitted, SubmitError> {
         if req.kind.trim().is_empty() {
             return Err(SubmitError::Invalid("the kind is empty".into()));
         }
@@ -562,163 +488,63 @@ impl NodeHandle {
                 max = queue::MAX_PRIORITY
             )));
         }
-        let now = now_ms();
-        let mut doc = automerge::Automerge::new();
-        task::init(
-            &mut doc,
-            &NewTask {
-                queue: queue_id.clone(),
-                kind: req.kind.clone(),
-                input: req.input,
-                submitter: self.shared.peer.clone(),
-                submitted_at: now,
-            },
-        )?;
-        let th = self.shared.repo.create(doc).await.map_err(|_| SubmitError::Stopped)?;
-        let task_id = TaskId::new(th.url().to_string());
-        let task_heads = th.with_document(|d| d.get_heads());
-        let submission = Submission {
-            id: task_id.clone(),
-            kind: req.kind,
-            submitter: self.shared.peer.clone(),
-            submitted_at: now,
-            priority: req.priority,
-            urgent: req.urgent,
-            max_attempts: req.max_attempts,
-        };
-        let change = qh.with_document(|d| {
-            queue::submit(d, &submission)?;
-            Ok::<_, queue::SubmitError>(d.get_last_local_change().map(|c| (c.hash(), c.raw_bytes().to_vec())))
-        })?;
-        // samod saves the change too, in the background; this write makes the submit durable
-        // before it is acknowledged. Same key, same bytes: the two writes agree.
-        let Some((hash, bytes)) = change else {
-            return Err(SubmitError::Invalid("the submit made no change".into()));
-        };
-        let key = samod::storage::StorageKey::incremental_path(qh.document_id(), hash);
-        self.shared.store.put_chunk(&key, bytes).await?;
-        let replicated = if self.shared.net.info().await.is_ok_and(|i| !i.connected.is_empty()) {
-            let queue_heads = [hash];
-            let both = async {
-                futures::join!(replicated(&th, &task_heads), replicated(&qh, &queue_heads));
-            };
-            tokio::time::timeout(REPLICATION_WAIT, both).await.is_ok()
-        } else {
-            false
-        };
-        if !replicated {
-            tracing::info!(task = %task_id, "submitted; held only by this node for now");
-        }
-        Ok(api::Submitted { task_id, replicated })
-    }
-
-    async fn find_task(&self, id: &TaskId) -> Result<DocHandle, TaskError> {
-        let doc = doc_id(id.as_str()).ok_or_else(|| TaskError::BadId(id.to_string()))?;
-        match tokio::time::timeout(FIND_TIMEOUT, self.shared.repo.find(doc)).await {
-            Ok(Ok(Some(h))) => Ok(h),
-            Ok(Ok(None)) | Err(_) => Err(TaskError::NotFound(id.clone())),
-            Ok(Err(_)) => Err(TaskError::Stopped),
-        }
-    }
-
-    /// Whether this node holds the task's document on disk (without asking peers).
-    pub async fn has_task_locally(&self, id: &TaskId) -> bool {
-        match doc_id(id.as_str()) {
-            Some(d) => self.shared.store.has_doc(&d.to_string()).await.unwrap_or(false),
-            None => false,
-        }
+        let queue = queue.clone();
+        self.ask(|reply| actor::Command::Submit { queue, req, reply })
+            .await
+            .unwrap_or(Err(SubmitError::Stopped))
     }
 
     /// A task's status: its state per this node's replica of its queue, its attempts and runs.
     pub async fn task_status(&self, id: &TaskId) -> Result<api::TaskStatus, TaskError> {
-        let th = self.find_task(id).await?;
-        self.status_of(id, &th)
-    }
-
-    fn status_of(&self, id: &TaskId, th: &DocHandle) -> Result<api::TaskStatus, TaskError> {
-        let doc = th
-            .with_document(|d| task::read(d))
-            .map_err(|e| TaskError::NotATask(id.clone(), e))?;
-        let view = self
-            .watch_queue(&doc.queue)
-            .ok_or_else(|| TaskError::NotJoined(id.clone(), doc.queue.clone()))?
-            .borrow()
-            .clone();
-        let entry = view
-            .tasks
-            .get(id)
-            .ok_or_else(|| TaskError::NotIndexed(id.clone(), doc.queue.clone()))?;
-        let error = entry
-            .attempts
-            .iter()
-            .filter_map(|a| a.finished.as_ref())
-            .filter(|f| f.outcome.is_failure())
-            .max_by_key(|f| f.at)
-            .and_then(|f| f.error.clone());
-        Ok(api::TaskStatus {
-            id: id.clone(),
-            queue: doc.queue.clone(),
-            kind: doc.kind.clone(),
-            state: entry.state(),
-            submitted_at: doc.submitted_at,
-            submitter: doc.submitter.to_string(),
-            result: doc.result().cloned(),
-            input: doc.input.clone(),
-            error,
-            attempts: entry.attempts.clone(),
-            runs: doc.runs,
-        })
+        let ask = self.ask(|reply| actor::Command::TaskStatus {
+            task: id.clone(),
+            wait: false,
+            reply,
+        });
+        match tokio::time::timeout(FIND_TIMEOUT, ask).await {
+            Ok(r) => r.unwrap_or(Err(TaskError::Stopped)),
+            Err(_) => Err(TaskError::NotFound(id.clone())),
+        }
     }
 
     /// Waits until the task succeeds or fails for good (and, on success, until this node has
     /// its result), up to `timeout`.
-    pub async fn wait_task(&self, id: &TaskId, timeout: Duration) -> Result<api::TaskStatus, TaskError> {
-        let wait = async {
-            let th = self.find_task(id).await?;
-            let queue = th
-                .with_document(|d| task::read(d))
-                .map_err(|e| TaskError::NotATask(id.clone(), e))?
-                .queue;
-            let mut view = self
-                .watch_queue(&queue)
-                .ok_or_else(|| TaskError::NotJoined(id.clone(), queue.clone()))?;
-            let mut task_changes = th.changes();
-            loop {
-                let state = view.borrow_and_update().tasks.get(id).map(|t| t.state());
-                match state {
-                    Some(TaskState::Failed) => return self.status_of(id, &th),
-                    Some(TaskState::Succeeded) => {
-                        let status = self.status_of(id, &th)?;
-                        if status.result.is_some() {
-                            return Ok(status);
-                        }
-                        // The task document's run record is still on its way.
-                        task_changes.next().await;
-                    }
-                    _ => view.changed().await.map_err(|_| TaskError::Stopped)?,
-                }
-            }
-        };
-        tokio::time::timeout(timeout, wait)
-            .await
-            .map_err(|_| TaskError::Timeout(id.clone(), timeout))?
+    pub async fn wait_task(
+        &self,
+        id: &TaskId,
+        timeout: Duration,
+    ) -> Result<api::TaskStatus, TaskError> {
+        let ask = self.ask(|reply| actor::Command::TaskStatus {
+            task: id.clone(),
+            wait: true,
+            reply,
+        });
+        match tokio::time::timeout(timeout, ask).await {
+            Ok(r) => r.unwrap_or(Err(TaskError::Stopped)),
+            Err(_) => Err(TaskError::Timeout(id.clone(), timeout)),
+        }
     }
 
     /// This node's status: its queues, workers and connections.
     pub async fn status(&self) -> Result<api::NodeStatus, QueueError> {
-        let info = self.shared.net.info().await.map_err(|_| QueueError::Stopped)?;
-        let (reply, rx) = oneshot::channel();
-        self.shared
-            .actor
-            .send(actor::Input::Status(reply))
+        let info = self
+            .shared
+            .net
+            .info()
             .await
             .map_err(|_| QueueError::Stopped)?;
-        let actor = rx.await.map_err(|_| QueueError::Stopped)?;
+        let actor = self
+            .ask(|reply| actor::Command::Status { reply })
+            .await
+            .ok_or(QueueError::Stopped)?;
         let queues = actor
             .queues
             .into_iter()
             .map(|(id, role)| {
-                let view = self.watch_queue(&id).map(|v| v.borrow().clone()).unwrap_or_default();
+                let view = self
+                    .watch_queue(&id)
+                    .map(|v| v.borrow().clone())
+                    .unwrap_or_default();
                 api::QueueStatus {
                     id,
                     name: view.name.clone(),
@@ -739,6 +565,7 @@ impl NodeHandle {
             kinds: self.shared.registry.kinds().map(str::to_owned).collect(),
             queues,
             workers: actor.workers,
+            documents_loaded: actor.documents_loaded,
         })
     }
 }
@@ -786,10 +613,7 @@ pub async fn spawn_isolated(config: Config, threads: usize) -> Result<IsolatedNo
         .thread_name("piecework-node")
         .enable_all()
         .build()
-        .map_err(|source| StartError::DataDir {
-            path: config.data_dir.display().to_string(),
-            source,
-        })?;
+        .map_err(StartError::Runtime)?;
     let node = runtime
         .spawn(Node::start(config))
         .await

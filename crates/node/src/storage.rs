@@ -1,18 +1,20 @@
-//! On-disk storage: one redb file per node holding every document chunk samod saves, plus the
-//! node's own metadata (its incarnation counter and the queues it joined).
+//! On-disk storage: one redb file per node holding every document, plus the node's own metadata
+//! (its incarnation counter and the queues it joined).
+//!
+//! A document is stored as chunks under its id: `<doc>/c/<change hash>` for each change as it is
+//! made or received, and `<doc>/s` for a snapshot that replaces them when they grow many
+//! ([`Store::compact`]). Loading reads every chunk of the document in one range scan.
 //!
 //! Writes go through one writer thread that commits them in groups: every write waiting when a
 //! transaction starts joins it (at most [`MAX_BATCH`]), and all of them are acknowledged after
 //! the one durable commit. A write is acknowledged only once it is on disk. Reads run on tokio's
 //! blocking pool against redb's snapshot reads.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use samod::storage::StorageKey;
 use tokio::sync::oneshot;
 
 const CHUNKS: TableDefinition<&str, &[u8]> = TableDefinition::new("chunks");
@@ -40,8 +42,11 @@ fn redb_err(e: impl std::fmt::Display) -> StorageError {
 }
 
 enum Write {
-    Put(String, Vec<u8>),
-    Delete(String),
+    Append(Vec<(String, Vec<u8>)>),
+    Compact {
+        snapshot: (String, Vec<u8>),
+        drop: Vec<String>,
+    },
     Meta(String, Vec<u8>),
     Queue(String, String),
 }
@@ -51,7 +56,7 @@ struct Request {
     done: oneshot::Sender<Result<(), String>>,
 }
 
-/// The node's store. Cheap to clone; implements [`samod::Storage`].
+/// The node's store. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
@@ -77,8 +82,12 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn key_text(key: &StorageKey) -> String {
-    key.to_string()
+fn change_key(doc: &str, hash: &str) -> String {
+    format!("{doc}/c/{hash}")
+}
+
+fn snapshot_key(doc: &str) -> String {
+    format!("{doc}/s")
 }
 
 impl Store {
@@ -103,7 +112,11 @@ impl Store {
                 let _ = closed_tx.send(true);
             })
             .map_err(redb_err)?;
-        Ok(Store { db, writes: tx, closed })
+        Ok(Store {
+            db,
+            writes: tx,
+            closed,
+        })
     }
 
     /// A signal for when the last handle is gone and the file released (see [`Closed`]).
@@ -119,12 +132,56 @@ impl Store {
             .await
             .map_err(|_| StorageError::Stopped)?
             .map_err(|_| StorageError::Stopped)?;
-        rx.await.map_err(|_| StorageError::Stopped)?.map_err(StorageError::Redb)
+        rx.await
+            .map_err(|_| StorageError::Stopped)?
+            .map_err(StorageError::Redb)
     }
 
-    /// Stores a document chunk durably.
-    pub async fn put_chunk(&self, key: &StorageKey, data: Vec<u8>) -> Result<(), StorageError> {
-        self.write(Write::Put(key_text(key), data)).await
+    /// Stores changes of `doc` (hash in hex, raw bytes) durably.
+    pub async fn append(
+        &self,
+        doc: &str,
+        changes: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), StorageError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let chunks = changes
+            .into_iter()
+            .map(|(h, b)| (change_key(doc, &h), b))
+            .collect();
+        self.write(Write::Append(chunks)).await
+    }
+
+    /// Replaces every chunk of `doc` known as `changes` (hashes in hex) with one snapshot, in one
+    /// transaction.
+    pub async fn compact(
+        &self,
+        doc: &str,
+        snapshot: Vec<u8>,
+        changes: Vec<String>,
+    ) -> Result<(), StorageError> {
+        let drop = changes.iter().map(|h| change_key(doc, h)).collect();
+        self.write(Write::Compact {
+            snapshot: (snapshot_key(doc), snapshot),
+            drop,
+        })
+        .await
+    }
+
+    /// Every chunk of `doc`: the snapshot first if there is one, then its changes; empty if the
+    /// document is not stored.
+    pub async fn load_doc(&self, doc: &str) -> Result<Vec<Vec<u8>>, StorageError> {
+        let db = self.db.clone();
+        let doc = doc.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let mut rows = Store::load_range_blocking(&db, &doc)?;
+            let snap = snapshot_key(&doc);
+            rows.sort_by_key(|(k, _)| *k != snap);
+            Ok(rows.into_iter().map(|(_, v)| v).collect())
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
     }
 
     /// Reads a metadata value.
@@ -134,7 +191,9 @@ impl Store {
         tokio::task::spawn_blocking(move || {
             let tx = db.begin_read().map_err(redb_err)?;
             let t = tx.open_table(META).map_err(redb_err)?;
-            Ok(t.get(key.as_str()).map_err(redb_err)?.map(|v| v.value().to_vec()))
+            Ok(t.get(key.as_str())
+                .map_err(redb_err)?
+                .map(|v| v.value().to_vec()))
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -147,7 +206,8 @@ impl Store {
 
     /// Remembers a joined queue (id → name) durably.
     pub async fn add_queue(&self, id: &str, name: &str) -> Result<(), StorageError> {
-        self.write(Write::Queue(id.to_owned(), name.to_owned())).await
+        self.write(Write::Queue(id.to_owned(), name.to_owned()))
+            .await
     }
 
     /// The joined queues (id → name).
@@ -167,22 +227,10 @@ impl Store {
         .map_err(|_| StorageError::Stopped)?
     }
 
-    /// Whether any chunk of document `doc` is stored.
-    pub async fn has_doc(&self, doc: &str) -> Result<bool, StorageError> {
-        let db = self.db.clone();
-        let doc = doc.to_owned();
-        tokio::task::spawn_blocking(move || Ok(!Store::load_range_blocking(&db, &doc)?.is_empty()))
-            .await
-            .map_err(|_| StorageError::Stopped)?
-    }
-
-    fn load_blocking(db: &Database, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
-        let tx = db.begin_read().map_err(redb_err)?;
-        let t = tx.open_table(CHUNKS).map_err(redb_err)?;
-        Ok(t.get(key).map_err(redb_err)?.map(|v| v.value().to_vec()))
-    }
-
-    fn load_range_blocking(db: &Database, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+    fn load_range_blocking(
+        db: &Database,
+        prefix: &str,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
         let tx = db.begin_read().map_err(redb_err)?;
         let t = tx.open_table(CHUNKS).map_err(redb_err)?;
         let mut out = vec![];
@@ -227,11 +275,18 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
         let mut queues = tx.open_table(QUEUES).map_err(redb_err)?;
         for r in batch {
             match &r.write {
-                Write::Put(k, v) => {
-                    chunks.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
+                Write::Append(list) => {
+                    for (k, v) in list {
+                        chunks.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
+                    }
                 }
-                Write::Delete(k) => {
-                    chunks.remove(k.as_str()).map_err(redb_err)?;
+                Write::Compact { snapshot, drop } => {
+                    chunks
+                        .insert(snapshot.0.as_str(), snapshot.1.as_slice())
+                        .map_err(redb_err)?;
+                    for k in drop {
+                        chunks.remove(k.as_str()).map_err(redb_err)?;
+                    }
                 }
                 Write::Meta(k, v) => {
                     meta.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
@@ -245,96 +300,63 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
     tx.commit().map_err(redb_err)
 }
 
-/// samod's storage calls cannot fail, so failures are logged: loudly when the disk refused,
-/// quietly when the node is stopping (its runtime is gone, nothing will read the answer).
-fn report(op: &str, r: Result<(), StorageError>) {
-    match r {
-        Ok(()) => {}
-        Err(StorageError::Stopped) => tracing::debug!("storage {op} abandoned: the node is stopping"),
-        Err(e) => tracing::error!("storage {op} failed: {e}"),
-    }
-}
-
-fn parse_key(text: &str) -> Option<StorageKey> {
-    StorageKey::from_parts(text.split('/')).ok()
-}
-
-impl samod::storage::Storage for Store {
-    fn load(&self, key: StorageKey) -> impl Future<Output = Option<Vec<u8>>> + Send {
-        let db = self.db.clone();
-        async move {
-            let key = key_text(&key);
-            match tokio::task::spawn_blocking(move || Store::load_blocking(&db, &key)).await {
-                Ok(Ok(v)) => v,
-                Ok(Err(e)) => {
-                    tracing::error!("storage load failed: {e}");
-                    None
-                }
-                Err(_) => None,
-            }
-        }
-    }
-
-    fn load_range(&self, prefix: StorageKey) -> impl Future<Output = HashMap<StorageKey, Vec<u8>>> + Send {
-        let db = self.db.clone();
-        async move {
-            let prefix = key_text(&prefix);
-            match tokio::task::spawn_blocking(move || Store::load_range_blocking(&db, &prefix)).await {
-                Ok(Ok(rows)) => rows
-                    .into_iter()
-                    .filter_map(|(k, v)| Some((parse_key(&k)?, v)))
-                    .collect(),
-                Ok(Err(e)) => {
-                    tracing::error!("storage range load failed: {e}");
-                    HashMap::new()
-                }
-                Err(_) => HashMap::new(),
-            }
-        }
-    }
-
-    fn put(&self, key: StorageKey, data: Vec<u8>) -> impl Future<Output = ()> + Send {
-        let this = self.clone();
-        async move { report("put", this.write(Write::Put(key_text(&key), data)).await) }
-    }
-
-    fn delete(&self, key: StorageKey) -> impl Future<Output = ()> + Send {
-        let this = self.clone();
-        async move { report("delete", this.write(Write::Delete(key_text(&key))).await) }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use samod::storage::Storage;
-
-    fn key(parts: &[&str]) -> StorageKey {
-        StorageKey::from_parts(parts.iter().copied()).unwrap()
-    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn chunks_survive_reopening_and_ranges_stop_at_component_boundaries() {
+    async fn documents_survive_reopening_and_ranges_stop_at_the_document() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
         {
             let s = Store::open(&path).unwrap();
-            s.put(key(&["doc1", "incremental", "a"]), b"1".to_vec()).await;
-            s.put(key(&["doc1", "snapshot", "b"]), b"2".to_vec()).await;
-            s.put(key(&["doc10", "incremental", "c"]), b"3".to_vec()).await;
-            s.delete(key(&["doc1", "snapshot", "b"])).await;
-            s.set_meta("incarnation", 7u64.to_le_bytes().to_vec()).await.unwrap();
+            s.append(
+                "automerge:doc1",
+                vec![("aa".into(), b"1".to_vec()), ("bb".into(), b"2".to_vec())],
+            )
+            .await
+            .unwrap();
+            s.append("automerge:doc10", vec![("cc".into(), b"3".to_vec())])
+                .await
+                .unwrap();
+            s.compact("automerge:doc1", b"snap".to_vec(), vec!["aa".into()])
+                .await
+                .unwrap();
+            s.append("automerge:doc1", vec![("dd".into(), b"4".to_vec())])
+                .await
+                .unwrap();
+            s.set_meta("incarnation", 7u64.to_le_bytes().to_vec())
+                .await
+                .unwrap();
             s.add_queue("automerge:q", "emails").await.unwrap();
             let closed = s.closed();
             drop(s);
             closed.wait().await;
         }
         let s = Store::open(&path).unwrap();
-        let range = s.load_range(key(&["doc1"])).await;
-        assert_eq!(range.len(), 1, "doc10 is not under doc1, and the deletion held: {range:?}");
-        assert_eq!(range[&key(&["doc1", "incremental", "a"])], b"1");
-        assert_eq!(s.load(key(&["doc10", "incremental", "c"])).await.as_deref(), Some(&b"3"[..]));
-        assert_eq!(s.meta("incarnation").await.unwrap(), Some(7u64.to_le_bytes().to_vec()));
-        assert_eq!(s.queues().await.unwrap(), vec![("automerge:q".to_owned(), "emails".to_owned())]);
+        let doc1 = s.load_doc("automerge:doc1").await.unwrap();
+        assert_eq!(
+            doc1.first().map(Vec::as_slice),
+            Some(&b"snap"[..]),
+            "the snapshot comes first"
+        );
+        assert_eq!(
+            doc1.len(),
+            3,
+            "snapshot, bb and dd; aa was compacted away; doc10 is another document"
+        );
+        assert_eq!(
+            s.load_doc("automerge:doc10").await.unwrap(),
+            vec![b"3".to_vec()]
+        );
+        assert!(s.load_doc("automerge:none").await.unwrap().is_empty());
+        assert_eq!(
+            s.meta("incarnation").await.unwrap(),
+            Some(7u64.to_le_bytes().to_vec())
+        );
+        assert_eq!(
+            s.queues().await.unwrap(),
+            vec![("automerge:q".to_owned(), "emails".to_owned())]
+        );
     }
 }

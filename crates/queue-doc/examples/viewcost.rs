@@ -15,7 +15,15 @@ fn main() {
         let w = WorkerId::new(me.clone(), 0);
         for i in 0..n {
             let id = TaskId::new(format!("automerge:task{i:05}"));
-            let s = Submission { id, kind: "sha256".into(), submitter: me.clone(), submitted_at: i, priority: 0, urgent: false, max_attempts: None };
+            let s = Submission {
+                id,
+                kind: "sha256".into(),
+                submitter: me.clone(),
+                submitted_at: i,
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            };
             queue::submit(&mut doc, &s).unwrap();
         }
         let reps = 20u32;
@@ -29,7 +37,14 @@ fn main() {
         let t = Instant::now();
         for i in 0..u64::from(reps) {
             let id = TaskId::new(format!("automerge:task{i:05}"));
-            let a = Assignment { task: id, attempt: AttemptId { n: 1, claim: claim.clone() }, worker: w.clone() };
+            let a = Assignment {
+                task: id,
+                attempt: AttemptId {
+                    n: 1,
+                    claim: claim.clone(),
+                },
+                worker: w.clone(),
+            };
             queue::record_assignments(&mut doc, &[a], 1).unwrap();
             std::hint::black_box(cache.refresh(&doc));
         }

@@ -150,7 +150,8 @@ impl ViewCache {
                 if let Some(task) = owner {
                     if op.obj_type().is_some() {
                         // The op creates an object inside the task: it belongs to the task too.
-                        self.owners.insert((start + i, expanded.actor_id.clone()), task.clone());
+                        self.owners
+                            .insert((start + i, expanded.actor_id.clone()), task.clone());
                     }
                     dirty.insert(task);
                 }
@@ -164,17 +165,21 @@ impl ViewCache {
         let tasks = self.tasks_exid.clone();
         for id in dirty {
             self.stats.tasks_reread += 1;
-            let entry_obj = tasks.as_ref().and_then(|t| match doc.get(t, id.as_str()).ok()? {
-                Some((automerge::Value::Object(ObjType::Map), o)) => Some(o),
-                _ => None,
-            });
+            let entry_obj = tasks
+                .as_ref()
+                .and_then(|t| match doc.get(t, id.as_str()).ok()? {
+                    Some((automerge::Value::Object(ObjType::Map), o)) => Some(o),
+                    _ => None,
+                });
             let owners = &mut self.owners;
             let mut own = |o: &ObjId| {
                 if let Some(k) = key_of(o) {
                     owners.insert(k, id.clone());
                 }
             };
-            match entry_obj.and_then(|o| read_task_entry(doc, &o, id.clone(), &mut view.malformed, &mut own)) {
+            match entry_obj
+                .and_then(|o| read_task_entry(doc, &o, id.clone(), &mut view.malformed, &mut own))
+            {
                 Some(entry) => {
                     view.tasks.insert(id, entry);
                 }

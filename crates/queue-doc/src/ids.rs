@@ -65,7 +65,9 @@ impl FromStr for WorkerId {
     type Err = BadWorkerId;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (peer, index) = s.rsplit_once('/').ok_or_else(|| BadWorkerId(s.to_owned()))?;
+        let (peer, index) = s
+            .rsplit_once('/')
+            .ok_or_else(|| BadWorkerId(s.to_owned()))?;
         if peer.is_empty() {
             return Err(BadWorkerId(s.to_owned()));
         }

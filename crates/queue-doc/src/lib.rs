@@ -63,15 +63,16 @@ mod config;
 mod ids;
 mod keys;
 pub mod queue;
+pub mod replica;
 pub mod task;
 mod view;
 
-pub use cache::{CacheStats, ViewCache};
 pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
+pub use cache::{CacheStats, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use ids::{AttemptId, BadWorkerId, Claim, PeerId, QueueId, TaskId, WorkerId};
 pub use queue::{Assignment, Submission};
 pub use view::{
-    Attempt, AttemptOutcome, Finished, Member, QueueView, StateCounts, Started, TaskEntry,
+    Attempt, AttemptOutcome, Finished, Member, QueueView, Started, StateCounts, TaskEntry,
     TaskState,
 };

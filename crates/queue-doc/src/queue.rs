@@ -145,7 +145,10 @@ fn is_queue(tx: &Transaction<'_>) -> bool {
     am::string(tx, &ROOT, keys::SCHEMA).as_deref() == Some(keys::QUEUE_SCHEMA)
 }
 
-fn commit<O, E>(doc: &mut Automerge, f: impl FnOnce(&mut Transaction<'_>) -> Result<O, E>) -> Result<O, E>
+fn commit<O, E>(
+    doc: &mut Automerge,
+    f: impl FnOnce(&mut Transaction<'_>) -> Result<O, E>,
+) -> Result<O, E>
 where
     E: From<AutomergeError>,
 {
@@ -336,9 +339,13 @@ pub fn record_assignments(
             return Err(AssignError::NotAQueue);
         }
         for a in assignments {
-            let entry = task_obj(tx, &a.task).ok_or_else(|| AssignError::UnknownTask(a.task.clone()))?;
+            let entry =
+                task_obj(tx, &a.task).ok_or_else(|| AssignError::UnknownTask(a.task.clone()))?;
             if find_attempt(tx, &entry, &a.attempt).is_some() {
-                return Err(AssignError::DuplicateAttempt(a.task.clone(), a.attempt.clone()));
+                return Err(AssignError::DuplicateAttempt(
+                    a.task.clone(),
+                    a.attempt.clone(),
+                ));
             }
             let list = attempts_list(tx, &entry)?;
             let len = tx.length(&list);

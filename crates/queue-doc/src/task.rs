@@ -98,7 +98,11 @@ impl TaskDoc {
     pub fn successful_runs(&self) -> usize {
         self.runs
             .iter()
-            .filter(|r| r.end.as_ref().is_some_and(|e| e.outcome == AttemptOutcome::Succeeded))
+            .filter(|r| {
+                r.end
+                    .as_ref()
+                    .is_some_and(|e| e.outcome == AttemptOutcome::Succeeded)
+            })
             .count()
     }
 }
@@ -192,15 +196,23 @@ pub fn record_run_start(doc: &mut Automerge, s: &RunStart) -> Result<(), TaskWri
 
 fn find_run(tx: &Transaction<'_>, s: &RunStart) -> Option<ObjId> {
     let runs = am::object(tx, &ROOT, keys::RUNS, ObjType::List)?;
-    am::list_objects(tx, &runs, ObjType::Map).into_iter().find(|r| {
-        read_run(tx, r).is_some_and(|run| {
-            run.attempt == s.attempt && run.worker == s.worker && run.incarnation == s.incarnation
+    am::list_objects(tx, &runs, ObjType::Map)
+        .into_iter()
+        .find(|r| {
+            read_run(tx, r).is_some_and(|run| {
+                run.attempt == s.attempt
+                    && run.worker == s.worker
+                    && run.incarnation == s.incarnation
+            })
         })
-    })
 }
 
 /// Records how a run ended: outcome, result or error, and its logs.
-pub fn record_run_end(doc: &mut Automerge, s: &RunStart, end: &RunEnd) -> Result<(), TaskWriteError> {
+pub fn record_run_end(
+    doc: &mut Automerge,
+    s: &RunStart,
+    end: &RunEnd,
+) -> Result<(), TaskWriteError> {
     let result = end.result.as_ref().map(serde_json::to_string).transpose()?;
     commit(doc, |tx| {
         if !is_task(tx) {
@@ -278,11 +290,14 @@ pub fn read(doc: &Automerge) -> Result<TaskDoc, TaskReadError> {
         })
         .unwrap_or_default();
     Ok(TaskDoc {
-        queue: QueueId::new(am::string(doc, &ROOT, keys::QUEUE).ok_or(TaskReadError::Malformed(keys::QUEUE))?),
+        queue: QueueId::new(
+            am::string(doc, &ROOT, keys::QUEUE).ok_or(TaskReadError::Malformed(keys::QUEUE))?,
+        ),
         kind: am::string(doc, &ROOT, keys::KIND).ok_or(TaskReadError::Malformed(keys::KIND))?,
         input,
         submitter: PeerId::new(
-            am::string(doc, &ROOT, keys::SUBMITTER).ok_or(TaskReadError::Malformed(keys::SUBMITTER))?,
+            am::string(doc, &ROOT, keys::SUBMITTER)
+                .ok_or(TaskReadError::Malformed(keys::SUBMITTER))?,
         ),
         submitted_at: am::uint(doc, &ROOT, keys::SUBMITTED_AT)
             .ok_or(TaskReadError::Malformed(keys::SUBMITTED_AT))?,

@@ -183,7 +183,11 @@ impl TaskEntry {
         let n = self
             .attempts
             .iter()
-            .filter(|a| a.finished.as_ref().is_some_and(|f| f.outcome == AttemptOutcome::Refused))
+            .filter(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+            })
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     }
@@ -298,7 +302,13 @@ impl QueueView {
         if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
-                match read_task_entry(doc, &item.id(), id.clone(), &mut view.malformed, &mut |_| {}) {
+                match read_task_entry(
+                    doc,
+                    &item.id(),
+                    id.clone(),
+                    &mut view.malformed,
+                    &mut |_| {},
+                ) {
                     Some(entry) => {
                         view.tasks.insert(id, entry);
                     }
@@ -402,7 +412,9 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<Option<
             for f in doc.map_range(&obj, ..) {
                 match (f.key.as_ref(), &f.value) {
                     (keys::ROLE, v) => m.role = am::as_str(v).unwrap_or_default().to_owned(),
-                    (keys::ADDRS, ValueRef::Object(ObjType::List)) => m.addrs = am::list_strings(doc, &f.id()),
+                    (keys::ADDRS, ValueRef::Object(ObjType::List)) => {
+                        m.addrs = am::list_strings(doc, &f.id())
+                    }
                     _ => {}
                 }
             }
@@ -468,9 +480,13 @@ pub(crate) fn read_task_entry(
             keys::PRIORITY => priority = am::as_int(v).unwrap_or(0),
             keys::URGENT => urgent = am::as_bool(v).unwrap_or(false),
             keys::MAX_ATTEMPTS => {
-                max_attempts = am::as_uint(v).map_or(1, |x| u32::try_from(x).unwrap_or(u32::MAX)).max(1);
+                max_attempts = am::as_uint(v)
+                    .map_or(1, |x| u32::try_from(x).unwrap_or(u32::MAX))
+                    .max(1);
             }
-            keys::ATTEMPTS if matches!(v, ValueRef::Object(ObjType::List)) => list = Some(item.id()),
+            keys::ATTEMPTS if matches!(v, ValueRef::Object(ObjType::List)) => {
+                list = Some(item.id())
+            }
             _ => {}
         }
     }
@@ -500,7 +516,11 @@ pub(crate) fn read_task_entry(
     })
 }
 
-pub(crate) fn read_attempt(doc: &Automerge, obj: &ObjId, owned: &mut dyn FnMut(&ObjId)) -> Option<Attempt> {
+pub(crate) fn read_attempt(
+    doc: &Automerge,
+    obj: &ObjId,
+    owned: &mut dyn FnMut(&ObjId),
+) -> Option<Attempt> {
     owned(obj);
     let (mut n, mut term, mut router, mut worker, mut assigned_at) = (None, None, None, None, None);
     let (mut start, mut finish) = (None, None);
@@ -542,7 +562,10 @@ pub(crate) fn read_attempt(doc: &Automerge, obj: &ObjId, owned: &mut dyn FnMut(&
 
 /// The start record; among concurrent ones, the greatest `(incarnation, at)`.
 pub(crate) fn read_started<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Started> {
-    resolve_started(doc, &am::all_objects(doc, attempt, keys::START, ObjType::Map))
+    resolve_started(
+        doc,
+        &am::all_objects(doc, attempt, keys::START, ObjType::Map),
+    )
 }
 
 fn resolve_started<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Started> {
@@ -558,7 +581,10 @@ fn resolve_started<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Started> {
 
 /// The end record; among concurrent ones, the greatest by outcome, then time, then error text.
 pub(crate) fn read_finished<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Finished> {
-    resolve_finished(doc, &am::all_objects(doc, attempt, keys::FINISH, ObjType::Map))
+    resolve_finished(
+        doc,
+        &am::all_objects(doc, attempt, keys::FINISH, ObjType::Map),
+    )
 }
 
 fn resolve_finished<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Finished> {

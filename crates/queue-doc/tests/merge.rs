@@ -112,7 +112,11 @@ impl Cluster {
         self.clock += 1;
         let now = self.clock;
         match *op {
-            Op::Submit { at, urgent, priority } => {
+            Op::Submit {
+                at,
+                urgent,
+                priority,
+            } => {
                 let at = usize::from(at) % n;
                 self.next_task += 1;
                 queue::submit(
@@ -148,7 +152,10 @@ impl Cluster {
                 let task = pending[usize::from(pick) % pending.len()];
                 let a = piecework_queue_doc::Assignment {
                     task: task.id.clone(),
-                    attempt: AttemptId { n: task.last_n() + 1, claim },
+                    attempt: AttemptId {
+                        n: task.last_n() + 1,
+                        claim,
+                    },
                     worker: WorkerId::new(peer(usize::from(worker) % n), 0),
                 };
                 queue::record_assignments(&mut self.docs[at], &[a], now).unwrap();
@@ -169,13 +176,24 @@ impl Cluster {
                 let (task, id, wid) = &open[usize::from(pick) % open.len()];
                 queue::record_start(&mut self.docs[w], task, id, wid, 1, now).unwrap();
             }
-            Op::Finish { worker, pick, outcome } => {
+            Op::Finish {
+                worker,
+                pick,
+                outcome,
+            } => {
                 let w = usize::from(worker) % n;
                 let me = peer(w);
                 let view = self.view(w);
                 let open: Vec<_> = view
                     .open_attempts_of(&me)
-                    .map(|(t, a)| (t.id.clone(), a.id.clone(), a.worker.clone(), a.started.is_some()))
+                    .map(|(t, a)| {
+                        (
+                            t.id.clone(),
+                            a.id.clone(),
+                            a.worker.clone(),
+                            a.started.is_some(),
+                        )
+                    })
                     .collect();
                 if open.is_empty() {
                     return;
@@ -205,12 +223,20 @@ impl Cluster {
         for i in 0..self.docs.len() {
             let view = self.view(i);
             let cached = self.caches[i].refresh(&self.docs[i]).expect("a queue");
-            prop_assert_eq!(cached.as_ref(), &view, "replica {}: the incremental view drifted", i);
+            prop_assert_eq!(
+                cached.as_ref(),
+                &view,
+                "replica {}: the incremental view drifted",
+                i
+            );
             for (id, before) in &self.seen[i] {
                 let entry = view.tasks.get(id);
                 prop_assert!(entry.is_some(), "task {id} vanished from replica {i}");
                 let now = entry.unwrap().state();
-                prop_assert!(now.rank() >= before.rank(), "task {id} on replica {i}: {before:?} -> {now:?}");
+                prop_assert!(
+                    now.rank() >= before.rank(),
+                    "task {id} on replica {i}: {before:?} -> {now:?}"
+                );
                 if *before == TaskState::Succeeded {
                     prop_assert_eq!(now, TaskState::Succeeded);
                 }
@@ -265,7 +291,11 @@ fn concurrent_claims_resolve_to_the_greatest_claim() {
     c.sync_all();
     for i in 0..2 {
         let v = c.view(i);
-        assert_eq!(v.claims.len(), 2, "both claims survive as concurrent values");
+        assert_eq!(
+            v.claims.len(),
+            2,
+            "both claims survive as concurrent values"
+        );
         assert_eq!(v.router, Some(Claim::new(1, peer(1))));
     }
     // A later claim that has seen both replaces them.
@@ -279,12 +309,19 @@ fn concurrent_claims_resolve_to_the_greatest_claim() {
 #[test]
 fn success_beats_a_concurrent_dead_letter() {
     let mut c = Cluster::new(2);
-    c.apply(&Op::Submit { at: 0, urgent: false, priority: 0 });
+    c.apply(&Op::Submit {
+        at: 0,
+        urgent: false,
+        priority: 0,
+    });
     let claim = Claim::new(1, peer(0));
     queue::claim_router(&mut c.docs[0], &claim, 1).unwrap();
     let task = TaskId::new("automerge:t1");
     let (w0, w1) = (WorkerId::new(peer(0), 0), WorkerId::new(peer(1), 0));
-    let id = |n| AttemptId { n, claim: claim.clone() };
+    let id = |n| AttemptId {
+        n,
+        claim: claim.clone(),
+    };
     let assign = |n, w: &WorkerId| piecework_queue_doc::Assignment {
         task: task.clone(),
         attempt: id(n),
@@ -298,10 +335,27 @@ fn success_beats_a_concurrent_dead_letter() {
     for n in [2, 3] {
         queue::record_assignments(&mut c.docs[0], &[assign(n, &w0)], 3).unwrap();
         queue::record_start(&mut c.docs[0], &task, &id(n), &w0, 1, 4).unwrap();
-        queue::record_finish(&mut c.docs[0], &task, &id(n), &w0, AttemptOutcome::Failed, Some("boom"), 5)
-            .unwrap();
+        queue::record_finish(
+            &mut c.docs[0],
+            &task,
+            &id(n),
+            &w0,
+            AttemptOutcome::Failed,
+            Some("boom"),
+            5,
+        )
+        .unwrap();
     }
-    queue::record_finish(&mut c.docs[1], &task, &id(1), &w1, AttemptOutcome::Succeeded, None, 6).unwrap();
+    queue::record_finish(
+        &mut c.docs[1],
+        &task,
+        &id(1),
+        &w1,
+        AttemptOutcome::Succeeded,
+        None,
+        6,
+    )
+    .unwrap();
     assert_eq!(c.view(0).tasks[&task].state(), TaskState::Failed);
     assert_eq!(c.view(1).tasks[&task].state(), TaskState::Succeeded);
     c.sync_all();

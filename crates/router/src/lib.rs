@@ -285,7 +285,8 @@ impl Router {
         let config = view.config.clone();
         match self.role.clone() {
             Role::Follower => {
-                let silent = now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
+                let silent =
+                    now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
                 if view.router.is_none() || silent {
                     let known = view
                         .router

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry, TaskId, TaskState,
-    WorkerId,
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry,
+    TaskId, TaskState, WorkerId,
 };
 
 /// The wait before routing a task again after its first refusal.
@@ -85,7 +85,9 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                 let (failures, refusals) = (t.failures(), t.refusals());
                 if failures + refusals > 0 {
                     let last_refused = t.current_attempts().all(|a| {
-                        a.finished.as_ref().is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+                        a.finished
+                            .as_ref()
+                            .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
                     });
                     let delay = match last_refused {
                         true => refusal_delay(refusals),
@@ -162,7 +164,9 @@ fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<Wor
     let open = view.open_attempts();
     let mut idle: Vec<WorkerId> = Vec::new();
     for (peer, (heard_at, beat)) in input.pools {
-        if input.now.saturating_duration_since(*heard_at) > fresh || !view.members.contains_key(peer) {
+        if input.now.saturating_duration_since(*heard_at) > fresh
+            || !view.members.contains_key(peer)
+        {
             continue;
         }
         for w in &beat.workers {

@@ -219,13 +219,20 @@ fn first_election() {
     p.tick(c.t0);
     assert!(matches!(p.router.role(), Role::Claiming { claim, .. } if claim.term == 1));
     assert_eq!(p.events, vec![Event::Claimed(Claim::new(1, p.id.clone()))]);
-    assert_eq!(p.router.poll_timeout(), Some(c.t0 + ms(100)), "recheck after settle");
+    assert_eq!(
+        p.router.poll_timeout(),
+        Some(c.t0 + ms(100)),
+        "recheck after settle"
+    );
 
     p.tick(c.t0 + ms(99));
     assert!(!p.router.is_active(), "not before settle");
     p.tick(c.t0 + ms(100));
     assert!(p.router.is_active());
-    assert_eq!(p.events.last(), Some(&Event::BecameActive(Claim::new(1, p.id.clone()))));
+    assert_eq!(
+        p.events.last(),
+        Some(&Event::BecameActive(Claim::new(1, p.id.clone())))
+    );
     assert_eq!(p.beats.len(), 1, "the first heartbeat goes out at once");
 
     // Work arrives, and a pool with two idle workers.
@@ -237,13 +244,22 @@ fn first_election() {
     let v = p.view();
     p.router.handle_view(c.t0 + ms(120), v);
     p.tick(c.t0 + ms(150));
-    assert!(p.view().tasks.values().all(|t| t.state() == TaskState::Pending), "waits one pool heartbeat");
+    assert!(
+        p.view()
+            .tasks
+            .values()
+            .all(|t| t.state() == TaskState::Pending),
+        "waits one pool heartbeat"
+    );
     p.tick(c.t0 + ms(200));
     let view = p.view();
     assert_eq!(view.tasks[&t1].state(), TaskState::Assigned, "oldest first");
     assert_eq!(view.tasks[&t2].state(), TaskState::Assigned);
     assert_eq!(view.counts().pending, 1, "two workers, two assignments");
-    assert_eq!(view.tasks[&t1].attempts[0].id.claim, Claim::new(1, p.id.clone()));
+    assert_eq!(
+        view.tasks[&t1].attempts[0].id.claim,
+        Claim::new(1, p.id.clone())
+    );
 }
 
 /// 2. Followers that keep hearing the router never claim; once it goes silent for
@@ -258,7 +274,13 @@ fn takeover_after_silence() {
         c.deliver_beats(0, now);
         c.peers[1].tick(now);
     }
-    assert!(!c.peers[1].events.iter().any(|e| matches!(e, Event::Claimed(_))), "no claim while beats arrive");
+    assert!(
+        !c.peers[1]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Claimed(_))),
+        "no claim while beats arrive"
+    );
     // Peer 0 dies at 2.1 s; peer 1 last heard it then.
     let dead_at = 2_100;
     c.tick(1, dead_at + 499);
@@ -268,7 +290,10 @@ fn takeover_after_silence() {
     assert!(matches!(c.peers[1].router.role(), Role::Claiming { claim, .. } if claim.term == 2));
     c.tick(1, dead_at + 600);
     assert!(c.peers[1].router.is_active());
-    assert_eq!(c.peers[1].view().router, Some(Claim::new(2, c.peers[1].id.clone())));
+    assert_eq!(
+        c.peers[1].view().router,
+        Some(Claim::new(2, c.peers[1].id.clone()))
+    );
 }
 
 /// 3. Two followers claim at once. If their claims meet within `settle`, only the greater
@@ -282,7 +307,9 @@ fn two_concurrent_claimants_leave_exactly_one_active() {
         c.tick(1, 600);
         c.tick(2, 600);
         for i in [1, 2] {
-            assert!(matches!(c.peers[i].router.role(), Role::Claiming { claim, .. } if claim.term == 2));
+            assert!(
+                matches!(c.peers[i].router.role(), Role::Claiming { claim, .. } if claim.term == 2)
+            );
         }
         if meet_within_settle {
             c.sync(1, 2, c.at(650));
@@ -290,13 +317,23 @@ fn two_concurrent_claimants_leave_exactly_one_active() {
         c.tick(1, 700);
         c.tick(2, 700);
         if !meet_within_settle {
-            assert_eq!(c.active(&[1, 2]), vec![1, 2], "without the sync both recheck their own replica");
+            assert_eq!(
+                c.active(&[1, 2]),
+                vec![1, 2],
+                "without the sync both recheck their own replica"
+            );
             c.sync(1, 2, c.at(750));
         }
-        assert_eq!(c.active(&[1, 2]), vec![2], "peer-2 > peer-1 at the same term");
+        assert_eq!(
+            c.active(&[1, 2]),
+            vec![2],
+            "peer-2 > peer-1 at the same term"
+        );
         let loser = &c.peers[1].events;
         assert!(
-            loser.iter().any(|e| matches!(e, Event::ClaimLost { .. } | Event::SteppedDown { .. })),
+            loser
+                .iter()
+                .any(|e| matches!(e, Event::ClaimLost { .. } | Event::SteppedDown { .. })),
             "{loser:?}"
         );
         assert_eq!(c.peers[1].view().router, c.peers[2].view().router);
@@ -325,8 +362,16 @@ fn step_down_on_a_document_change() {
     let t = c.at(850);
     c.peers[0].router.handle_pool_beat(t, &beat);
     c.tick(0, 900);
-    assert_eq!(c.peers[0].beats.len(), beats_before, "no heartbeat after stepping down");
-    assert_eq!(c.peers[0].view().counts().assigned, 0, "no assignment after stepping down");
+    assert_eq!(
+        c.peers[0].beats.len(),
+        beats_before,
+        "no heartbeat after stepping down"
+    );
+    assert_eq!(
+        c.peers[0].view().counts().assigned,
+        0,
+        "no assignment after stepping down"
+    );
 }
 
 /// 5. Fencing on the router side: a heartbeat under a greater claim deposes an active router
@@ -349,7 +394,10 @@ fn fencing_by_heartbeat() {
     c.peers[0].router.handle_router_beat(t, &lower);
     let t = c.at(150);
     c.peers[0].drain(t);
-    assert!(c.peers[0].router.is_active(), "a lower claim does not depose");
+    assert!(
+        c.peers[0].router.is_active(),
+        "a lower claim does not depose"
+    );
     let t = c.at(160);
     c.peers[0].router.handle_router_beat(t, &higher);
     let t = c.at(160);
@@ -366,7 +414,10 @@ fn fencing_by_heartbeat() {
     let t = f.at(450);
     f.peers[1].router.handle_router_beat(t, &higher);
     f.tick(1, 600);
-    assert!(matches!(f.peers[1].router.role(), Role::Claiming { .. }), "replay ignored: 500 ms since the first");
+    assert!(
+        matches!(f.peers[1].router.role(), Role::Claiming { .. }),
+        "replay ignored: 500 ms since the first"
+    );
 }
 
 /// 6. A task whose worker's pool goes silent for `lease` is routed again, to a live worker,

@@ -129,7 +129,10 @@ impl Pool {
 
     /// A router heartbeat was heard: remember the greatest claim per queue, to fence with.
     pub fn handle_router_beat(&mut self, beat: &RouterBeat) {
-        let fence = self.fences.entry(beat.queue.clone()).or_insert_with(|| beat.claim.clone());
+        let fence = self
+            .fences
+            .entry(beat.queue.clone())
+            .or_insert_with(|| beat.claim.clone());
         if beat.claim > *fence {
             *fence = beat.claim.clone();
         }
@@ -150,7 +153,12 @@ impl Pool {
             .cloned();
         // Forget answers the view now shows, so the set stays as small as the open attempts.
         self.answered.retain(|(q, t, a)| {
-            q != queue || view.tasks.get(t).and_then(|e| e.attempt(a)).is_none_or(|a| a.is_open())
+            q != queue
+                || view
+                    .tasks
+                    .get(t)
+                    .and_then(|e| e.attempt(a))
+                    .is_none_or(|a| a.is_open())
         });
         for (task, attempt) in view.open_attempts_of(me) {
             let key = (queue.clone(), task.id.clone(), attempt.id.clone());
@@ -181,7 +189,10 @@ impl Pool {
             } else if let Some(f) = fence.as_ref().filter(|f| attempt.id.claim < **f) {
                 finish(
                     AttemptOutcome::Refused,
-                    format!("fenced: assigned by {}, but {} is the router", attempt.id.claim, f),
+                    format!(
+                        "fenced: assigned by {}, but {} is the router",
+                        attempt.id.claim, f
+                    ),
                     None,
                 )
             } else {

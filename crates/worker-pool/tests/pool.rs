@@ -9,7 +9,9 @@ use piecework_queue_doc::{
     Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView,
     RouterBeat, Submission, TaskId, TaskState, WorkerId, queue,
 };
-use piecework_worker_pool::{Action, Config, Context, HandlerError, Pool, Registry, RunEnd, execute};
+use piecework_worker_pool::{
+    Action, Config, Context, HandlerError, Pool, Registry, RunEnd, execute,
+};
 
 fn me() -> PeerId {
     PeerId::new("pool-peer")
@@ -92,11 +94,27 @@ impl Fixture {
         while let Some(a) = self.pool.poll_action() {
             match &a {
                 Action::Start(run) => {
-                    queue::record_start(&mut self.doc, &run.task, &run.attempt, &run.worker, 1, 0).unwrap();
-                }
-                Action::Finish { worker, task, attempt, outcome, error, .. } => {
-                    queue::record_finish(&mut self.doc, task, attempt, worker, *outcome, error.as_deref(), 0)
+                    queue::record_start(&mut self.doc, &run.task, &run.attempt, &run.worker, 1, 0)
                         .unwrap();
+                }
+                Action::Finish {
+                    worker,
+                    task,
+                    attempt,
+                    outcome,
+                    error,
+                    ..
+                } => {
+                    queue::record_finish(
+                        &mut self.doc,
+                        task,
+                        attempt,
+                        worker,
+                        *outcome,
+                        error.as_deref(),
+                        0,
+                    )
+                    .unwrap();
                 }
                 Action::Beat(_) => {}
             }
@@ -119,9 +137,15 @@ fn starts_an_assignment_on_an_idle_worker_and_records_its_end() {
     let actions = f.step();
     assert!(matches!(&actions[..], [Action::Start(run)] if run.worker.index == 1 && run.task == t));
     assert_eq!(f.pool.idle(), 1);
-    assert!(f.step().is_empty(), "an answered attempt is not answered twice");
+    assert!(
+        f.step().is_empty(),
+        "an answered attempt is not answered twice"
+    );
     assert!(f.pool.handle_finished(1, RunEnd::Succeeded));
-    assert!(!f.pool.handle_finished(1, RunEnd::Succeeded), "an idle worker has nothing to finish");
+    assert!(
+        !f.pool.handle_finished(1, RunEnd::Succeeded),
+        "an idle worker has nothing to finish"
+    );
     f.apply();
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks[&t].state(), TaskState::Succeeded);
@@ -143,13 +167,30 @@ fn fences_assignments_from_a_superseded_router() {
         "{actions:?}"
     );
     // A heartbeat alone fences too, before its claim reaches the document.
-    f.pool.handle_router_beat(&RouterBeat { queue: qid(), claim: router(3, "newer"), counter: 1 });
+    f.pool.handle_router_beat(&RouterBeat {
+        queue: qid(),
+        claim: router(3, "newer"),
+        counter: 1,
+    });
     f.assign(&t2, &router(2, "new"), 0);
     let actions = f.step();
-    assert!(matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Refused, .. }]), "{actions:?}");
+    assert!(
+        matches!(
+            &actions[..],
+            [Action::Finish {
+                outcome: AttemptOutcome::Refused,
+                ..
+            }]
+        ),
+        "{actions:?}"
+    );
     assert_eq!(f.pool.idle(), 2);
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t1].state(), TaskState::Pending, "a refusal hands the task back");
+    assert_eq!(
+        view.tasks[&t1].state(),
+        TaskState::Pending,
+        "a refusal hands the task back"
+    );
 }
 
 #[test]
@@ -166,14 +207,29 @@ fn refuses_work_for_a_busy_or_missing_worker() {
     let refused: Vec<_> = actions
         .iter()
         .filter_map(|a| match a {
-            Action::Finish { outcome: AttemptOutcome::Refused, task, error, .. } => Some((task.clone(), error.clone().unwrap())),
+            Action::Finish {
+                outcome: AttemptOutcome::Refused,
+                task,
+                error,
+                ..
+            } => Some((task.clone(), error.clone().unwrap())),
             _ => None,
         })
         .collect();
-    assert_eq!(actions.iter().filter(|a| matches!(a, Action::Start(_))).count(), 1);
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Start(_)))
+            .count(),
+        1
+    );
     assert_eq!(refused.len(), 2, "{actions:?}");
     assert!(refused.iter().any(|(t, e)| *t == t2 && e.contains("busy")));
-    assert!(refused.iter().any(|(t, e)| *t == t3 && e.contains("no worker 7")));
+    assert!(
+        refused
+            .iter()
+            .any(|(t, e)| *t == t3 && e.contains("no worker 7"))
+    );
 }
 
 #[test]
@@ -185,12 +241,24 @@ fn a_restarted_node_marks_its_earlier_runs_interrupted() {
     f.step();
     // The node restarts: a new pool, next incarnation, same documents.
     f.pool = Pool::new(
-        Config { peer: me(), workers: 1, incarnation: 2, heartbeat: Duration::from_millis(500) },
+        Config {
+            peer: me(),
+            workers: 1,
+            incarnation: 2,
+            heartbeat: Duration::from_millis(500),
+        },
         f.t0,
     );
     let actions = f.step();
     assert!(
-        matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Interrupted, started_by: Some(1), .. }]),
+        matches!(
+            &actions[..],
+            [Action::Finish {
+                outcome: AttemptOutcome::Interrupted,
+                started_by: Some(1),
+                ..
+            }]
+        ),
         "{actions:?}"
     );
     let view = QueueView::read(&f.doc).unwrap();
@@ -206,7 +274,9 @@ fn heartbeats_list_every_worker_on_schedule() {
     f.assign(&t, &router(1, "r"), 2);
     f.step();
     f.pool.handle_timeout(f.t0);
-    let Some(Action::Beat(b)) = f.pool.poll_action() else { panic!("no beat") };
+    let Some(Action::Beat(b)) = f.pool.poll_action() else {
+        panic!("no beat")
+    };
     assert_eq!((b.incarnation, b.counter, b.workers.len()), (4, 1, 3));
     assert_eq!(b.workers[2].running.as_ref().map(|r| &r.task), Some(&t));
     assert!(b.workers[0].running.is_none());
@@ -220,7 +290,10 @@ fn heartbeats_list_every_worker_on_schedule() {
 fn ctx() -> Context {
     Context::new(
         TaskId::new("automerge:t"),
-        AttemptId { n: 1, claim: router(1, "r") },
+        AttemptId {
+            n: 1,
+            claim: router(1, "r"),
+        },
         WorkerId::new(me(), 0),
     )
 }
@@ -228,19 +301,28 @@ fn ctx() -> Context {
 #[tokio::test]
 async fn handler_results_errors_and_panics_become_outcomes() {
     let mut reg = Registry::new();
-    reg.register("echo", |ctx: Context, input: serde_json::Value| async move {
-        ctx.log("echoing");
-        Ok(input)
-    });
-    reg.register("fail", |_ctx: Context, _input: serde_json::Value| async move {
-        Err(HandlerError::new("no such mailbox"))
-    });
-    reg.register("panic", |_ctx: Context, _input: serde_json::Value| async move {
-        if true {
-            panic!("boom");
-        }
-        Ok(serde_json::Value::Null)
-    });
+    reg.register(
+        "echo",
+        |ctx: Context, input: serde_json::Value| async move {
+            ctx.log("echoing");
+            Ok(input)
+        },
+    );
+    reg.register(
+        "fail",
+        |_ctx: Context, _input: serde_json::Value| async move {
+            Err(HandlerError::new("no such mailbox"))
+        },
+    );
+    reg.register(
+        "panic",
+        |_ctx: Context, _input: serde_json::Value| async move {
+            if true {
+                panic!("boom");
+            }
+            Ok(serde_json::Value::Null)
+        },
+    );
     let ok = execute(&reg, "echo", ctx(), serde_json::json!({"a": 1})).await;
     assert_eq!(ok.result, Ok(serde_json::json!({"a": 1})));
     assert_eq!(ok.logs, vec!["echoing".to_owned()]);
@@ -249,5 +331,10 @@ async fn handler_results_errors_and_panics_become_outcomes() {
     let panicked = execute(&reg, "panic", ctx(), serde_json::Value::Null).await;
     assert_eq!(panicked.result, Err("handler panicked: boom".to_owned()));
     let missing = execute(&reg, "nope", ctx(), serde_json::Value::Null).await;
-    assert!(missing.result.unwrap_err().contains("no handler for kind \"nope\""));
+    assert!(
+        missing
+            .result
+            .unwrap_err()
+            .contains("no handler for kind \"nope\"")
+    );
 }
