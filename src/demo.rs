@@ -214,11 +214,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             max_attempts: None,
         };
         submits.push(async move { h.submit(&q, req).await });
-        if submits.len() >= 32 {
-            if let Some(r) = submits.next().await {
-                task_ids.push(r?.task_id);
-                submitted += 1;
-            }
+        if submits.len() >= 32
+            && let Some(r) = submits.next().await
+        {
+            task_ids.push(r?.task_id);
+            submitted += 1;
         }
     }
     while let Some(r) = submits.next().await {
@@ -281,8 +281,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
                 ));
                 killed = Some((Instant::now(), kill_wall, current, c.succeeded));
             }
-            if let Some((_, kill_wall, old, _)) = &killed {
-                if takeover_ms.is_none() {
+            if let Some((_, kill_wall, old, _)) = &killed
+                && takeover_ms.is_none() {
                     let first_routed = view
                         .tasks
                         .values()
@@ -300,7 +300,6 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
                         ));
                     }
                 }
-            }
             if c.succeeded + c.failed >= opts.tasks && takeover_ms.is_some() {
                 return Ok(view);
             }

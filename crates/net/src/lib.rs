@@ -426,14 +426,12 @@ impl EventLoop {
                 peer_id,
                 num_established,
                 ..
-            } => {
-                if num_established.get() == 1 {
-                    self.ensure_sync(peer_id);
-                    self.events
-                        .send(Event::Connected(peer_id))
-                        .await
-                        .map_err(drop)?;
-                }
+            } if num_established.get() == 1 => {
+                self.ensure_sync(peer_id);
+                self.events
+                    .send(Event::Connected(peer_id))
+                    .await
+                    .map_err(drop)?;
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,

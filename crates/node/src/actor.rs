@@ -77,15 +77,18 @@ enum Input {
         doc: DocId,
         chunks: Result<Vec<Vec<u8>>, String>,
     },
-    RunEnded {
-        run: Run,
-        start: RunStart,
-        outcome: Outcome,
-    },
+    RunEnded(Box<(Run, RunStart, Outcome)>),
     Durable {
         submit: u64,
     },
 }
+
+/// A `task status --wait` parked until the task reaches an outcome.
+type TaskWaiter = (
+    TaskId,
+    QueueId,
+    oneshot::Sender<Result<api::TaskStatus, TaskError>>,
+);
 
 /// Something parked until a document arrives (or turns out unavailable).
 enum DocWaiter {
@@ -141,11 +144,7 @@ pub(crate) struct Actor {
     doc_waiters: HashMap<DocId, Vec<DocWaiter>>,
     /// Joins that found no peer with the queue yet: retried when a peer connects.
     join_retries: Vec<DocWaiter>,
-    task_waiters: Vec<(
-        TaskId,
-        QueueId,
-        oneshot::Sender<Result<api::TaskStatus, TaskError>>,
-    )>,
+    task_waiters: Vec<TaskWaiter>,
     submit_waits: Vec<SubmitWait>,
     next_submit: u64,
     /// Final tasks whose documents can leave memory once saved.
@@ -329,7 +328,8 @@ impl Actor {
     /// waits use [`Actor::save_now`].
     fn flush(&mut self) {
         for doc in std::mem::take(&mut self.unsaved) {
-            let _ = self.save_now(&doc);
+            // The save runs in its own task; nobody waits for this one.
+            drop(self.save_now(&doc));
         }
     }
 
@@ -867,11 +867,10 @@ impl Actor {
                     .tasks
                     .get(tid)
                     .is_some_and(|old| !old.state().is_final())
+                && let Some(td) = task_doc(tid)
             {
-                if let Some(td) = task_doc(tid) {
-                    self.replica.set_shared(&td, false);
-                    self.to_evict.push(td);
-                }
+                self.replica.set_shared(&td, false);
+                self.to_evict.push(td);
             }
         }
         q.view = view.clone();
@@ -977,24 +976,24 @@ impl Actor {
                 if outcome == AttemptOutcome::Refused || outcome == AttemptOutcome::Interrupted {
                     tracing::info!(%task, %attempt, ?outcome, error = error.as_deref().unwrap_or(""), "attempt not run");
                 }
-                if outcome == AttemptOutcome::Interrupted {
-                    if let (Some(inc), Some(doc)) = (started_by, task_doc(&task)) {
-                        let start = RunStart {
-                            attempt: attempt.clone(),
-                            worker: worker.clone(),
-                            incarnation: inc,
-                            at: 0,
-                        };
-                        let end = TaskRunEnd {
-                            outcome,
-                            at: now_ms(),
-                            result: None,
-                            error: error.clone(),
-                            logs: vec![],
-                        };
-                        // Best effort: the task document may not be here.
-                        let _ = self.change(&doc, |d| task::record_run_end(d, &start, &end));
-                    }
+                if outcome == AttemptOutcome::Interrupted
+                    && let (Some(inc), Some(doc)) = (started_by, task_doc(&task))
+                {
+                    let start = RunStart {
+                        attempt: attempt.clone(),
+                        worker: worker.clone(),
+                        incarnation: inc,
+                        at: 0,
+                    };
+                    let end = TaskRunEnd {
+                        outcome,
+                        at: now_ms(),
+                        result: None,
+                        error: error.clone(),
+                        logs: vec![],
+                    };
+                    // Best effort: the task document may not be here.
+                    let _ = self.change(&doc, |d| task::record_run_end(d, &start, &end));
                 }
                 self.write_queue(now, &qid, "an attempt's end", |d| {
                     queue::record_finish(
@@ -1072,11 +1071,7 @@ impl Actor {
         tokio::spawn(tracing::Instrument::in_current_span(async move {
             let outcome = execute(&registry, &run.kind, ctx, input).await;
             let _ = tx
-                .send(Input::RunEnded {
-                    run,
-                    start,
-                    outcome,
-                })
+                .send(Input::RunEnded(Box::new((run, start, outcome))))
                 .await;
         }));
     }
@@ -1089,11 +1084,8 @@ impl Actor {
                     w.durable = true;
                 }
             }
-            Input::RunEnded {
-                run,
-                start,
-                outcome,
-            } => {
+            Input::RunEnded(ended) => {
+                let (run, start, outcome) = *ended;
                 let (end, task_end) = match outcome.result {
                     Ok(v) => (
                         RunEnd::Succeeded,

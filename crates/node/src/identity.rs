@@ -60,10 +60,10 @@ fn warn_if_shared(path: &Path) {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        if let Ok(m) = std::fs::metadata(path) {
-            if m.permissions().mode() & 0o077 != 0 {
-                tracing::warn!("{} is readable by others; chmod 600 it", path.display());
-            }
+        if let Ok(m) = std::fs::metadata(path)
+            && m.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!("{} is readable by others; chmod 600 it", path.display());
         }
     }
 }

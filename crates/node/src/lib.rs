@@ -393,10 +393,10 @@ impl NodeHandle {
                 return a.parse().expect("advertised addresses parse");
             }
             // The actor records listen addresses as it learns them, then announces them.
-            if let Ok(NodeEvent::Listening(addrs)) = events.recv().await {
-                if let Some(a) = addrs.first() {
-                    return a.parse().expect("advertised addresses parse");
-                }
+            if let Ok(NodeEvent::Listening(addrs)) = events.recv().await
+                && let Some(a) = addrs.first()
+            {
+                return a.parse().expect("advertised addresses parse");
             }
         }
     }

@@ -123,9 +123,9 @@ pub enum AttemptError {
         /// The attempt.
         attempt: AttemptId,
         /// The worker it was assigned to.
-        owner: WorkerId,
+        owner: Box<WorkerId>,
         /// The worker that tried to write.
-        worker: WorkerId,
+        worker: Box<WorkerId>,
     },
     /// The attempt was already started.
     #[error("attempt {1} of task {0} was already started")]
@@ -375,8 +375,8 @@ fn owned_attempt(
         Some(o) => Err(AttemptError::WrongWorker {
             task: task.clone(),
             attempt: attempt.clone(),
-            owner: o,
-            worker: worker.clone(),
+            owner: Box::new(o),
+            worker: Box::new(worker.clone()),
         }),
         None => Err(AttemptError::UnknownAttempt(task.clone(), attempt.clone())),
     }

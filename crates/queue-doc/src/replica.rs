@@ -593,10 +593,10 @@ impl Replica {
         asked.remove(peer);
         if asked.is_empty() {
             self.fetching.remove(id);
-            if !self
+            if self
                 .docs
                 .get(id)
-                .is_some_and(|e| !e.doc.get_heads().is_empty())
+                .is_none_or(|e| e.doc.get_heads().is_empty())
             {
                 self.docs.remove(id);
                 self.events.push_back(Event::Unavailable(id.clone()));
@@ -678,10 +678,7 @@ impl TestNet {
             let mut moved = false;
             let peers: Vec<PeerId> = self.replicas.keys().cloned().collect();
             for p in &peers {
-                loop {
-                    let Some(r) = self.replicas.get_mut(p) else {
-                        break;
-                    };
+                while let Some(r) = self.replicas.get_mut(p) {
                     if let Some(ev) = r.poll_event() {
                         moved = true;
                         if let Event::Load(id) = &ev {
@@ -696,10 +693,10 @@ impl TestNet {
                     moved = true;
                     // Round-trip through the wire format, as the network would.
                     let msg = Message::decode(&msg.encode()).expect("own messages decode");
-                    if let Some(dst) = self.replicas.get_mut(&to) {
-                        if dst.peers().contains(p) {
-                            dst.handle_message(p, msg);
-                        }
+                    if let Some(dst) = self.replicas.get_mut(&to)
+                        && dst.peers().contains(p)
+                    {
+                        dst.handle_message(p, msg);
                     }
                 }
             }

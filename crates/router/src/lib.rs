@@ -233,10 +233,10 @@ impl Router {
         if beat.queue != self.queue || beat.claim.peer == self.me {
             return;
         }
-        if let Some((best, counter)) = &self.best_beat {
-            if beat.claim < *best || (beat.claim == *best && beat.counter <= *counter) {
-                return; // stale or replayed
-            }
+        if let Some((best, counter)) = &self.best_beat
+            && (beat.claim < *best || (beat.claim == *best && beat.counter <= *counter))
+        {
+            return; // stale or replayed
         }
         self.best_beat = Some((beat.claim.clone(), beat.counter));
         if self.effective().is_none_or(|e| beat.claim >= *e) {

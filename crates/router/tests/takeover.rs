@@ -210,7 +210,7 @@ impl Cluster {
     }
 }
 
-/// 1. A fresh queue: the first router claims term 1 at once, waits `settle`, rechecks and
+/// Story 1: A fresh queue: the first router claims term 1 at once, waits `settle`, rechecks and
 /// becomes active; it beats at once, and routes only one pool heartbeat later.
 #[test]
 fn first_election() {
@@ -262,7 +262,7 @@ fn first_election() {
     );
 }
 
-/// 2. Followers that keep hearing the router never claim; once it goes silent for
+/// Story 2: Followers that keep hearing the router never claim; once it goes silent for
 /// `takeover_after`, one takes over with the next term.
 #[test]
 fn takeover_after_silence() {
@@ -296,7 +296,7 @@ fn takeover_after_silence() {
     );
 }
 
-/// 3. Two followers claim at once. If their claims meet within `settle`, only the greater
+/// Story 3: Two followers claim at once. If their claims meet within `settle`, only the greater
 /// becomes active; if they meet later, the lesser steps down as soon as it sees the other.
 #[test]
 fn two_concurrent_claimants_leave_exactly_one_active() {
@@ -340,7 +340,7 @@ fn two_concurrent_claimants_leave_exactly_one_active() {
     }
 }
 
-/// 4. An active router steps down on the first view that names a greater claim, and stops
+/// Story 4: An active router steps down on the first view that names a greater claim, and stops
 /// beating and routing at once.
 #[test]
 fn step_down_on_a_document_change() {
@@ -374,7 +374,7 @@ fn step_down_on_a_document_change() {
     );
 }
 
-/// 5. Fencing on the router side: a heartbeat under a greater claim deposes an active router
+/// Story 5: Fencing on the router side: a heartbeat under a greater claim deposes an active router
 /// before the documents even meet, and stale or replayed heartbeats are ignored.
 #[test]
 fn fencing_by_heartbeat() {
@@ -420,7 +420,7 @@ fn fencing_by_heartbeat() {
     );
 }
 
-/// 6. A task whose worker's pool goes silent for `lease` is routed again, to a live worker,
+/// Story 6: A task whose worker's pool goes silent for `lease` is routed again, to a live worker,
 /// with the next attempt number.
 #[test]
 fn lease_expiry_routes_again() {
