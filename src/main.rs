@@ -145,9 +145,9 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PIECEWORK_LOG")
-                // samod and libp2p warn on every retry to reach a peer that is gone, which is
+                // libp2p warns on every retry to reach a peer that is gone, which is
                 // routine here: a dead router is the point of the demo.
-                .unwrap_or_else(|_| "warn,samod=error,samod_core=error,libp2p=error".into()),
+                .unwrap_or_else(|_| "warn,libp2p=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();

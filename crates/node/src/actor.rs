@@ -81,6 +81,8 @@ enum Input {
     Durable {
         submit: u64,
     },
+    /// A save started by [`Actor::save_now`] ended (on disk or failed).
+    Saved(DocId),
 }
 
 /// A `task status --wait` parked until the task reaches an outcome.
@@ -139,6 +141,8 @@ pub(crate) struct Actor {
     unsaved: BTreeSet<DocId>,
     /// Change chunks stored per document since its last snapshot.
     chunks: HashMap<DocId, usize>,
+    /// Saves in flight per document.
+    saving: HashMap<DocId, usize>,
     /// Queues whose document changed since their view was last refreshed.
     stale: BTreeSet<QueueId>,
     doc_waiters: HashMap<DocId, Vec<DocWaiter>>,
@@ -191,6 +195,7 @@ impl Actor {
             submit_waits: vec![],
             next_submit: 0,
             to_evict: vec![],
+            saving: HashMap::new(),
         }
     }
 
@@ -371,8 +376,14 @@ impl Actor {
         };
         let (tx, rx) = oneshot::channel();
         let doc_name = doc.to_string();
+        // Until this write is on disk the document stays in memory: evicting it earlier would let
+        // a reload from storage miss these changes.
+        *self.saving.entry(doc.clone()).or_default() += 1;
+        let inputs = self.inputs_tx.clone();
+        let saved = doc.clone();
         tokio::spawn(async move {
             let r = write.await;
+            let _ = inputs.send(Input::Saved(saved)).await;
             match &r {
                 Ok(()) => {}
                 // The node is being killed or stopped: nothing is lost that a restart would not redo.
@@ -472,6 +483,7 @@ impl Actor {
         for doc in pending {
             if self.doc_waiters.contains_key(&doc)
                 || self.unsaved.contains(&doc)
+                || self.saving.contains_key(&doc)
                 || !self.replica.evict(&doc)
             {
                 self.to_evict.push(doc);
@@ -534,11 +546,8 @@ impl Actor {
                     let _ = reply.send(Err(TaskError::BadId(task.to_string())));
                     return;
                 };
-                if self.replica.is_loaded(&doc) {
-                    self.answer_status(task, wait, reply);
-                } else {
-                    self.wait_for(&doc, false, DocWaiter::Status { task, wait, reply });
-                }
+                // Answered at once if the document is here with content, else once it arrives.
+                self.wait_for(&doc, false, DocWaiter::Status { task, wait, reply });
             }
             Command::Status { reply } => {
                 let queues = self
@@ -958,11 +967,7 @@ impl Actor {
                     );
                     return;
                 };
-                if self.replica.is_loaded(&doc) {
-                    self.start_run(run);
-                } else {
-                    self.wait_for(&doc, false, DocWaiter::Start(run));
-                }
+                self.wait_for(&doc, false, DocWaiter::Start(run));
             }
             PoolAction::Finish {
                 worker,
@@ -1079,6 +1084,14 @@ impl Actor {
     fn handle_input(&mut self, input: Input) {
         match input {
             Input::Loaded { doc, chunks } => self.handle_loaded(doc, chunks),
+            Input::Saved(doc) => {
+                if let Some(n) = self.saving.get_mut(&doc) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.saving.remove(&doc);
+                    }
+                }
+            }
             Input::Durable { submit } => {
                 if let Some(w) = self.submit_waits.iter_mut().find(|w| w.id == submit) {
                     w.durable = true;

@@ -1,0 +1,239 @@
+//! The README's tour, automated: three `piecework node` processes on loopback run tasks
+//! submitted from the CLI, and keep running them after the active router's process is killed
+//! with SIGKILL.
+//!
+//! Waits are on the processes' output and on the HTTP API's long-poll for a task's outcome, each
+//! with a generous timeout; nothing sleeps.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use piecework::client::Client;
+use piecework::node::api;
+use piecework::queue_doc::{TaskId, TaskState};
+
+const BIN: &str = env!("CARGO_BIN_EXE_piecework");
+const GENEROUS: Duration = Duration::from_secs(120);
+
+/// A running `piecework node`; killed (SIGKILL) when dropped.
+struct NodeProcess {
+    child: Child,
+    peer: String,
+    listen: String,
+    http: String,
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_node(dir: &Path, bootstrap: Option<&NodeProcess>) -> NodeProcess {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "node",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--http",
+        "127.0.0.1:0",
+        "--workers",
+        "2",
+    ])
+    .arg("--data-dir")
+    .arg(dir);
+    if let Some(b) = bootstrap {
+        cmd.args(["--bootstrap", &b.listen]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("the binary runs");
+    let stdout = child.stdout.take().expect("piped");
+    // Read the banner on a thread, so that a node that never prints fails the test instead of
+    // hanging it.
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut peer, mut listen, mut http) = (None, None, None);
+    while http.is_none() {
+        let line = rx
+            .recv_timeout(GENEROUS)
+            .expect("the node prints its banner");
+        if let Some(v) = line.strip_prefix("peer id: ") {
+            peer = Some(v.to_owned());
+        } else if let Some(v) = line.strip_prefix("listening on: ") {
+            listen.get_or_insert_with(|| v.to_owned());
+        } else if let Some(v) = line.strip_prefix("http api: ") {
+            http = Some(v.to_owned());
+        }
+    }
+    let peer = peer.expect("a peer id line");
+    let mut listen = listen.expect("a listen address line");
+    if !listen.contains("/p2p/") {
+        listen = format!("{listen}/p2p/{peer}");
+    }
+    NodeProcess {
+        child,
+        peer,
+        listen,
+        http: http.expect("checked"),
+    }
+}
+
+/// Runs the CLI against a node; returns its stdout, trimmed. Panics with stderr if it fails.
+fn cli(node: &NodeProcess, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("--node")
+        .arg(&node.http)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        out.status.success(),
+        "piecework {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .trim()
+        .to_owned()
+}
+
+fn submit(node: &NodeProcess, queue: &str, i: usize) -> TaskId {
+    let input = format!(r#"{{"data": "process task {i}", "rounds": 2000}}"#);
+    TaskId::new(cli(
+        node,
+        &[
+            "task", "submit", queue, "--kind", "sha256", "--input", &input,
+        ],
+    ))
+}
+
+/// The HTTP addresses of the nodes still running.
+fn urls(nodes: &[Option<NodeProcess>]) -> Vec<Option<String>> {
+    nodes
+        .iter()
+        .map(|n| n.as_ref().map(|n| n.http.clone()))
+        .collect()
+}
+
+/// Waits for a task's outcome through node `via`; on failure, prints what every running node
+/// sees of the queue and the task.
+async fn wait_done(urls: &[Option<String>], via: usize, id: &TaskId) -> api::TaskStatus {
+    let client = Client::new(urls[via].as_deref().expect("a running node")).unwrap();
+    match client.wait(id, GENEROUS).await {
+        Ok(s) => s,
+        Err(e) => {
+            for (i, url) in urls.iter().enumerate() {
+                let Some(url) = url else { continue };
+                let c = Client::new(url).unwrap();
+                eprintln!("node {i}: {:#?}", c.status().await);
+                eprintln!("node {i}, {id}: {:#?}", c.task_status(id).await);
+            }
+            panic!("{id}: {e:#}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_node_processes_keep_running_tasks_after_the_router_is_sigkilled() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = spawn_node(&dir.path().join("a"), None);
+    let mut nodes = vec![Some(spawn_node(&dir.path().join("b"), Some(&first)))];
+    nodes.push(Some(spawn_node(&dir.path().join("c"), Some(&first))));
+    nodes.insert(0, Some(first));
+    let node = |nodes: &[Option<NodeProcess>], i: usize| -> String {
+        nodes[i].as_ref().unwrap().http.clone()
+    };
+
+    // The CLI side of the tour, run as separate processes.
+    let queue = tokio::task::block_in_place(|| {
+        let n = |i: usize| nodes[i].as_ref().unwrap();
+        let queue = cli(n(0), &["queue", "create", "tour"]);
+        assert!(queue.starts_with("automerge:"), "a queue id: {queue}");
+        for i in 1..3 {
+            let joined = cli(n(i), &["queue", "join", &queue]);
+            assert!(joined.starts_with("joined tour"), "{joined}");
+        }
+        let waited = cli(
+            n(1),
+            &[
+                "task",
+                "submit",
+                &queue,
+                "--kind",
+                "sha256",
+                "--input",
+                r#"{"data": "abc", "rounds": 1}"#,
+                "--wait",
+            ],
+        );
+        assert!(
+            waited.contains("succeeded")
+                && waited
+                    .contains("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+            "sha256(abc) comes back: {waited}"
+        );
+        queue
+    });
+    let first_batch: Vec<TaskId> = tokio::task::block_in_place(|| {
+        (0..12)
+            .map(|i| submit(nodes[i % 3].as_ref().unwrap(), &queue, i))
+            .collect()
+    });
+    let client0 = Client::new(&node(&nodes, 0)).unwrap();
+    for id in &first_batch {
+        let s = wait_done(&urls(&nodes), 0, id).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{id}");
+    }
+
+    // SIGKILL the active router's process.
+    let status: api::NodeStatus = client0.status().await.unwrap();
+    let before = status.queues[0]
+        .router
+        .clone()
+        .expect("a router routed the first batch");
+    let victim = nodes
+        .iter()
+        .position(|n| n.as_ref().unwrap().peer == before.peer.as_str())
+        .unwrap();
+    drop(nodes[victim].take());
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+
+    // The survivors go on: tasks submitted from the CLI after the kill all complete.
+    let second_batch: Vec<TaskId> = tokio::task::block_in_place(|| {
+        (0..12)
+            .map(|i| submit(nodes[survivors[i % 2]].as_ref().unwrap(), &queue, 100 + i))
+            .collect()
+    });
+    let client = Client::new(&node(&nodes, survivors[0])).unwrap();
+    for id in first_batch.iter().chain(&second_batch) {
+        let s = wait_done(&urls(&nodes), survivors[0], id).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{id}");
+        assert!(s.result.is_some());
+    }
+    let after = client.status().await.unwrap().queues[0]
+        .router
+        .clone()
+        .unwrap();
+    assert_ne!(after.peer, before.peer, "another peer took over");
+    assert!(after > before);
+    let text =
+        tokio::task::block_in_place(|| cli(nodes[survivors[1]].as_ref().unwrap(), &["status"]));
+    assert!(
+        text.contains(&format!("term {}", after.term)),
+        "status shows the new term: {text}"
+    );
+}
