@@ -28,7 +28,7 @@
 //! once both sides reset (reconnect). Messages are generated when polled, so the changes made
 //! between two polls travel together.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 
 use automerge::sync::{self, SyncDoc};
@@ -189,7 +189,7 @@ pub enum Event {
 struct Entry {
     doc: Automerge,
     shared: bool,
-    peers: HashMap<PeerId, sync::State>,
+    peers: BTreeMap<PeerId, sync::State>,
     saved: Vec<ChangeHash>,
 }
 
@@ -203,10 +203,14 @@ struct Loading {
 /// A peer's documents and their sync state. See the module docs for how to drive it.
 #[derive(Debug, Default)]
 pub struct Replica {
-    docs: HashMap<DocId, Entry>,
-    loading: HashMap<DocId, Loading>,
+    // Ordered maps throughout: the order of messages and events depends only on the inputs,
+    // so that a seeded simulation replays exactly.
+    docs: BTreeMap<DocId, Entry>,
+    loading: BTreeMap<DocId, Loading>,
     /// Fetches waiting on peers: the peers asked that have not answered.
-    fetching: HashMap<DocId, BTreeSet<PeerId>>,
+    fetching: BTreeMap<DocId, BTreeSet<PeerId>>,
+    /// The actor id given to every document this replica takes in, if set.
+    actor: Option<automerge::ActorId>,
     peers: BTreeSet<PeerId>,
     /// Documents with sync messages to generate: to every peer syncing them (`true`), or to
     /// these peers. Generated lazily in `poll_transmit`, so that many changes between two polls
@@ -220,6 +224,13 @@ impl Replica {
     /// An empty replica with no peers.
     pub fn new() -> Self {
         Replica::default()
+    }
+
+    /// Writes made through this replica use `actor` from now on (every document it takes in
+    /// gets it). Each writer must have its own actor id: a simulator gives one per node and
+    /// incarnation, to replay exactly; without this, documents keep automerge's random ids.
+    pub fn set_actor(&mut self, actor: automerge::ActorId) {
+        self.actor = Some(actor);
     }
 
     // ----- getters -----
@@ -278,13 +289,17 @@ impl Replica {
             }
             return;
         }
+        let mut doc = doc;
+        if let Some(a) = &self.actor {
+            doc.set_actor(a.clone());
+        }
         let saved = doc.get_heads();
         self.docs.insert(
             id.clone(),
             Entry {
                 doc,
                 shared,
-                peers: HashMap::new(),
+                peers: BTreeMap::new(),
                 saved,
             },
         );

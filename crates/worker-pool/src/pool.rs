@@ -90,9 +90,28 @@ pub struct Pool {
     next_beat: Instant,
     counter: u64,
     actions: VecDeque<Action>,
+    /// A deliberately broken pool that starts fenced assignments, for the simulator's test
+    /// that it catches a broken protocol. Exists only with the `broken` feature.
+    #[cfg(feature = "broken")]
+    skip_fencing: bool,
 }
 
 impl Pool {
+    /// Breaks this pool on purpose: it stops fencing (starts assignments from deposed routers).
+    /// Only for proving that the simulator catches it; never enable it elsewhere.
+    #[cfg(feature = "broken")]
+    pub fn break_fencing(&mut self) {
+        self.skip_fencing = true;
+    }
+
+    fn fencing(&self) -> bool {
+        #[cfg(feature = "broken")]
+        if self.skip_fencing {
+            return false;
+        }
+        true
+    }
+
     /// A pool with every worker idle, started at `now`; it beats at once.
     pub fn new(config: Config, now: Instant) -> Self {
         let slots = vec![None; config.workers as usize];
@@ -104,6 +123,8 @@ impl Pool {
             next_beat: now,
             counter: 0,
             actions: VecDeque::new(),
+            #[cfg(feature = "broken")]
+            skip_fencing: false,
         }
     }
 
@@ -150,7 +171,8 @@ impl Pool {
             .into_iter()
             .flatten()
             .max()
-            .cloned();
+            .cloned()
+            .filter(|_| self.fencing());
         // Forget answers the view now shows, so the set stays as small as the open attempts.
         self.answered.retain(|(q, t, a)| {
             q != queue

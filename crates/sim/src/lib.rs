@@ -1,0 +1,249 @@
+//! Piecework's deterministic simulator.
+//!
+//! It runs the real pure cores of N nodes in one thread on virtual time: each node has a
+//! [`Replica`](piecework_queue_doc::replica::Replica) holding the queue document, a
+//! [`Router`](piecework_router::Router) and a [`Pool`](piecework_worker_pool::Pool). There is
+//! no tokio and no libp2p. Documents travel between nodes as the replicas' own Automerge sync
+//! messages, and heartbeats as the same `RouterBeat` / `PoolBeat` values the node gossips. The
+//! network delays messages. It drops, duplicates and reorders heartbeats, resets sync
+//! connections, and cuts links between any sets of nodes, both ways or one way. Nodes crash,
+//! losing everything except what they saved, and restart. Each node's clock drifts. Handlers
+//! take random times and fail at random.
+//!
+//! One seed decides everything. [`run`] with the same seed and [`Config`] replays the same run
+//! exactly, and [`Report::trace_hash`] proves it. Invariants are checked after every step, and
+//! again once the run has been healed and has settled (see [`Violation`] and
+//! `docs/testing.md`).
+//!
+//! ```
+//! let report = piecework_sim::run(7, &piecework_sim::Config::default());
+//! assert!(report.violations.is_empty(), "{:?}", report.violations);
+//! assert_eq!(report.lost, 0);
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod world;
+
+use std::collections::BTreeMap;
+
+use piecework_queue_doc::QueueConfig;
+use serde::Serialize;
+
+pub use world::Fault;
+
+/// Where a scheduled fault strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Target {
+    /// A node by index.
+    Node(usize),
+    /// Whichever node is the effective router (per the greatest claim any node knows) when the
+    /// fault fires.
+    Router,
+}
+
+/// How often each fault fires in the background, and how bad the network is.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FaultMix {
+    /// Name, for reports.
+    pub name: String,
+    /// Message delay range, microseconds.
+    pub delay_us: (u64, u64),
+    /// Probability that a heartbeat is dropped.
+    pub drop: f64,
+    /// Probability that a heartbeat is delivered twice.
+    pub duplicate: f64,
+    /// Probability that a sync message kills its connection (it and everything in flight on it
+    /// are lost; the replicas reconnect and start their sync state over).
+    pub reset: f64,
+    /// Node crashes per virtual second, cluster-wide.
+    pub crash_rate: f64,
+    /// How long a crashed node stays down, milliseconds.
+    pub downtime_ms: (u64, u64),
+    /// Partitions (a random split into two sides) per virtual second.
+    pub partition_rate: f64,
+    /// One-way cuts (one node's outgoing messages lost) per virtual second.
+    pub oneway_rate: f64,
+    /// How long a partition or cut lasts, milliseconds.
+    pub cut_ms: (u64, u64),
+    /// Largest clock drift of a node, parts per million (fast or slow).
+    pub drift_ppm: i64,
+    /// Probability that a handler run fails.
+    pub handler_failure: f64,
+    /// Handler run time range, milliseconds.
+    pub run_ms: (u64, u64),
+}
+
+impl FaultMix {
+    /// The default mix: everything at once.
+    pub fn default_mix() -> Self {
+        FaultMix {
+            name: "default".into(),
+            delay_us: (200, 30_000),
+            drop: 0.05,
+            duplicate: 0.02,
+            reset: 0.002,
+            crash_rate: 0.05,
+            downtime_ms: (500, 8_000),
+            partition_rate: 0.03,
+            oneway_rate: 0.02,
+            cut_ms: (1_000, 10_000),
+            drift_ppm: 20_000,
+            handler_failure: 0.1,
+            run_ms: (5, 1_500),
+        }
+    }
+
+    /// Crashes and restarts only, on a network that loses nothing: the mix under which no task
+    /// may run twice without a crash to explain it (invariant 5).
+    pub fn crashes() -> Self {
+        FaultMix {
+            name: "crashes".into(),
+            drop: 0.0,
+            duplicate: 0.0,
+            reset: 0.0,
+            partition_rate: 0.0,
+            oneway_rate: 0.0,
+            crash_rate: 0.1,
+            ..FaultMix::default_mix()
+        }
+    }
+
+    /// Nothing goes wrong but delays and drift.
+    pub fn calm() -> Self {
+        FaultMix {
+            name: "calm".into(),
+            crash_rate: 0.0,
+            ..FaultMix::crashes()
+        }
+    }
+
+    /// Partitions and one-way cuts, nothing else.
+    pub fn partitions() -> Self {
+        FaultMix {
+            name: "partitions".into(),
+            partition_rate: 0.08,
+            oneway_rate: 0.05,
+            ..FaultMix::calm()
+        }
+    }
+
+    /// The mix called `name`: `default`, `crashes`, `calm` or `partitions`.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "default" => Some(FaultMix::default_mix()),
+            "crashes" => Some(FaultMix::crashes()),
+            "calm" => Some(FaultMix::calm()),
+            "partitions" => Some(FaultMix::partitions()),
+            _ => None,
+        }
+    }
+
+    /// Whether this mix loses or cuts messages (invariant 5 holds only where it does not).
+    pub fn loses_messages(&self) -> bool {
+        self.drop > 0.0 || self.reset > 0.0 || self.partition_rate > 0.0 || self.oneway_rate > 0.0
+    }
+}
+
+impl Default for FaultMix {
+    fn default() -> Self {
+        FaultMix::default_mix()
+    }
+}
+
+/// A simulated run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// Workers per node.
+    pub workers: u32,
+    /// Tasks submitted over the faulty phase.
+    pub tasks: usize,
+    /// Length of the faulty phase, virtual milliseconds; then everything heals.
+    pub fault_ms: u64,
+    /// How long the healed cluster may take to settle before the run fails, virtual ms.
+    pub settle_limit_ms: u64,
+    /// Background faults.
+    pub mix: FaultMix,
+    /// Faults at fixed times (milliseconds since the start), on top of the background.
+    pub schedule: Vec<(u64, Fault)>,
+    /// The queue's configuration. `None`: drawn from the seed (with or without a concurrency
+    /// limit and a rate interval).
+    pub queue: Option<QueueConfig>,
+    /// Make every pool skip fencing: a deliberately broken protocol (tests only).
+    #[cfg(feature = "broken")]
+    pub broken_fencing: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            nodes: 5,
+            workers: 2,
+            tasks: 40,
+            fault_ms: 60_000,
+            settle_limit_ms: 300_000,
+            mix: FaultMix::default_mix(),
+            schedule: vec![],
+            queue: None,
+            #[cfg(feature = "broken")]
+            broken_fencing: false,
+        }
+    }
+}
+
+/// An invariant that did not hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Which invariant (1–6, see `docs/testing.md`).
+    pub invariant: u8,
+    /// Virtual time, milliseconds.
+    pub at_ms: u64,
+    /// What happened.
+    pub what: String,
+}
+
+/// What a run did and found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Tasks durably submitted.
+    pub tasks: usize,
+    /// Submitted tasks without an outcome on some replica after settling.
+    pub lost: usize,
+    /// Tasks whose handler ran more than once.
+    pub duplicated_tasks: usize,
+    /// The most runs of one task.
+    pub max_runs: usize,
+    /// Routers that became active (the first election included).
+    pub activations: usize,
+    /// Claims that lost to a concurrent greater claim during their settle wait (two or more
+    /// routers claimed at once).
+    pub claims_lost: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Invariant violations (empty when the run passes).
+    pub violations: Vec<Violation>,
+    /// Virtual time simulated, milliseconds.
+    pub virtual_ms: u64,
+    /// Events processed.
+    pub steps: u64,
+    /// A hash of everything that happened, in order: equal for equal runs.
+    pub trace_hash: String,
+    /// The last lines of the trace.
+    pub trace_tail: Vec<String>,
+}
+
+impl Report {
+    /// Whether every invariant held.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Runs one seeded simulation.
+pub fn run(seed: u64, config: &Config) -> Report {
+    world::World::new(seed, config).run()
+}

@@ -1,0 +1,140 @@
+//! `piecework-sim`: runs many seeds (or replays one) and prints what they found.
+//!
+//! `cargo run -p piecework-sim --release -- --seeds 1000 [--seed S] [--nodes K] [--faults MIX] [--json]`
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use piecework_sim::{Config, FaultMix, Report};
+use serde::Serialize;
+
+/// Runs Piecework's deterministic simulator over many seeds.
+#[derive(Parser, Debug)]
+#[command(name = "piecework-sim", version, about)]
+struct Args {
+    /// How many seeds to run (consecutive, from --seed).
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// The first seed; with --seeds 1, the one to replay.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Nodes per cluster.
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    /// Tasks per run.
+    #[arg(long, default_value_t = 40)]
+    tasks: usize,
+    /// Virtual seconds of faults per run (then everything heals).
+    #[arg(long, default_value_t = 60)]
+    fault_secs: u64,
+    /// The fault mix: default, crashes, calm or partitions.
+    #[arg(long, default_value = "default")]
+    faults: String,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Print each seed's report as a JSON line on stderr.
+    #[arg(long)]
+    verbose: bool,
+}
+
+#[derive(Serialize, Default)]
+struct Summary {
+    seeds_run: u64,
+    failing_seeds: Vec<u64>,
+    tasks: u64,
+    lost: u64,
+    runs_with_duplicates: u64,
+    most_duplicates_in_one_run: usize,
+    takeovers: u64,
+    faults: BTreeMap<String, u64>,
+    violations_by_invariant: BTreeMap<u8, u64>,
+    virtual_seconds: f64,
+    real_seconds: f64,
+    virtual_seconds_per_real_second: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.nodes < 2 {
+        bail!("--nodes must be at least 2");
+    }
+    let mix = FaultMix::named(&args.faults).with_context(|| {
+        format!(
+            "unknown fault mix {:?}: use default, crashes, calm or partitions",
+            args.faults
+        )
+    })?;
+    let config = Config {
+        nodes: args.nodes,
+        tasks: args.tasks,
+        fault_ms: args.fault_secs * 1000,
+        mix,
+        ..Config::default()
+    };
+    let started = Instant::now();
+    let mut s = Summary::default();
+    let mut first_failure: Option<Report> = None;
+    for seed in args.seed..args.seed + args.seeds {
+        let r = piecework_sim::run(seed, &config);
+        if args.verbose {
+            eprintln!("{}", serde_json::to_string(&r)?);
+        }
+        s.seeds_run += 1;
+        s.tasks += r.tasks as u64;
+        s.lost += r.lost as u64;
+        if r.duplicated_tasks > 0 {
+            s.runs_with_duplicates += 1;
+        }
+        s.most_duplicates_in_one_run = s.most_duplicates_in_one_run.max(r.duplicated_tasks);
+        s.takeovers += r.activations.saturating_sub(1) as u64;
+        for (k, v) in &r.faults {
+            *s.faults.entry(k.clone()).or_default() += v;
+        }
+        for v in &r.violations {
+            *s.violations_by_invariant.entry(v.invariant).or_default() += 1;
+        }
+        s.virtual_seconds += r.virtual_ms as f64 / 1000.0;
+        if !r.passed() {
+            s.failing_seeds.push(seed);
+            first_failure.get_or_insert(r);
+        }
+    }
+    s.real_seconds = started.elapsed().as_secs_f64();
+    s.virtual_seconds_per_real_second = s.virtual_seconds / s.real_seconds.max(1e-9);
+    if args.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else {
+        println!("seeds run          {}", s.seeds_run);
+        println!("failing seeds      {:?}", s.failing_seeds);
+        println!("tasks              {} ({} lost)", s.tasks, s.lost);
+        println!(
+            "duplicates         {} runs had a task run more than once; at most {} such tasks in one run",
+            s.runs_with_duplicates, s.most_duplicates_in_one_run
+        );
+        println!("takeovers          {}", s.takeovers);
+        println!("faults injected    {:?}", s.faults);
+        println!(
+            "speed              {:.0} virtual s in {:.1} real s: {:.0} virtual s per real s",
+            s.virtual_seconds, s.real_seconds, s.virtual_seconds_per_real_second
+        );
+    }
+    if let Some(r) = first_failure {
+        eprintln!("\nseed {} failed:", r.seed);
+        for v in &r.violations {
+            eprintln!("  invariant {} at {} ms: {}", v.invariant, v.at_ms, v.what);
+        }
+        eprintln!("trace tail:");
+        for l in &r.trace_tail {
+            eprintln!("  {l}");
+        }
+        eprintln!(
+            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {}",
+            r.seed, args.nodes, args.tasks, args.fault_secs, args.faults
+        );
+        bail!("{} of {} seeds failed", s.failing_seeds.len(), s.seeds_run);
+    }
+    Ok(())
+}
