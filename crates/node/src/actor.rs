@@ -882,10 +882,16 @@ impl Actor {
                 self.to_evict.push(td);
             }
         }
+        // A member that joined or moved: dial it now rather than at the next round, so that a
+        // full mesh forms before the peer everyone bootstrapped from can go away.
+        let members_changed = view.members != q.view.members;
         q.view = view.clone();
         q.view_tx.send_replace(view.clone());
         q.router.handle_view(now, view.clone());
         self.pool.handle_view(id, &view);
+        if members_changed {
+            self.next_dial = now;
+        }
     }
 
     /// Carries out the routers' and the pool's actions; true if there were any.
