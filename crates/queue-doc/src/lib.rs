@@ -2,7 +2,7 @@
 //!
 //! This crate is pure: it reads no clock and no random source, and does no I/O. Callers pass
 //! wall-clock times (`now_ms`, unix milliseconds) and own the documents; the same functions run
-//! inside a node (on documents held by samod) and inside the simulator (on plain documents).
+//! inside a node (on documents held by its [`replica::Replica`]) and inside the simulator.
 //!
 //! # The documents
 //!

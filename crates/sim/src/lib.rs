@@ -213,8 +213,11 @@ pub struct Report {
     pub tasks: usize,
     /// Submitted tasks without an outcome on some replica after settling.
     pub lost: usize,
-    /// Tasks whose handler ran more than once.
+    /// Tasks whose handler succeeded more than once: the duplicates at-least-once allows.
     pub duplicated_tasks: usize,
+    /// Tasks whose handler ran more than once for any reason: retries after a failure, runs
+    /// lost with their node, and duplicates.
+    pub rerun_tasks: usize,
     /// The most runs of one task.
     pub max_runs: usize,
     /// Routers that became active (the first election included).

@@ -48,6 +48,8 @@ struct Summary {
     lost: u64,
     runs_with_duplicates: u64,
     most_duplicates_in_one_run: usize,
+    duplicated_tasks: u64,
+    rerun_tasks: u64,
     takeovers: u64,
     faults: BTreeMap<String, u64>,
     violations_by_invariant: BTreeMap<u8, u64>,
@@ -89,6 +91,8 @@ fn main() -> anyhow::Result<()> {
             s.runs_with_duplicates += 1;
         }
         s.most_duplicates_in_one_run = s.most_duplicates_in_one_run.max(r.duplicated_tasks);
+        s.duplicated_tasks += r.duplicated_tasks as u64;
+        s.rerun_tasks += r.rerun_tasks as u64;
         s.takeovers += r.activations.saturating_sub(1) as u64;
         for (k, v) in &r.faults {
             *s.faults.entry(k.clone()).or_default() += v;
@@ -111,8 +115,12 @@ fn main() -> anyhow::Result<()> {
         println!("failing seeds      {:?}", s.failing_seeds);
         println!("tasks              {} ({} lost)", s.tasks, s.lost);
         println!(
-            "duplicates         {} runs had a task run more than once; at most {} such tasks in one run",
-            s.runs_with_duplicates, s.most_duplicates_in_one_run
+            "duplicates         {} tasks succeeded more than once, in {} runs; at most {} in one run",
+            s.duplicated_tasks, s.runs_with_duplicates, s.most_duplicates_in_one_run
+        );
+        println!(
+            "reruns             {} tasks ran more than once (retries, runs lost with their node, duplicates)",
+            s.rerun_tasks
         );
         println!("takeovers          {}", s.takeovers);
         println!("faults injected    {:?}", s.faults);

@@ -1381,7 +1381,12 @@ impl World {
     }
 
     fn report(self) -> Report {
-        let duplicated_tasks = self.runs.values().filter(|v| v.len() > 1).count();
+        let duplicated_tasks = self
+            .runs
+            .values()
+            .filter(|v| v.iter().filter(|r| r.end == Some(End::Succeeded)).count() > 1)
+            .count();
+        let rerun_tasks = self.runs.values().filter(|v| v.len() > 1).count();
         let max_runs = self.runs.values().map(Vec::len).max().unwrap_or(0);
         let lost = self.lost();
         Report {
@@ -1389,6 +1394,7 @@ impl World {
             tasks: self.submitted.len(),
             lost,
             duplicated_tasks,
+            rerun_tasks,
             max_runs,
             activations: self.activations,
             claims_lost: self.claims_lost,
