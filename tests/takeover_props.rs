@@ -57,8 +57,16 @@ fn schedule() -> impl Strategy<Value = Vec<(u64, Fault)>> {
     })
 }
 
+/// 24 schedules per test run (CI); `PROPTEST_CASES=2000` hunts longer.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn takeover_holds_under_generated_fault_schedules(

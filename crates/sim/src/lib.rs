@@ -171,6 +171,8 @@ pub struct Config {
     /// The queue's configuration. `None`: drawn from the seed (with or without a concurrency
     /// limit and a rate interval).
     pub queue: Option<QueueConfig>,
+    /// How many of the trace's last lines the report keeps.
+    pub trace_lines: usize,
     /// Make every pool skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
     pub broken_fencing: bool,
@@ -187,6 +189,7 @@ impl Default for Config {
             mix: FaultMix::default_mix(),
             schedule: vec![],
             queue: None,
+            trace_lines: 60,
             #[cfg(feature = "broken")]
             broken_fencing: false,
         }

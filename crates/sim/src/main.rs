@@ -38,6 +38,9 @@ struct Args {
     /// Print each seed's report as a JSON line on stderr.
     #[arg(long)]
     verbose: bool,
+    /// How many of a failing seed's last trace lines to print (a large number prints it all).
+    #[arg(long, default_value_t = 60)]
+    trace_lines: usize,
 }
 
 #[derive(Serialize, Default)]
@@ -74,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         tasks: args.tasks,
         fault_ms: args.fault_secs * 1000,
         mix,
+        trace_lines: args.trace_lines,
         ..Config::default()
     };
     let started = Instant::now();
@@ -139,7 +143,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  {l}");
         }
         eprintln!(
-            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {}",
+            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {} (add --trace-lines 100000 for the whole trace)",
             r.seed, args.nodes, args.tasks, args.fault_secs, args.faults
         );
         bail!("{} of {} seeds failed", s.failing_seeds.len(), s.seeds_run);

@@ -105,3 +105,23 @@ fn a_pool_that_does_not_fence_is_caught() {
         describe(&r)
     );
 }
+
+/// Seeds that once failed, kept as named tests. Each names the bug it found.
+mod regressions {
+    use super::*;
+
+    fn passes(seed: u64) {
+        let r = run(seed, &Config::default());
+        assert!(r.passed() && r.lost == 0, "{}", describe(&r));
+    }
+
+    /// Found by the 10,000-seed run: node0 was partitioned alone and became a router at the
+    /// same term as node3 on the other side; both assigned one task to node0. node0 ran its
+    /// own assignment to success, and after healing started node3's assignment of the same,
+    /// finished task: a second run no router counted, over the concurrency limit (invariant
+    /// 6). Pools now refuse assignments of tasks that already have an outcome.
+    #[test]
+    fn seed_7743_an_assignment_of_a_finished_task_is_refused() {
+        passes(7743);
+    }
+}

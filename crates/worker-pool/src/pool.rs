@@ -161,9 +161,9 @@ impl Pool {
 
     /// The queue document of `queue` changed: answer every open attempt assigned to this pool.
     ///
-    /// An attempt not yet started is started if its worker is idle and its router's claim is
-    /// not below the effective router (from the view and from heartbeats); otherwise it is
-    /// refused, with the reason. An attempt started by an earlier incarnation of this node is
+    /// An attempt not yet started is started if its task has no outcome yet, its worker is idle
+    /// and its router's claim is not below the effective router (from the view and from
+    /// heartbeats); otherwise it is refused, with the reason. An attempt started by an earlier incarnation of this node is
     /// marked interrupted.
     pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>) {
         let me = &self.config.peer;
@@ -207,6 +207,15 @@ impl Pool {
                         started.incarnation, self.config.incarnation
                     ),
                     Some(started.incarnation),
+                )
+            } else if task.state().is_final() {
+                // Two routers on either side of a partition can both route a task; once one
+                // run's outcome has merged in, the other router's assignment must not run it
+                // again (nor count against a concurrency limit no router can see).
+                finish(
+                    AttemptOutcome::Refused,
+                    format!("the task already has an outcome: {:?}", task.state()),
+                    None,
                 )
             } else if let Some(f) = fence.as_ref().filter(|f| attempt.id.claim < **f) {
                 finish(

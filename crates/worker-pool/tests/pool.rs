@@ -267,6 +267,44 @@ fn a_restarted_node_marks_its_earlier_runs_interrupted() {
 }
 
 #[test]
+fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
+    // Both sides of a partition had a router (same term, different peers) and both assigned
+    // the task to this pool. The lower one's run succeeded; when the higher one's assignment
+    // merges in, the task must not run again.
+    let mut f = Fixture::new(2, 1);
+    queue::claim_router(&mut f.doc, &router(2, "a"), 0).unwrap();
+    let t = f.submit(1);
+    f.assign(&t, &router(2, "a"), 0);
+    assert!(matches!(&f.step()[..], [Action::Start(_)]));
+    assert!(f.pool.handle_finished(0, RunEnd::Succeeded));
+    f.apply();
+    let other = AttemptId {
+        n: 1,
+        claim: router(2, "b"),
+    };
+    queue::record_assignments(
+        &mut f.doc,
+        &[Assignment {
+            task: t.clone(),
+            attempt: other,
+            worker: WorkerId::new(me(), 1),
+        }],
+        0,
+    )
+    .unwrap();
+    queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
+    let actions = f.step();
+    assert!(
+        matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Refused, error: Some(e), .. }] if e.contains("outcome")),
+        "{actions:?}"
+    );
+    assert_eq!(f.pool.idle(), 2);
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks[&t].state(), TaskState::Succeeded);
+    assert_eq!(view.tasks[&t].refusals(), 1);
+}
+
+#[test]
 fn heartbeats_list_every_worker_on_schedule() {
     let mut f = Fixture::new(3, 4);
     queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
