@@ -21,7 +21,6 @@ use crate::{Config, Report, Target, Violation};
 
 /// Wall-clock time of virtual zero (unix ms), for the timestamps written into documents.
 const EPOCH_MS: u64 = 1_790_000_000_000;
-/// Trace lines kept for a failing run's report.
 /// Steps after which a run counts as a livelock.
 const MAX_STEPS: u64 = 20_000_000;
 /// Stored chunks of the queue document after which a node compacts them into one.
@@ -397,10 +396,10 @@ impl World {
     fn trace(&mut self, line: impl FnOnce() -> String) {
         let line = format!("{:>10.3}s {}", self.now_us as f64 / 1e6, line());
         self.hasher.update(line.as_bytes());
-        if self.tail.len() >= self.config.trace_lines {
+        self.tail.push_back(line);
+        while self.tail.len() > self.config.trace_lines {
             self.tail.pop_front();
         }
-        self.tail.push_back(line);
     }
 
     fn violate(&mut self, invariant: u8, what: String) {

@@ -46,6 +46,18 @@ fn the_same_seed_replays_the_same_run() {
     assert_eq!(a.trace_tail, b.trace_tail);
     let c = run(43, &config);
     assert_ne!(a.trace_hash, c.trace_hash, "another seed, another run");
+    let short = run(
+        42,
+        &Config {
+            trace_lines: 5,
+            ..Config::default()
+        },
+    );
+    assert_eq!(
+        short.trace_hash, a.trace_hash,
+        "the tail's length is not the run"
+    );
+    assert_eq!(short.trace_tail[..], a.trace_tail[a.trace_tail.len() - 5..]);
 }
 
 #[test]
