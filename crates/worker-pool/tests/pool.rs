@@ -278,20 +278,7 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     assert!(matches!(&f.step()[..], [Action::Start(_)]));
     assert!(f.pool.handle_finished(0, RunEnd::Succeeded));
     f.apply();
-    let other = AttemptId {
-        n: 1,
-        claim: router(2, "b"),
-    };
-    queue::record_assignments(
-        &mut f.doc,
-        &[Assignment {
-            task: t.clone(),
-            attempt: other,
-            worker: WorkerId::new(me(), 1),
-        }],
-        0,
-    )
-    .unwrap();
+    f.assign(&t, &router(2, "b"), 1);
     queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
     let actions = f.step();
     assert!(
