@@ -5,7 +5,11 @@
 //!   [`Event::Message`] `source` is authenticated;
 //! - **document sync**: one libp2p stream per pair of peers carrying replica messages ([`sync`]),
 //!   each bound to the Noise-authenticated peer id of its connection. Documents never travel
-//!   over gossipsub.
+//!   over gossipsub. While two peers are connected, the one with the smaller id keeps a sync
+//!   stream open: whenever one ends (read or write error, end of stream, stall, reset, or
+//!   replacement) the application hears [`Event::SyncClosed`] once for it, and a new stream is
+//!   opened (retrying with backoff for as long as the connection lasts) and reported by
+//!   [`Event::SyncOpened`], on which the application restarts its sync with the peer.
 //!
 //! # Driving it
 //!
@@ -16,13 +20,21 @@
 //!
 //! Bounds: [`COMMAND_CAPACITY`] pending commands (senders wait), [`EVENT_CAPACITY`] pending
 //! events. When the application falls that far behind, gossip messages are dropped and counted
-//! (heartbeats repeat); connection events and sync messages are never dropped, their senders wait
-//! for room instead (which slows the peer down through TCP).
+//! (heartbeats repeat); connection events and sync events are never dropped, their senders wait
+//! for room instead (which slows the peer down through Yamux flow control).
+//!
+//! Sync sends never wait: [`Client::send_sync`] queues a frame within a per-peer byte budget
+//! ([`Config::sync_queue_bytes`], default [`sync::MAX_QUEUED_BYTES`]) or refuses it with
+//! [`SendOutcome::Blocked`], leaving the frame with the caller until [`Event::SyncWritable`]. A
+//! peer that reads nothing for [`Config::sync_stall_timeout`] (default [`sync::STALL_TIMEOUT`])
+//! while a send to it is blocked has its stream reset, and both sides resync on the new stream.
+//! The details are in [`sync`].
 
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod sync;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -34,6 +46,9 @@ use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 pub use libp2p::{Multiaddr, PeerId, identity};
 use libp2p::{Swarm, identify, noise, ping, tcp, yamux};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+pub use sync::SendOutcome;
 
 /// Pending commands from [`Client`]s to the event loop.
 pub const COMMAND_CAPACITY: usize = 256;
@@ -58,6 +73,14 @@ pub struct Config {
     pub bootstrap: Vec<Multiaddr>,
     /// How long an idle connection stays open.
     pub idle_timeout: Duration,
+    /// Each peer's sync send budget, in bytes queued but not yet written (frames count their
+    /// payload plus [`sync::FRAME_HEADER_BYTES`]). Default [`sync::MAX_QUEUED_BYTES`]; keep it
+    /// above the largest message the application must be able to send, or that message is
+    /// [`SendOutcome::TooLarge`].
+    pub sync_queue_bytes: usize,
+    /// How long a peer may read nothing while a sync send to it is [`SendOutcome::Blocked`]
+    /// before its stream is reset (and reopened). Default [`sync::STALL_TIMEOUT`].
+    pub sync_stall_timeout: Duration,
 }
 
 impl Config {
@@ -68,6 +91,8 @@ impl Config {
             listen,
             bootstrap: vec![],
             idle_timeout: Duration::from_secs(300),
+            sync_queue_bytes: sync::MAX_QUEUED_BYTES,
+            sync_stall_timeout: sync::STALL_TIMEOUT,
         }
     }
 }
@@ -81,10 +106,16 @@ pub enum Event {
     Connected(PeerId),
     /// The last connection to `peer` closed.
     Disconnected(PeerId),
-    /// A sync stream to `peer` opened: start syncing documents with it.
+    /// A sync stream to `peer` opened: start syncing documents with it afresh. Follows the
+    /// previous stream's [`Event::SyncClosed`], if any.
     SyncOpened(PeerId),
-    /// The sync stream to `peer` closed: forget the sync state with it.
+    /// The sync stream to `peer` closed: forget the sync state with it. Emitted exactly once per
+    /// opened stream, after its last [`Event::SyncMessage`]; while the peers stay connected a new
+    /// stream follows ([`Event::SyncOpened`]).
     SyncClosed(PeerId),
+    /// `peer`'s sync send queue drained to its low-water mark (half the budget) after a
+    /// [`Client::send_sync`] was [`SendOutcome::Blocked`]: send again. Once per blocked spell.
+    SyncWritable(PeerId),
     /// A frame from `peer`'s sync stream (the peer is authenticated by the connection).
     SyncMessage {
         /// The peer.
@@ -173,12 +204,6 @@ pub struct Client {
     streams: sync::Streams,
 }
 
-impl std::fmt::Debug for sync::Streams {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Streams")
-    }
-}
-
 impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -220,10 +245,26 @@ impl Client {
             .is_ok()
     }
 
-    /// Sends a frame on `peer`'s sync stream without waiting; false if there is no open stream
-    /// or the peer is too far behind (see [`sync`]).
-    pub fn send_sync(&self, peer: &PeerId, frame: Vec<u8>) -> bool {
+    /// Queues a frame on `peer`'s sync stream without waiting, within the peer's send budget
+    /// (see [`sync`]). Frames reported [`SendOutcome::Queued`] are written in order unless the
+    /// stream closes first ([`Event::SyncClosed`]). On [`SendOutcome::Blocked`] the frame is not
+    /// queued: keep it and send it again after [`Event::SyncWritable`].
+    pub fn send_sync(&self, peer: &PeerId, frame: Vec<u8>) -> SendOutcome {
         self.streams.send(peer, frame)
+    }
+
+    /// The bytes that can still be queued for `peer` (a frame of `n` bytes needs
+    /// `n + sync::FRAME_HEADER_BYTES`), or None if there is no open sync stream with it.
+    pub fn sync_credit(&self, peer: &PeerId) -> Option<usize> {
+        self.streams.credit(peer)
+    }
+
+    /// Closes and reopens the sync stream with `peer`: closes the current stream as if it had
+    /// failed (both sides get [`Event::SyncClosed`], frames still queued are lost), after which
+    /// the peer with the smaller id opens a new one ([`Event::SyncOpened`] on both sides) if
+    /// they are still connected. Returns false if there was no stream.
+    pub fn reset_sync(&self, peer: &PeerId) -> bool {
+        self.streams.reset(peer)
     }
 
     /// Dials an address (which may end in `/p2p/<peer id>`).
@@ -326,12 +367,15 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
     let control = swarm.behaviour().stream.new_control();
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(EVENT_CAPACITY);
-    let streams = sync::Streams::default();
-    tokio::spawn(sync::accept(
-        control.clone(),
-        streams.clone(),
+    let streams = sync::Streams::new(
         ev_tx.clone(),
-    ));
+        sync::Limits {
+            queue_bytes: config.sync_queue_bytes,
+            stall_timeout: config.sync_stall_timeout,
+        },
+    );
+    tokio::spawn(sync::accept(control.clone(), streams.clone()));
+    let shutdown = CancellationToken::new();
     let event_loop = EventLoop {
         swarm,
         commands: cmd_rx,
@@ -339,6 +383,9 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
         control,
         streams: streams.clone(),
         dropped: Arc::new(AtomicU64::new(0)),
+        keepers: HashMap::new(),
+        shutdown: shutdown.clone(),
+        _stop_keepers: shutdown.drop_guard(),
     };
     tokio::spawn(event_loop.run());
     Ok(Net {
@@ -358,6 +405,12 @@ struct EventLoop {
     control: libp2p_stream::Control,
     streams: sync::Streams,
     dropped: Arc<AtomicU64>,
+    /// Per connected peer with a greater id, cancels the task keeping its sync stream open.
+    keepers: HashMap<PeerId, CancellationToken>,
+    /// The parent of the `keepers` tokens.
+    shutdown: CancellationToken,
+    /// Stops every keeper when the loop ends.
+    _stop_keepers: DropGuard,
 }
 
 impl EventLoop {
@@ -427,7 +480,7 @@ impl EventLoop {
                 num_established,
                 ..
             } if num_established.get() == 1 => {
-                self.ensure_sync(peer_id);
+                self.keep_sync_open(peer_id);
                 self.events
                     .send(Event::Connected(peer_id))
                     .await
@@ -438,6 +491,10 @@ impl EventLoop {
                 num_established: 0,
                 ..
             } => {
+                // The stream, if any, died with the connection and reports itself closed.
+                if let Some(keeper) = self.keepers.remove(&peer_id) {
+                    keeper.cancel();
+                }
                 self.events
                     .send(Event::Disconnected(peer_id))
                     .await
@@ -481,17 +538,21 @@ impl EventLoop {
         Ok(())
     }
 
-    /// Makes sure a sync stream to `peer` exists or is being opened: the smaller peer id opens
-    /// it, the greater accepts.
-    fn ensure_sync(&mut self, peer: PeerId) {
-        if *self.swarm.local_peer_id() >= peer || self.streams.is_open(&peer) {
+    /// Keeps a sync stream with newly connected `peer` open until it disconnects: the smaller
+    /// peer id opens it (and reopens it whenever it ends), the greater accepts.
+    fn keep_sync_open(&mut self, peer: PeerId) {
+        if *self.swarm.local_peer_id() >= peer {
             return;
         }
-        tokio::spawn(sync::open(
+        let connected = self.shutdown.child_token();
+        if let Some(old) = self.keepers.insert(peer, connected.clone()) {
+            old.cancel();
+        }
+        tokio::spawn(sync::keep_open(
             self.control.clone(),
             self.streams.clone(),
             peer,
-            self.events.clone(),
+            connected,
         ));
     }
 }

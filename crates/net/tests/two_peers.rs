@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use piecework_net::{Config, Event, Net, identity, spawn, topic_for};
+use piecework_net::{Config, Event, Net, SendOutcome, identity, spawn, topic_for};
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -59,8 +59,14 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
     )
     .await?;
 
-    assert!(a.client.send_sync(&id_b, b"hello b".to_vec()));
-    assert!(b.client.send_sync(&id_a, b"hello a".to_vec()));
+    assert_eq!(
+        a.client.send_sync(&id_b, b"hello b".to_vec()),
+        SendOutcome::Queued
+    );
+    assert_eq!(
+        b.client.send_sync(&id_a, b"hello a".to_vec()),
+        SendOutcome::Queued
+    );
     let got_b = timeout(
         WAIT,
         next_matching(&mut b, |e| match e {
@@ -79,8 +85,9 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
     )
     .await?;
     assert_eq!(got_a, (id_b, b"hello a".to_vec()));
-    assert!(
-        !a.client.send_sync(&libp2p::PeerId::random(), vec![1]),
+    assert_eq!(
+        a.client.send_sync(&libp2p::PeerId::random(), vec![1]),
+        SendOutcome::NoStream,
         "no stream to a stranger"
     );
 

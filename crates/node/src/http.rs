@@ -39,6 +39,7 @@ impl From<QueueError> for ApiError {
             QueueError::BadId(_) | QueueError::Create(_) => StatusCode::BAD_REQUEST,
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            QueueError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -50,6 +51,8 @@ impl From<SubmitError> for ApiError {
         let code = match e {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SubmitError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SubmitError::NotDurable(_) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -65,6 +68,7 @@ impl From<TaskError> for ApiError {
             }
             TaskError::NotATask(..) => StatusCode::UNPROCESSABLE_ENTITY,
             TaskError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
+            TaskError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             TaskError::Stopped => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())

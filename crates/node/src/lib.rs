@@ -1,11 +1,12 @@
 //! Piecework's node: the runtime that wires documents, routers, the worker pool and the network
 //! together with tokio, the real clock, on-disk storage and a local HTTP API.
 //!
-//! This is the only crate that owns a clock, the disk and the network. Everything stateful runs
-//! in one task, the node's *actor*: it holds the documents (a [`Replica`]), one router per
-//! queue and the pool, feeds them messages, heartbeats and the clock, and carries out their
-//! actions. [`NodeHandle`] talks to the actor over a bounded command queue; handlers run in
-//! tasks of their own and report back to it.
+//! This is the only crate that owns a clock, the disk and the network, and it decides nothing:
+//! every decision is made by a [`piecework_core::Core`], the node as a pure state machine that
+//! the simulator runs too. One task, the node's *shell*, feeds the core the clock, network
+//! messages, storage answers and handler results, and performs the I/O the core asks for
+//! (redb reads and writes, libp2p sends and dials, handler runs). [`NodeHandle`] talks to the
+//! shell over a bounded command queue; handlers run in tasks of their own and report back.
 //!
 //! # Running a node
 //!
@@ -45,38 +46,32 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
-mod actor;
-pub mod api;
 pub mod http;
 pub mod identity;
+mod shell;
 pub mod storage;
-mod wire;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use piecework_core::{Command, Reply};
 use piecework_net as net;
-use piecework_queue_doc::replica::Replica;
-use piecework_queue_doc::{PeerId, QueueConfig, QueueId, QueueView, TaskId, queue, task};
+use piecework_queue_doc::{PeerId, QueueConfig, QueueId, QueueView, TaskId};
 use piecework_router::Event as RouterEvent;
 use piecework_worker_pool::Registry;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 pub use net::Multiaddr;
-pub use wire::Wire;
+pub use piecework_core::api;
+pub use piecework_core::api::{QueueError, SubmitError, TaskError};
+pub use piecework_core::{FIND_TIMEOUT, MAX_WORKERS, REPLICATION_WAIT, Wire};
 
-/// Capacity of the actor's command queue (callers wait when it is full).
+/// Capacity of the shell's command queue (callers wait when it is full).
 pub const COMMAND_QUEUE: usize = 1024;
 /// Capacity of the [`NodeEvent`] broadcast; a receiver that lags further loses events.
 pub const EVENT_BUFFER: usize = 1024;
-/// The most workers one node runs.
-pub const MAX_WORKERS: u32 = 256;
-/// How long a submit waits for a connected peer to hold the new task.
-pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);
-/// How long a lookup waits for peers to answer.
-pub const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to start a node.
 #[derive(Debug, Clone)]
@@ -168,84 +163,6 @@ pub enum StartError {
     Runtime(std::io::Error),
 }
 
-/// A queue operation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// The id is not an `automerge:` URL.
-    #[error("not a queue id (expected automerge:<id>): {0:?}")]
-    BadId(String),
-    /// No connected peer has the queue.
-    #[error("no connected peer has queue {0} (is a member of it connected?)")]
-    NotFound(QueueId),
-    /// The document is not a queue document.
-    #[error("{0} is not a queue document")]
-    NotAQueue(QueueId),
-    /// This node is not a member of the queue.
-    #[error("this node has not joined queue {0}")]
-    NotJoined(QueueId),
-    /// The configuration cannot work.
-    #[error(transparent)]
-    Create(#[from] queue::CreateQueueError),
-    /// The document could not be written.
-    #[error(transparent)]
-    Write(#[from] queue::WriteError),
-    /// The change could not be stored.
-    #[error(transparent)]
-    Storage(#[from] storage::StorageError),
-    /// The node is stopping.
-    #[error("the node is stopping")]
-    Stopped,
-}
-
-/// Submitting a task failed; nothing was indexed.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// This node has not joined the queue.
-    #[error("this node has not joined queue {0}")]
-    NotJoined(QueueId),
-    /// The request is invalid.
-    #[error("invalid task: {0}")]
-    Invalid(String),
-    /// The task document could not be written.
-    #[error(transparent)]
-    TaskDoc(#[from] task::TaskWriteError),
-    /// The queue document refused the entry.
-    #[error(transparent)]
-    Queue(#[from] queue::SubmitError),
-    /// The change could not be stored.
-    #[error(transparent)]
-    Storage(#[from] storage::StorageError),
-    /// The node is stopping.
-    #[error("the node is stopping")]
-    Stopped,
-}
-
-/// Looking up a task failed.
-#[derive(Debug, thiserror::Error)]
-pub enum TaskError {
-    /// The id is not an `automerge:` URL.
-    #[error("not a task id (expected automerge:<id>): {0:?}")]
-    BadId(String),
-    /// Neither this node nor a connected peer has the task.
-    #[error("task {0} not found here or on any connected peer")]
-    NotFound(TaskId),
-    /// The document is not a task document.
-    #[error("{0} is not a task document: {1}")]
-    NotATask(TaskId, task::TaskReadError),
-    /// This node has not joined the task's queue.
-    #[error("task {0} belongs to queue {1}, which this node has not joined")]
-    NotJoined(TaskId, QueueId),
-    /// The task's queue does not index it (yet).
-    #[error("task {0} is not (yet) in queue {1}'s index on this node")]
-    NotIndexed(TaskId, QueueId),
-    /// The wait ended before the task did.
-    #[error("task {0} had not finished after {1:?}")]
-    Timeout(TaskId, Duration),
-    /// The node is stopping.
-    #[error("the node is stopping")]
-    Stopped,
-}
-
 /// The last six characters of a peer id, for logs and displays.
 pub fn short_peer(peer: &PeerId) -> String {
     let s = peer.as_str();
@@ -266,11 +183,10 @@ pub(crate) struct Shared {
     pub(crate) store: storage::Store,
     pub(crate) net: net::Client,
     pub(crate) registry: Registry,
-    pub(crate) workers: u32,
     pub(crate) events: broadcast::Sender<NodeEvent>,
     pub(crate) listen: RwLock<Vec<Multiaddr>>,
     pub(crate) views: RwLock<HashMap<QueueId, watch::Receiver<Arc<QueueView>>>>,
-    pub(crate) commands: mpsc::Sender<actor::Command>,
+    pub(crate) commands: mpsc::Sender<shell::Request>,
 }
 
 impl Shared {
@@ -340,16 +256,28 @@ impl Node {
             store,
             net: net.client.clone(),
             registry: config.registry.clone(),
-            workers: config.workers,
             events,
             listen: RwLock::new(vec![]),
             views: RwLock::new(HashMap::new()),
             commands,
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
-        let actor = actor::Actor::new(shared.clone(), Replica::new());
+        let t0 = piecework_core::Time {
+            mono: std::time::Instant::now(),
+            unix_ms: now_ms(),
+        };
+        let core = piecework_core::Core::new(
+            piecework_core::Config::new(
+                shared.peer.clone(),
+                incarnation,
+                config.workers,
+                rand::random(),
+            ),
+            t0,
+        );
+        let shell = shell::Shell::new(shared.clone(), core);
         tokio::spawn(tracing::Instrument::instrument(
-            actor.run(command_rx, net.events),
+            shell.run(command_rx, net.events),
             span,
         ));
         let handle = NodeHandle { shared };
@@ -412,9 +340,13 @@ impl NodeHandle {
         views.get(queue).cloned()
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> actor::Command) -> Option<T> {
-        let (tx, rx) = oneshot::channel();
-        self.shared.commands.send(make(tx)).await.ok()?;
+    async fn ask(&self, command: Command) -> Option<Reply> {
+        let (reply, rx) = oneshot::channel();
+        self.shared
+            .commands
+            .send(shell::Request { command, reply })
+            .await
+            .ok()?;
         rx.await.ok()
     }
 
@@ -424,15 +356,14 @@ impl NodeHandle {
         name: &str,
         config: Option<QueueConfig>,
     ) -> Result<QueueId, QueueError> {
-        let config = config.unwrap_or_default();
-        let name = name.to_owned();
-        self.ask(|reply| actor::Command::CreateQueue {
-            name,
-            config,
-            reply,
-        })
-        .await
-        .unwrap_or(Err(QueueError::Stopped))
+        let command = Command::CreateQueue {
+            name: name.to_owned(),
+            config: config.unwrap_or_default(),
+        };
+        match self.ask(command).await {
+            Some(Reply::Created(r)) => r,
+            _ => Err(QueueError::Stopped),
+        }
     }
 
     /// Joins a queue a connected peer has; returns its view. Waits up to [`FIND_TIMEOUT`] for
@@ -446,65 +377,51 @@ impl NodeHandle {
         id: &QueueId,
         from_peers: bool,
     ) -> Result<Arc<QueueView>, QueueError> {
-        let ask = self.ask(|reply| actor::Command::OpenQueue {
+        let command = Command::JoinQueue {
             id: id.clone(),
             from_peers,
-            reply,
-        });
-        match tokio::time::timeout(FIND_TIMEOUT, ask).await {
-            Ok(r) => r.unwrap_or(Err(QueueError::Stopped)),
-            Err(_) => Err(QueueError::NotFound(id.clone())),
+        };
+        match self.ask(command).await {
+            Some(Reply::Joined(r)) => r,
+            _ => Err(QueueError::Stopped),
         }
     }
 
     /// Pauses (or resumes) routing of a queue, for every router.
     pub async fn set_paused(&self, queue: &QueueId, paused: bool) -> Result<(), QueueError> {
-        let queue = queue.clone();
-        self.ask(|reply| actor::Command::SetPaused {
-            queue,
+        let command = Command::SetPaused {
+            queue: queue.clone(),
             paused,
-            reply,
-        })
-        .await
-        .unwrap_or(Err(QueueError::Stopped))
+        };
+        match self.ask(command).await {
+            Some(Reply::Paused(r)) => r,
+            _ => Err(QueueError::Stopped),
+        }
     }
 
     /// Submits a task: creates its task document and indexes it in the queue. Returns once both
-    /// are on disk and, when a peer is connected, once one peer holds both too (up to
-    /// [`REPLICATION_WAIT`]; `replicated` says whether that happened), so that the task
-    /// survives this node dying right after.
+    /// are on disk (with every earlier change of both documents) and, when a member of the queue
+    /// is connected, once one holds both too (up to [`REPLICATION_WAIT`]; `replicated` says
+    /// whether that happened), so that the task survives this node dying right after. A task
+    /// that cannot be written to disk is answered [`SubmitError::NotDurable`].
     pub async fn submit(
         &self,
         queue: &QueueId,
         req: api::SubmitTask,
     ) -> Result<api::Submitted, SubmitError> {
-        if req.kind.trim().is_empty() {
-            return Err(SubmitError::Invalid("the kind is empty".into()));
+        let command = Command::Submit {
+            queue: queue.clone(),
+            task: req,
+        };
+        match self.ask(command).await {
+            Some(Reply::Submitted(r)) => r,
+            _ => Err(SubmitError::Stopped),
         }
-        if req.priority.abs() > queue::MAX_PRIORITY {
-            return Err(SubmitError::Invalid(format!(
-                "priority {} is outside [-{max}, {max}]",
-                req.priority,
-                max = queue::MAX_PRIORITY
-            )));
-        }
-        let queue = queue.clone();
-        self.ask(|reply| actor::Command::Submit { queue, req, reply })
-            .await
-            .unwrap_or(Err(SubmitError::Stopped))
     }
 
     /// A task's status: its state per this node's replica of its queue, its attempts and runs.
     pub async fn task_status(&self, id: &TaskId) -> Result<api::TaskStatus, TaskError> {
-        let ask = self.ask(|reply| actor::Command::TaskStatus {
-            task: id.clone(),
-            wait: false,
-            reply,
-        });
-        match tokio::time::timeout(FIND_TIMEOUT, ask).await {
-            Ok(r) => r.unwrap_or(Err(TaskError::Stopped)),
-            Err(_) => Err(TaskError::NotFound(id.clone())),
-        }
+        self.task(id, None).await
     }
 
     /// Waits until the task succeeds or fails for good (and, on success, until this node has
@@ -514,14 +431,21 @@ impl NodeHandle {
         id: &TaskId,
         timeout: Duration,
     ) -> Result<api::TaskStatus, TaskError> {
-        let ask = self.ask(|reply| actor::Command::TaskStatus {
+        self.task(id, Some(timeout)).await
+    }
+
+    async fn task(
+        &self,
+        id: &TaskId,
+        wait: Option<Duration>,
+    ) -> Result<api::TaskStatus, TaskError> {
+        let command = Command::TaskStatus {
             task: id.clone(),
-            wait: true,
-            reply,
-        });
-        match tokio::time::timeout(timeout, ask).await {
-            Ok(r) => r.unwrap_or(Err(TaskError::Stopped)),
-            Err(_) => Err(TaskError::Timeout(id.clone(), timeout)),
+            wait,
+        };
+        match self.ask(command).await {
+            Some(Reply::Task(r)) => *r,
+            _ => Err(TaskError::Stopped),
         }
     }
 
@@ -533,39 +457,18 @@ impl NodeHandle {
             .info()
             .await
             .map_err(|_| QueueError::Stopped)?;
-        let actor = self
-            .ask(|reply| actor::Command::Status { reply })
-            .await
-            .ok_or(QueueError::Stopped)?;
-        let queues = actor
-            .queues
-            .into_iter()
-            .map(|(id, role)| {
-                let view = self
-                    .watch_queue(&id)
-                    .map(|v| v.borrow().clone())
-                    .unwrap_or_default();
-                api::QueueStatus {
-                    id,
-                    name: view.name.clone(),
-                    router: view.router.clone(),
-                    role,
-                    members: view.members.len(),
-                    paused: view.paused,
-                    tasks: view.counts(),
-                    config: view.config.clone(),
-                }
-            })
-            .collect();
+        let Some(Reply::Status(status)) = self.ask(Command::Status).await else {
+            return Err(QueueError::Stopped);
+        };
         Ok(api::NodeStatus {
             peer_id: self.shared.peer.to_string(),
             incarnation: self.shared.incarnation,
             listen: self.shared.advertised(),
             connected: info.connected.iter().map(ToString::to_string).collect(),
             kinds: self.shared.registry.kinds().map(str::to_owned).collect(),
-            queues,
-            workers: actor.workers,
-            documents_loaded: actor.documents_loaded,
+            queues: status.queues,
+            workers: status.workers,
+            documents_loaded: status.documents_loaded,
         })
     }
 }

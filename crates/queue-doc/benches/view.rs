@@ -51,6 +51,7 @@ fn views(c: &mut Criterion) {
                             claim: claim.clone(),
                         },
                         worker: worker.clone(),
+                        incarnation: 1,
                     };
                     queue::record_assignments(&mut doc, &[a], 1).expect("assign");
                     cache.refresh(&doc).map(|v| v.tasks.len())

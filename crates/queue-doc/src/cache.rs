@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use automerge::legacy::{Key, ObjectId, OpId};
-use automerge::{ActorId, Automerge, ChangeHash, ObjId, ObjType, ReadDoc};
+use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc};
 
 use crate::ids::TaskId;
 use crate::keys;
@@ -49,6 +49,12 @@ pub struct ViewCache {
     /// Every object inside a task entry (the entry, its attempts list, attempts, their start
     /// and end records) → the task.
     owners: HashMap<ObjKey, TaskId>,
+    /// Router claims ignored by the last root read.
+    root_malformed: usize,
+    /// Malformed records per task (the entry itself, or its attempts), for the tasks that have
+    /// any: the view's count is their sum plus `root_malformed`, so that re-reading a task
+    /// replaces its share instead of adding to it.
+    task_malformed: HashMap<TaskId, usize>,
     stats: CacheStats,
 }
 
@@ -88,11 +94,13 @@ impl ViewCache {
     fn full(&mut self, doc: &Automerge) -> bool {
         self.stats.full_reads += 1;
         self.owners.clear();
+        self.task_malformed.clear();
         let mut view = QueueView::default();
-        let Some(tasks) = read_root(doc, &mut view) else {
+        let Some((tasks, bad_claims)) = read_root(doc, &mut view) else {
             self.tasks_obj = None;
             return false;
         };
+        self.root_malformed = bad_claims;
         self.tasks_obj = tasks.as_ref().and_then(key_of);
         self.tasks_exid = tasks.clone();
         if let Some(tasks) = tasks {
@@ -104,16 +112,25 @@ impl ViewCache {
                         owners.insert(k, id.clone());
                     }
                 };
-                match read_task_entry(doc, &item.id(), id.clone(), &mut view.malformed, &mut own) {
+                let mut bad = 0;
+                match read_task_entry(doc, &item.id(), id.clone(), &mut bad, &mut own) {
                     Some(entry) => {
-                        view.tasks.insert(id, entry);
+                        view.tasks.insert(id.clone(), entry);
                     }
-                    None => view.malformed += 1,
+                    None => bad += 1,
+                }
+                if bad > 0 {
+                    self.task_malformed.insert(id, bad);
                 }
             }
         }
+        self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));
         true
+    }
+
+    fn set_malformed(&self, view: &mut QueueView) {
+        view.malformed = self.root_malformed + self.task_malformed.values().sum::<usize>();
     }
 
     fn incremental(&mut self, doc: &Automerge) -> bool {
@@ -159,35 +176,46 @@ impl ViewCache {
         }
         self.stats.incremental += 1;
         let mut view = QueueView::clone(self.view.as_deref().expect("incremental needs a view"));
-        if root && read_root(doc, &mut view).is_none() {
-            return false;
+        if root {
+            match read_root(doc, &mut view) {
+                Some((_, bad_claims)) => self.root_malformed = bad_claims,
+                None => return false,
+            }
         }
         let tasks = self.tasks_exid.clone();
         for id in dirty {
             self.stats.tasks_reread += 1;
-            let entry_obj = tasks
+            // As in a full read: a key whose value is no readable task entry is malformed.
+            let value = tasks
                 .as_ref()
-                .and_then(|t| match doc.get(t, id.as_str()).ok()? {
-                    Some((automerge::Value::Object(ObjType::Map), o)) => Some(o),
-                    _ => None,
-                });
+                .and_then(|t| doc.get(t, id.as_str()).ok().flatten());
             let owners = &mut self.owners;
             let mut own = |o: &ObjId| {
                 if let Some(k) = key_of(o) {
                     owners.insert(k, id.clone());
                 }
             };
-            match entry_obj
-                .and_then(|o| read_task_entry(doc, &o, id.clone(), &mut view.malformed, &mut own))
-            {
-                Some(entry) => {
-                    view.tasks.insert(id, entry);
-                }
+            let mut bad = 0;
+            match value {
+                Some((_, o)) => match read_task_entry(doc, &o, id.clone(), &mut bad, &mut own) {
+                    Some(entry) => {
+                        view.tasks.insert(id.clone(), entry);
+                    }
+                    None => {
+                        bad += 1;
+                        view.tasks.remove(&id);
+                    }
+                },
                 None => {
                     view.tasks.remove(&id);
                 }
             }
+            match bad {
+                0 => self.task_malformed.remove(&id),
+                _ => self.task_malformed.insert(id, bad),
+            };
         }
+        self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));
         true
     }

@@ -33,6 +33,28 @@ impl Order {
 /// A queue's timings and scheduling limits. All durations are in milliseconds.
 ///
 /// The defaults suit a LAN: a router heartbeat every 500 ms, takeover after 2.5 s of silence.
+///
+/// # Ranges
+///
+/// The configuration lives in the queue document, where any member can write any value. Every
+/// field therefore has a documented range, and readers clamp what they read into it
+/// ([`QueueConfig::clamped`]; [`QueueView::read`](crate::QueueView::read) does so), so that every
+/// replica computes the same timers from the same document and no value can overflow a timer,
+/// busy-loop a node or flood the network. [`QueueConfig::validate`] refuses values outside the
+/// ranges, so a valid configuration reads back unchanged.
+///
+/// | field | min | max |
+/// |---|---|---|
+/// | `heartbeat_ms` | [`MIN_HEARTBEAT_MS`](Self::MIN_HEARTBEAT_MS) (10 ms) | [`MAX_HEARTBEAT_MS`](Self::MAX_HEARTBEAT_MS) (60 s) |
+/// | `takeover_after_ms` | 2 × `heartbeat_ms` | [`MAX_TAKEOVER_AFTER_MS`](Self::MAX_TAKEOVER_AFTER_MS) (10 min) |
+/// | `settle_ms` | [`MIN_SETTLE_MS`](Self::MIN_SETTLE_MS) (1 ms) | [`MAX_SETTLE_MS`](Self::MAX_SETTLE_MS) (60 s) |
+/// | `pool_heartbeat_ms` | [`MIN_POOL_HEARTBEAT_MS`](Self::MIN_POOL_HEARTBEAT_MS) (10 ms) | [`MAX_POOL_HEARTBEAT_MS`](Self::MAX_POOL_HEARTBEAT_MS) (60 s) |
+/// | `lease_ms` | 2 × `pool_heartbeat_ms` | [`MAX_LEASE_MS`](Self::MAX_LEASE_MS) (24 h) |
+/// | `max_attempts` | [`MIN_MAX_ATTEMPTS`](Self::MIN_MAX_ATTEMPTS) (1) | [`MAX_MAX_ATTEMPTS`](Self::MAX_MAX_ATTEMPTS) (1,000) |
+/// | `retry_backoff_ms` | [`MIN_RETRY_BACKOFF_MS`](Self::MIN_RETRY_BACKOFF_MS) (1 ms) | [`MAX_RETRY_BACKOFF_MS`](Self::MAX_RETRY_BACKOFF_MS) (24 h) |
+/// | `retry_backoff_max_ms` | `retry_backoff_ms` | [`MAX_RETRY_BACKOFF_MS`](Self::MAX_RETRY_BACKOFF_MS) (24 h) |
+/// | `concurrency` | 0 (no limit) | [`MAX_CONCURRENCY`](Self::MAX_CONCURRENCY) (1,000,000) |
+/// | `rate_interval_ms` | 0 (no limit) | [`MAX_RATE_INTERVAL_MS`](Self::MAX_RATE_INTERVAL_MS) (24 h) |
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct QueueConfig {
@@ -85,6 +107,18 @@ pub enum ConfigError {
     /// A timing was zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// A value was outside its documented range (see [`QueueConfig`]).
+    #[error("{field} ({value}) must be between {min} and {max}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// The configured value.
+        value: u64,
+        /// The least allowed value.
+        min: u64,
+        /// The greatest allowed value.
+        max: u64,
+    },
     /// Followers would take over from a router that is merely between two heartbeats.
     #[error(
         "takeover_after_ms ({takeover}) must be at least twice heartbeat_ms ({heartbeat}), or a healthy router would be deposed"
@@ -103,10 +137,59 @@ pub enum ConfigError {
         /// The configured pool heartbeat interval.
         pool_heartbeat: u64,
     },
+    /// The retry delay's cap is below its base.
+    #[error("retry_backoff_max_ms ({max}) must be at least retry_backoff_ms ({base})")]
+    BackoffCapBelowBase {
+        /// The configured first retry delay.
+        base: u64,
+        /// The configured longest retry delay.
+        max: u64,
+    },
 }
 
+// The relative minimums must fit under the absolute maximums, or clamping could not satisfy both.
+const _: () = assert!(2 * QueueConfig::MAX_HEARTBEAT_MS <= QueueConfig::MAX_TAKEOVER_AFTER_MS);
+const _: () = assert!(2 * QueueConfig::MAX_POOL_HEARTBEAT_MS <= QueueConfig::MAX_LEASE_MS);
+
 impl QueueConfig {
-    /// Checks that the timings can work together.
+    /// The shortest router heartbeat interval: a faster one would spend a node's time and the
+    /// network's bandwidth on heartbeats (zero would busy-loop and flood gossip).
+    pub const MIN_HEARTBEAT_MS: u64 = 10;
+    /// The longest router heartbeat interval: beyond a minute a dead router goes unnoticed for
+    /// too long.
+    pub const MAX_HEARTBEAT_MS: u64 = 60_000;
+    /// The longest takeover delay (10 minutes); the shortest is twice `heartbeat_ms`, so that a
+    /// healthy router is not deposed between two heartbeats.
+    pub const MAX_TAKEOVER_AFTER_MS: u64 = 600_000;
+    /// The shortest settle wait: it must be positive for the claim to have a chance to
+    /// propagate before the recheck.
+    pub const MIN_SETTLE_MS: u64 = 1;
+    /// The longest settle wait: a queue without an active router for longer serves nobody.
+    pub const MAX_SETTLE_MS: u64 = 60_000;
+    /// The shortest pool heartbeat interval, for the same reasons as
+    /// [`MIN_HEARTBEAT_MS`](Self::MIN_HEARTBEAT_MS).
+    pub const MIN_POOL_HEARTBEAT_MS: u64 = 10;
+    /// The longest pool heartbeat interval: a new router waits one before routing.
+    pub const MAX_POOL_HEARTBEAT_MS: u64 = 60_000;
+    /// The longest lease (24 hours); the shortest is twice `pool_heartbeat_ms`, so that tasks
+    /// are not re-routed away from healthy pools.
+    pub const MAX_LEASE_MS: u64 = 86_400_000;
+    /// The fewest attempts a task gets: it must be allowed to run once.
+    pub const MIN_MAX_ATTEMPTS: u32 = 1;
+    /// The most attempts a task gets: each one is kept in the queue document forever.
+    pub const MAX_MAX_ATTEMPTS: u32 = 1_000;
+    /// The shortest first retry delay: a positive one keeps a failing task from spinning.
+    pub const MIN_RETRY_BACKOFF_MS: u64 = 1;
+    /// The longest retry delay (24 hours), first or capped; it bounds every timer computed
+    /// from a retry.
+    pub const MAX_RETRY_BACKOFF_MS: u64 = 86_400_000;
+    /// The longest rate interval (24 hours): one task a day.
+    pub const MAX_RATE_INTERVAL_MS: u64 = 86_400_000;
+    /// The greatest concurrency limit (0 means no limit); far beyond any real pool.
+    pub const MAX_CONCURRENCY: u32 = 1_000_000;
+
+    /// Checks that every value is within its range (see [`QueueConfig`]) and that the timings
+    /// can work together.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (name, v) in [
             ("heartbeat_ms", self.heartbeat_ms),
@@ -115,24 +198,142 @@ impl QueueConfig {
             ("pool_heartbeat_ms", self.pool_heartbeat_ms),
             ("lease_ms", self.lease_ms),
             ("max_attempts", u64::from(self.max_attempts)),
+            ("retry_backoff_ms", self.retry_backoff_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
             }
         }
-        if self.takeover_after_ms < 2 * self.heartbeat_ms {
+        let range = |field, value: u64, min: u64, max: u64| match (min..=max).contains(&value) {
+            true => Ok(()),
+            false => Err(ConfigError::OutOfRange {
+                field,
+                value,
+                min,
+                max,
+            }),
+        };
+        range(
+            "heartbeat_ms",
+            self.heartbeat_ms,
+            Self::MIN_HEARTBEAT_MS,
+            Self::MAX_HEARTBEAT_MS,
+        )?;
+        range(
+            "settle_ms",
+            self.settle_ms,
+            Self::MIN_SETTLE_MS,
+            Self::MAX_SETTLE_MS,
+        )?;
+        range(
+            "pool_heartbeat_ms",
+            self.pool_heartbeat_ms,
+            Self::MIN_POOL_HEARTBEAT_MS,
+            Self::MAX_POOL_HEARTBEAT_MS,
+        )?;
+        range(
+            "max_attempts",
+            u64::from(self.max_attempts),
+            u64::from(Self::MIN_MAX_ATTEMPTS),
+            u64::from(Self::MAX_MAX_ATTEMPTS),
+        )?;
+        range(
+            "retry_backoff_ms",
+            self.retry_backoff_ms,
+            Self::MIN_RETRY_BACKOFF_MS,
+            Self::MAX_RETRY_BACKOFF_MS,
+        )?;
+        range(
+            "rate_interval_ms",
+            self.rate_interval_ms,
+            0,
+            Self::MAX_RATE_INTERVAL_MS,
+        )?;
+        range(
+            "concurrency",
+            u64::from(self.concurrency),
+            0,
+            u64::from(Self::MAX_CONCURRENCY),
+        )?;
+        if self.takeover_after_ms < self.heartbeat_ms.saturating_mul(2) {
             return Err(ConfigError::TakeoverTooShort {
                 takeover: self.takeover_after_ms,
                 heartbeat: self.heartbeat_ms,
             });
         }
-        if self.lease_ms < 2 * self.pool_heartbeat_ms {
+        range(
+            "takeover_after_ms",
+            self.takeover_after_ms,
+            self.heartbeat_ms.saturating_mul(2),
+            Self::MAX_TAKEOVER_AFTER_MS,
+        )?;
+        if self.lease_ms < self.pool_heartbeat_ms.saturating_mul(2) {
             return Err(ConfigError::LeaseTooShort {
                 lease: self.lease_ms,
                 pool_heartbeat: self.pool_heartbeat_ms,
             });
         }
+        range(
+            "lease_ms",
+            self.lease_ms,
+            self.pool_heartbeat_ms.saturating_mul(2),
+            Self::MAX_LEASE_MS,
+        )?;
+        if self.retry_backoff_max_ms < self.retry_backoff_ms {
+            return Err(ConfigError::BackoffCapBelowBase {
+                base: self.retry_backoff_ms,
+                max: self.retry_backoff_max_ms,
+            });
+        }
+        range(
+            "retry_backoff_max_ms",
+            self.retry_backoff_max_ms,
+            self.retry_backoff_ms,
+            Self::MAX_RETRY_BACKOFF_MS,
+        )?;
         Ok(())
+    }
+
+    /// This configuration with every field clamped into its range (see [`QueueConfig`]): the
+    /// absolute ranges first, then the relative minimums (`takeover_after_ms` at least twice the
+    /// clamped `heartbeat_ms`, `lease_ms` at least twice the clamped `pool_heartbeat_ms`,
+    /// `retry_backoff_max_ms` at least the clamped `retry_backoff_ms`).
+    ///
+    /// The result always passes [`QueueConfig::validate`], and a configuration that passes it
+    /// is returned unchanged. Pure: every replica clamps a document's values the same way.
+    pub fn clamped(self) -> QueueConfig {
+        let heartbeat_ms = self
+            .heartbeat_ms
+            .clamp(Self::MIN_HEARTBEAT_MS, Self::MAX_HEARTBEAT_MS);
+        let pool_heartbeat_ms = self
+            .pool_heartbeat_ms
+            .clamp(Self::MIN_POOL_HEARTBEAT_MS, Self::MAX_POOL_HEARTBEAT_MS);
+        let retry_backoff_ms = self
+            .retry_backoff_ms
+            .clamp(Self::MIN_RETRY_BACKOFF_MS, Self::MAX_RETRY_BACKOFF_MS);
+        QueueConfig {
+            heartbeat_ms,
+            takeover_after_ms: self
+                .takeover_after_ms
+                .clamp(2 * heartbeat_ms, Self::MAX_TAKEOVER_AFTER_MS),
+            settle_ms: self
+                .settle_ms
+                .clamp(Self::MIN_SETTLE_MS, Self::MAX_SETTLE_MS),
+            pool_heartbeat_ms,
+            lease_ms: self
+                .lease_ms
+                .clamp(2 * pool_heartbeat_ms, Self::MAX_LEASE_MS),
+            max_attempts: self
+                .max_attempts
+                .clamp(Self::MIN_MAX_ATTEMPTS, Self::MAX_MAX_ATTEMPTS),
+            retry_backoff_ms,
+            retry_backoff_max_ms: self
+                .retry_backoff_max_ms
+                .clamp(retry_backoff_ms, Self::MAX_RETRY_BACKOFF_MS),
+            concurrency: self.concurrency.min(Self::MAX_CONCURRENCY),
+            rate_interval_ms: self.rate_interval_ms.min(Self::MAX_RATE_INTERVAL_MS),
+            order: self.order,
+        }
     }
 
     /// The delay before retrying after `failures` failed attempts (`failures >= 1`):
@@ -169,6 +370,47 @@ mod tests {
             ..QueueConfig::default()
         };
         assert_eq!(c.validate(), Err(ConfigError::Zero("settle_ms")));
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_and_clamped() {
+        let c = QueueConfig {
+            heartbeat_ms: QueueConfig::MAX_HEARTBEAT_MS + 1,
+            takeover_after_ms: u64::MAX,
+            ..QueueConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::OutOfRange {
+                field: "heartbeat_ms",
+                ..
+            })
+        ));
+        let clamped = c.clamped();
+        assert_eq!(clamped.heartbeat_ms, QueueConfig::MAX_HEARTBEAT_MS);
+        assert_eq!(
+            clamped.takeover_after_ms,
+            QueueConfig::MAX_TAKEOVER_AFTER_MS
+        );
+        clamped.validate().unwrap();
+        let c = QueueConfig {
+            retry_backoff_ms: 5_000,
+            retry_backoff_max_ms: 1_000,
+            ..QueueConfig::default()
+        };
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::BackoffCapBelowBase {
+                base: 5_000,
+                max: 1_000
+            })
+        );
+        assert_eq!(c.clamped().retry_backoff_max_ms, 5_000);
+        assert_eq!(
+            QueueConfig::default().clamped(),
+            QueueConfig::default(),
+            "a valid config is left as it is"
+        );
     }
 
     #[test]

@@ -5,31 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// A peer's identity as text (a libp2p peer id in the running system).
-///
-/// Peers are ordered by their text; the order breaks ties between router claims of the same
-/// term, so every replica must compare the same way.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PeerId(String);
-
-impl PeerId {
-    /// Wraps a peer id's text.
-    pub fn new(id: impl Into<String>) -> Self {
-        PeerId(id.into())
-    }
-
-    /// The peer id's text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for PeerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use piecework_replica::PeerId;
 
 /// A task worker: the index of a worker slot in a peer's pool.
 ///
@@ -122,6 +98,18 @@ impl fmt::Display for QueueId {
     }
 }
 
+/// The greatest router term a claim may have (2^48).
+///
+/// A term grows by one per takeover: at one takeover per millisecond, an honest queue would
+/// need almost 9,000 years to reach this. A greater term can only come from a faulty or hostile
+/// peer, and it would be unbeatable (nobody could out-claim it) and make `term + 1` overflow.
+/// So claims above it are ignored when a queue document is read (and counted in
+/// [`QueueView::malformed`](crate::QueueView::malformed)), attempts made under such a claim are
+/// malformed, [`queue::claim_router`](crate::queue::claim_router) refuses to write one, and
+/// routers and pools ignore heartbeats that carry one. A router that knows of a claim at this
+/// term does not claim.
+pub const MAX_TERM: u64 = 1 << 48;
+
 /// A router's claim on a queue: its term and its peer.
 ///
 /// Claims are ordered by `(term, peer)`. The *effective router* of a queue is the greatest claim
@@ -130,7 +118,8 @@ impl fmt::Display for QueueId {
 /// is refused.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Claim {
-    /// The router term: one more than the effective term its claimant had seen.
+    /// The router term: one more than the effective term its claimant had seen; at most
+    /// [`MAX_TERM`].
     pub term: u64,
     /// The claimant.
     pub peer: PeerId,
@@ -140,6 +129,11 @@ impl Claim {
     /// A claim of `peer` at `term`.
     pub fn new(term: u64, peer: PeerId) -> Self {
         Claim { term, peer }
+    }
+
+    /// Whether the term is at most [`MAX_TERM`]: only such claims count.
+    pub fn is_valid(&self) -> bool {
+        self.term <= MAX_TERM
     }
 }
 

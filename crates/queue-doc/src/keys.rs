@@ -34,6 +34,9 @@ pub(crate) const ATTEMPTS: &str = "attempts";
 pub(crate) const N: &str = "n";
 pub(crate) const WORKER: &str = "worker";
 pub(crate) const ASSIGNED_AT: &str = "assigned_at";
+/// The incarnation of the worker's pool an assignment is addressed to (absent in attempts
+/// written before assignments named one).
+pub(crate) const POOL_INCARNATION: &str = "pool_incarnation";
 pub(crate) const START: &str = "start";
 pub(crate) const FINISH: &str = "finish";
 pub(crate) const AT: &str = "at";

@@ -2,7 +2,7 @@
 //!
 //! This crate is pure: it reads no clock and no random source, and does no I/O. Callers pass
 //! wall-clock times (`now_ms`, unix milliseconds) and own the documents; the same functions run
-//! inside a node (on documents held by its [`replica::Replica`]) and inside the simulator.
+//! inside a node (on documents held by its `piecework_replica::Replica`) and inside the simulator.
 //!
 //! # The documents
 //!
@@ -34,6 +34,16 @@
 //!   Since attempts only accumulate, a final state never turns back into a pending one.
 //! - Tasks are never removed from the index by this version.
 //!
+//! # Values from peers
+//!
+//! Any member can write any value, so readers validate what they read, the same way on every
+//! replica: the [`QueueConfig`] is clamped into its documented ranges
+//! ([`QueueConfig::clamped`]), router claims above [`MAX_TERM`] are ignored and attempts made
+//! under one are malformed (both counted in [`QueueView::malformed`]), and priorities and
+//! per-task attempt limits are clamped. Each attempt names the pool incarnation it is
+//! addressed to ([`Attempt::pool_incarnation`]), so a restarted node never starts an
+//! assignment made to its earlier life.
+//!
 //! ```
 //! use automerge::Automerge;
 //! use piecework_queue_doc::{queue, PeerId, QueueConfig, QueueView, Submission, TaskId, TaskState};
@@ -63,14 +73,13 @@ mod config;
 mod ids;
 mod keys;
 pub mod queue;
-pub mod replica;
 pub mod task;
 mod view;
 
 pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use cache::{CacheStats, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
-pub use ids::{AttemptId, BadWorkerId, Claim, PeerId, QueueId, TaskId, WorkerId};
+pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use queue::{Assignment, Submission};
 pub use view::{
     Attempt, AttemptOutcome, Finished, Member, QueueView, Started, StateCounts, TaskEntry,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::am;
 use crate::config::QueueConfig;
-use crate::ids::{AttemptId, Claim, PeerId, TaskId, WorkerId};
+use crate::ids::{AttemptId, Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
 use crate::view::{AttemptOutcome, read_finished, read_started};
 
@@ -39,6 +39,10 @@ pub struct Assignment {
     pub attempt: AttemptId,
     /// The worker that is to run it.
     pub worker: WorkerId,
+    /// The incarnation of the worker's pool this assignment is addressed to: the one in the
+    /// pool heartbeat the router based it on. A pool of another incarnation (a restarted node
+    /// that finds an assignment made to its earlier life) refuses it instead of starting it.
+    pub incarnation: u64,
 }
 
 /// Relative priorities are clamped to this magnitude.
@@ -64,6 +68,9 @@ pub enum WriteError {
     /// The document is not a queue document.
     #[error("not a queue document")]
     NotAQueue,
+    /// The claim's term is above [`MAX_TERM`]: readers would ignore it.
+    #[error("router term {0} is above the maximum {MAX_TERM}")]
+    TermTooLarge(u64),
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -98,6 +105,10 @@ pub enum AssignError {
     /// The task already has an attempt with this id.
     #[error("task {0} already has attempt {1}")]
     DuplicateAttempt(TaskId, AttemptId),
+    /// The attempt's router term is above [`MAX_TERM`]: readers would count the attempt as
+    /// malformed.
+    #[error("router term {0} is above the maximum {MAX_TERM}")]
+    TermTooLarge(u64),
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -240,8 +251,12 @@ pub fn set_member(
 }
 
 /// Writes `claim` as the queue's router (step one of the takeover protocol). Concurrent claims
-/// coexist as conflicting values; the greatest `(term, peer)` among them is effective.
+/// coexist as conflicting values; the greatest `(term, peer)` among them is effective. A term
+/// above [`MAX_TERM`] is refused.
 pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(), WriteError> {
+    if !claim.is_valid() {
+        return Err(WriteError::TermTooLarge(claim.term));
+    }
     commit(doc, |tx| {
         if !is_queue(tx) {
             return Err(WriteError::NotAQueue);
@@ -267,6 +282,8 @@ pub fn set_paused(doc: &mut Automerge, paused: bool) -> Result<(), WriteError> {
 
 /// Indexes a task in the queue. The queue's `max_attempts` applies unless the submission says
 /// otherwise, and is fixed into the entry so later config changes cannot revive a dead task.
+/// Like the queue's, it is clamped to
+/// `[QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS]`.
 pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
     if s.kind.is_empty() {
         return Err(SubmitError::EmptyKind);
@@ -274,7 +291,7 @@ pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
     let max_attempts = s
         .max_attempts
         .unwrap_or_else(|| crate::QueueView::read(doc).map_or(1, |v| v.config.max_attempts))
-        .max(1);
+        .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
     commit(doc, |tx| {
         if !is_queue(tx) {
             return Err(SubmitError::NotAQueue);
@@ -325,7 +342,8 @@ fn find_attempt(tx: &Transaction<'_>, entry: &ObjId, id: &AttemptId) -> Option<O
         })
 }
 
-/// Records a round of assignments in one change.
+/// Records a round of assignments in one change, each with the pool incarnation it is
+/// addressed to.
 pub fn record_assignments(
     doc: &mut Automerge,
     assignments: &[Assignment],
@@ -333,6 +351,9 @@ pub fn record_assignments(
 ) -> Result<(), AssignError> {
     if assignments.is_empty() {
         return Ok(());
+    }
+    if let Some(a) = assignments.iter().find(|a| !a.attempt.claim.is_valid()) {
+        return Err(AssignError::TermTooLarge(a.attempt.claim.term));
     }
     commit(doc, |tx| {
         if !is_queue(tx) {
@@ -354,6 +375,7 @@ pub fn record_assignments(
             tx.put(&obj, keys::TERM, a.attempt.claim.term)?;
             tx.put(&obj, keys::ROUTER, a.attempt.claim.peer.as_str())?;
             tx.put(&obj, keys::WORKER, a.worker.to_string())?;
+            tx.put(&obj, keys::POOL_INCARNATION, a.incarnation)?;
             tx.put(&obj, keys::ASSIGNED_AT, now_ms)?;
         }
         Ok(())

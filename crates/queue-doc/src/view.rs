@@ -12,6 +12,7 @@ use crate::am;
 use crate::config::{Order, QueueConfig};
 use crate::ids::{AttemptId, Claim, PeerId, TaskId, WorkerId};
 use crate::keys;
+use crate::queue::MAX_PRIORITY;
 
 /// How an attempt ended.
 ///
@@ -84,6 +85,10 @@ pub struct Attempt {
     pub id: AttemptId,
     /// The worker it was assigned to.
     pub worker: WorkerId,
+    /// The incarnation of the worker's pool the assignment is addressed to (the one the router
+    /// had heard from). A pool of another incarnation never starts it. `None` in attempts
+    /// written before assignments named an incarnation.
+    pub pool_incarnation: Option<u64>,
     /// Wall-clock time of the assignment (unix ms, the router's clock).
     pub assigned_at: u64,
     /// Set once the worker started it.
@@ -263,7 +268,8 @@ pub struct QueueView {
     pub config: QueueConfig,
     /// The effective router: the greatest claim among the router record's concurrent values.
     pub router: Option<Claim>,
-    /// Every concurrent value of the router record.
+    /// Every concurrent value of the router record, except claims above
+    /// [`MAX_TERM`](crate::MAX_TERM) (ignored, and counted in [`QueueView::malformed`]).
     pub claims: Vec<Claim>,
     /// Members by peer.
     pub members: BTreeMap<PeerId, Member>,
@@ -271,7 +277,8 @@ pub struct QueueView {
     pub paused: bool,
     /// Every indexed task by id.
     pub tasks: BTreeMap<TaskId, TaskEntry>,
-    /// Task entries or attempts that could not be read (written by a faulty or hostile peer).
+    /// Task entries, attempts and router claims that could not be read or were ignored (written
+    /// by a faulty or hostile peer).
     pub malformed: usize,
 }
 
@@ -292,13 +299,15 @@ pub struct StateCounts {
 
 impl QueueView {
     /// Reads a queue document. Returns `None` if the document is not a queue document.
-    /// Malformed task entries are skipped and counted in [`QueueView::malformed`].
+    /// Malformed task entries are skipped and counted in [`QueueView::malformed`]; the
+    /// configuration is read [clamped](QueueConfig::clamped) into its ranges.
     ///
     /// This reads the whole document; [`crate::ViewCache`] keeps a view up to date at the cost
     /// of the changes since its last read.
     pub fn read(doc: &Automerge) -> Option<QueueView> {
         let mut view = QueueView::default();
-        let tasks = read_root(doc, &mut view)?;
+        let (tasks, bad_claims) = read_root(doc, &mut view)?;
+        view.malformed += bad_claims;
         if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
@@ -372,9 +381,10 @@ impl QueueView {
     }
 }
 
-/// Reads everything but the tasks into `view`; returns the tasks map's id (`None` inside if
-/// the document has none), or `None` if the document is not a queue.
-pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<Option<ObjId>> {
+/// Reads everything but the tasks into `view`; returns the tasks map's id (`None` if the
+/// document has none) and the number of router claims ignored as malformed (the caller counts
+/// them in [`QueueView::malformed`]), or `None` if the document is not a queue.
+pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option<ObjId>, usize)> {
     let mut schema_ok = false;
     let mut tasks = None;
     let mut config = None;
@@ -396,7 +406,8 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<Option<
         return None;
     }
     view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
-    view.claims = read_claims(doc);
+    let (claims, bad_claims) = read_claims(doc);
+    view.claims = claims;
     view.router = view.claims.iter().max().cloned();
     view.members.clear();
     if let Some(members) = members {
@@ -421,9 +432,11 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<Option<
             view.members.insert(PeerId::new(item.key.as_ref()), m);
         }
     }
-    Some(tasks)
+    Some((tasks, bad_claims))
 }
 
+/// The configuration as written, [clamped](QueueConfig::clamped) into its ranges: every replica
+/// derives the same timers from the same document, whatever a peer wrote.
 fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
     let mut c = QueueConfig::default();
     for item in doc.map_range(obj, ..) {
@@ -445,18 +458,27 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
             _ => {}
         }
     }
-    c
+    c.clamped()
 }
 
-pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> Vec<Claim> {
-    am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map)
+/// Every concurrent router claim, and how many were ignored: unreadable, or above
+/// [`MAX_TERM`](crate::MAX_TERM).
+pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
+    let mut bad = 0;
+    let claims = am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map)
         .into_iter()
         .filter_map(|obj| {
-            let term = am::uint(doc, &obj, keys::TERM)?;
-            let peer = am::string(doc, &obj, keys::PEER)?;
-            Some(Claim::new(term, PeerId::new(peer)))
+            let claim = am::uint(doc, &obj, keys::TERM)
+                .zip(am::string(doc, &obj, keys::PEER))
+                .map(|(term, peer)| Claim::new(term, PeerId::new(peer)))
+                .filter(Claim::is_valid);
+            if claim.is_none() {
+                bad += 1;
+            }
+            claim
         })
-        .collect()
+        .collect();
+    (claims, bad)
 }
 
 /// Reads one task entry in a single pass over each of its objects, reporting every object id
@@ -477,12 +499,14 @@ pub(crate) fn read_task_entry(
             keys::KIND => kind = am::as_str(v).map(str::to_owned),
             keys::SUBMITTED_AT => submitted_at = am::as_uint(v),
             keys::SUBMITTER => submitter = am::as_str(v).map(PeerId::new),
-            keys::PRIORITY => priority = am::as_int(v).unwrap_or(0),
+            keys::PRIORITY => {
+                priority = am::as_int(v).map_or(0, |p| p.clamp(-MAX_PRIORITY, MAX_PRIORITY))
+            }
             keys::URGENT => urgent = am::as_bool(v).unwrap_or(false),
             keys::MAX_ATTEMPTS => {
                 max_attempts = am::as_uint(v)
                     .map_or(1, |x| u32::try_from(x).unwrap_or(u32::MAX))
-                    .max(1);
+                    .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
             }
             keys::ATTEMPTS if matches!(v, ValueRef::Object(ObjType::List)) => {
                 list = Some(item.id())
@@ -523,7 +547,7 @@ pub(crate) fn read_attempt(
 ) -> Option<Attempt> {
     owned(obj);
     let (mut n, mut term, mut router, mut worker, mut assigned_at) = (None, None, None, None, None);
-    let (mut start, mut finish) = (None, None);
+    let (mut start, mut finish, mut pool_incarnation) = (None, None, None);
     for item in doc.map_range(obj, ..) {
         let v = &item.value;
         match item.key.as_ref() {
@@ -532,6 +556,7 @@ pub(crate) fn read_attempt(
             keys::ROUTER => router = am::as_str(v).map(PeerId::new),
             keys::WORKER => worker = am::as_str(v).and_then(|w| w.parse::<WorkerId>().ok()),
             keys::ASSIGNED_AT => assigned_at = am::as_uint(v),
+            keys::POOL_INCARNATION => pool_incarnation = Some(am::as_uint(v)),
             keys::START => start = Some(item.conflict),
             keys::FINISH => finish = Some(item.conflict),
             _ => {}
@@ -548,12 +573,19 @@ pub(crate) fn read_attempt(
         objs.iter().for_each(&mut *owned);
         resolve_finished(doc, &objs)
     });
+    // An attempt made under a claim above MAX_TERM is malformed: no router can hold one, and it
+    // would pass every fence. So is one whose pool incarnation is there but not a number.
+    let pool_incarnation = match pool_incarnation {
+        Some(None) => return None,
+        p => p.flatten(),
+    };
     Some(Attempt {
         id: AttemptId {
             n: n?,
-            claim: Claim::new(term?, router?),
+            claim: Some(Claim::new(term?, router?)).filter(Claim::is_valid)?,
         },
         worker: worker?,
+        pool_incarnation,
         assigned_at: assigned_at?,
         started,
         finished,

@@ -157,6 +157,7 @@ impl Cluster {
                         claim,
                     },
                     worker: WorkerId::new(peer(usize::from(worker) % n), 0),
+                    incarnation: 1,
                 };
                 queue::record_assignments(&mut self.docs[at], &[a], now).unwrap();
             }
@@ -326,6 +327,7 @@ fn success_beats_a_concurrent_dead_letter() {
         task: task.clone(),
         attempt: id(n),
         worker: w.clone(),
+        incarnation: 1,
     };
     queue::record_assignments(&mut c.docs[0], &[assign(1, &w1)], 2).unwrap();
     c.sync_all();

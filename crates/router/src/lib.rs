@@ -26,6 +26,15 @@
 //! learn what is already running. Time is only ever measured on the local monotonic clock;
 //! clocks of different peers are never compared.
 //!
+//! # Values from peers
+//!
+//! Timers come from the queue's configuration, which [`QueueView::read`] clamps into its
+//! documented ranges, and are added to instants with checked arithmetic. Heartbeats whose term
+//! is above [`MAX_TERM`] are ignored ([`Event::RejectedBeat`]); the next term is computed with
+//! checked arithmetic and never passes [`MAX_TERM`]: a router that knows of a claim at
+//! [`MAX_TERM`] does not claim ([`Event::TermsExhausted`]). Each assignment names the
+//! incarnation of the pool whose heartbeat it was based on.
+//!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use piecework_queue_doc::{PeerId, QueueId, QueueView};
@@ -50,7 +59,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Assignment, Claim, PeerId, PoolBeat, QueueId, QueueView, RouterBeat, TaskId,
+    Assignment, Claim, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat, TaskId,
 };
 
 /// Something the driver must do for the router.
@@ -85,6 +94,35 @@ pub enum Event {
         /// The greater claim it saw.
         by: Claim,
     },
+    /// A router heartbeat was ignored because its content cannot be valid.
+    RejectedBeat {
+        /// The claim the heartbeat carried.
+        claim: Claim,
+        /// Why it was ignored.
+        reason: Rejection,
+    },
+    /// The router would have claimed, but the greatest known term is already [`MAX_TERM`]:
+    /// it stays a follower (and says so once per `takeover_after`).
+    TermsExhausted {
+        /// The greatest known claim.
+        known: Claim,
+    },
+}
+
+/// Why a heartbeat was ignored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The term is above [`MAX_TERM`]: no honest router gets there, and nobody could out-claim
+    /// it.
+    TermTooLarge,
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejection::TermTooLarge => write!(f, "the term is above the maximum {MAX_TERM}"),
+        }
+    }
 }
 
 /// The router's role for its queue.
@@ -138,12 +176,21 @@ pub struct Router {
     awaiting_view: bool,
     /// The next instant a timer-driven re-evaluation is due while active (lease, retry, rate).
     next_check: Option<Instant>,
+    /// The last claim attempt found the known term at [`MAX_TERM`]: the next one waits a full
+    /// `takeover_after`, even with no router named.
+    exhausted: bool,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
 }
 
 fn ms(v: u64) -> Duration {
     Duration::from_millis(v)
+}
+
+/// `t + d`, without panicking. Durations come from a clamped configuration (a day at most), so
+/// the sum always fits; were it ever not to, `t` itself is returned.
+pub(crate) fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d).unwrap_or(t)
 }
 
 impl Router {
@@ -165,6 +212,7 @@ impl Router {
             dirty: true,
             awaiting_view: false,
             next_check: None,
+            exhausted: false,
             actions: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -228,9 +276,17 @@ impl Router {
         }
     }
 
-    /// A router heartbeat was heard (its sender authenticated by the network layer).
+    /// A router heartbeat was heard (its sender authenticated by the network layer). One whose
+    /// term is above [`MAX_TERM`] is ignored ([`Event::RejectedBeat`]).
     pub fn handle_router_beat(&mut self, now: Instant, beat: &RouterBeat) {
         if beat.queue != self.queue || beat.claim.peer == self.me {
+            return;
+        }
+        if !beat.claim.is_valid() {
+            self.events.push_back(Event::RejectedBeat {
+                claim: beat.claim.clone(),
+                reason: Rejection::TermTooLarge,
+            });
             return;
         }
         if let Some((best, counter)) = &self.best_beat
@@ -287,21 +343,38 @@ impl Router {
             Role::Follower => {
                 let silent =
                     now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
-                if view.router.is_none() || silent {
+                if (view.router.is_none() && !self.exhausted) || silent {
                     let known = view
                         .router
                         .iter()
                         .chain(self.best_beat.as_ref().map(|(c, _)| c))
-                        .map(|c| c.term)
                         .max()
-                        .unwrap_or(0);
-                    let claim = Claim::new(known + 1, self.me.clone());
-                    self.role = Role::Claiming {
-                        claim: claim.clone(),
-                        recheck_at: now + ms(config.settle_ms),
-                    };
-                    self.actions.push_back(Action::Claim(claim.clone()));
-                    self.events.push_back(Event::Claimed(claim));
+                        .cloned();
+                    let next = known
+                        .as_ref()
+                        .map_or(Some(1), |c| c.term.checked_add(1))
+                        .filter(|t| *t <= MAX_TERM);
+                    match (next, known) {
+                        (Some(term), _) => {
+                            self.exhausted = false;
+                            let claim = Claim::new(term, self.me.clone());
+                            self.role = Role::Claiming {
+                                claim: claim.clone(),
+                                recheck_at: later(now, ms(config.settle_ms)),
+                            };
+                            self.actions.push_back(Action::Claim(claim.clone()));
+                            self.events.push_back(Event::Claimed(claim));
+                        }
+                        (None, known) => {
+                            // Nobody can out-claim the known term: wait another takeover
+                            // interval rather than spin.
+                            self.exhausted = true;
+                            self.heard_at = now;
+                            if let Some(known) = known {
+                                self.events.push_back(Event::TermsExhausted { known });
+                            }
+                        }
+                    }
                 }
             }
             Role::Claiming { claim, recheck_at } if now >= recheck_at => {
@@ -309,7 +382,7 @@ impl Router {
                     let wait = config.pool_heartbeat_ms.max(config.rate_interval_ms);
                     self.role = Role::Active {
                         claim: claim.clone(),
-                        route_from: now + ms(wait),
+                        route_from: later(now, ms(wait)),
                     };
                     self.next_beat = now;
                     self.beat_counter = 0;
@@ -337,7 +410,7 @@ impl Router {
                     claim: claim.clone(),
                     counter: self.beat_counter,
                 }));
-                self.next_beat = now + ms(config.heartbeat_ms);
+                self.next_beat = later(now, ms(config.heartbeat_ms));
             }
             let due = self.dirty || self.next_check.is_some_and(|t| now >= t);
             if now >= route_from && due && !self.awaiting_view {
@@ -394,8 +467,8 @@ impl Router {
         let view = self.view.as_ref()?;
         let c = &view.config;
         match &self.role {
-            Role::Follower if view.router.is_none() => Some(self.heard_at),
-            Role::Follower => Some(self.heard_at + ms(c.takeover_after_ms)),
+            Role::Follower if view.router.is_none() && !self.exhausted => Some(self.heard_at),
+            Role::Follower => Some(later(self.heard_at, ms(c.takeover_after_ms))),
             Role::Claiming { recheck_at, .. } => Some(*recheck_at),
             Role::Active { route_from, .. } => {
                 let mut t = self.next_beat;

@@ -9,7 +9,11 @@
 //!   [`MAX_REFUSAL_BACKOFF`], so that a task no worker can run does not spin.
 //! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
 //!   lease) that have no open attempt in the document and report no unfinished run. They are
-//!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load.
+//!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load. Each
+//!   assignment names the incarnation of the pool in the heartbeat it was based on, so that a
+//!   restarted pool does not start work addressed to its earlier life.
+//! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
+//!   peer) is not routed.
 //! - `concurrency` caps tasks assigned or running at once; `rate_interval` allows one
 //!   assignment per interval.
 
@@ -20,6 +24,8 @@ use piecework_queue_doc::{
     Assignment, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, TaskEntry,
     TaskId, TaskState, WorkerId,
 };
+
+use crate::later;
 
 /// The wait before routing a task again after its first refusal.
 pub const REFUSAL_BACKOFF: Duration = Duration::from_millis(50);
@@ -66,7 +72,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     let c = &view.config;
     let now = input.now;
     let lease = Duration::from_millis(c.lease_ms);
-    let fresh = Duration::from_millis((3 * c.pool_heartbeat_ms).min(c.lease_ms));
+    let fresh = Duration::from_millis(c.pool_heartbeat_ms.saturating_mul(3).min(c.lease_ms));
     let heard_at = |peer: &PeerId| {
         input
             .pools
@@ -95,7 +101,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     };
                     let entry = match input.retry_at.get(&t.id) {
                         Some(e) if e.0 == (failures, refusals) => *e,
-                        _ => ((failures, refusals), now + delay),
+                        _ => ((failures, refusals), later(now, delay)),
                     };
                     still_retrying.insert(t.id.clone(), entry);
                     if now < entry.1 {
@@ -109,7 +115,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                 let expires = t
                     .current_attempts()
                     .filter(|a| a.is_open())
-                    .map(|a| heard_at(&a.worker.peer) + lease)
+                    .map(|a| later(heard_at(&a.worker.peer), lease))
                     .max();
                 match expires {
                     Some(e) if now >= e => candidates.push(t),
@@ -136,8 +142,8 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     }
     if c.rate_interval_ms > 0 {
         let interval = Duration::from_millis(c.rate_interval_ms);
-        if let Some(last) = input.last_assign.filter(|t| now < *t + interval) {
-            plan.next_check = earliest(plan.next_check, last + interval);
+        if let Some(last) = input.last_assign.filter(|t| now < later(*t, interval)) {
+            plan.next_check = earliest(plan.next_check, later(last, interval));
             return plan;
         }
         budget = budget.min(1);
@@ -147,22 +153,27 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     }
 
     let workers = idle_workers(input, view, fresh);
-    for (task, worker) in candidates.into_iter().zip(workers).take(budget) {
+    let numbered = candidates
+        .into_iter()
+        .filter_map(|t| Some((t, t.last_n().checked_add(1)?)));
+    for ((task, n), (worker, incarnation)) in numbered.zip(workers).take(budget) {
         plan.assignments.push(Assignment {
             task: task.id.clone(),
             attempt: AttemptId {
-                n: task.last_n() + 1,
+                n,
                 claim: input.me.clone(),
             },
             worker,
+            incarnation,
         });
     }
     plan
 }
 
-fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<WorkerId> {
+/// Idle workers, each with the incarnation of its pool's heartbeat.
+fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<(WorkerId, u64)> {
     let open = view.open_attempts();
-    let mut idle: Vec<WorkerId> = Vec::new();
+    let mut idle: Vec<(WorkerId, u64)> = Vec::new();
     for (peer, (heard_at, beat)) in input.pools {
         if input.now.saturating_duration_since(*heard_at) > fresh
             || !view.members.contains_key(peer)
@@ -184,10 +195,10 @@ fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<Wor
                         .is_none_or(|a| a.is_open())
             });
             if !busy {
-                idle.push(id);
+                idle.push((id, beat.incarnation));
             }
         }
     }
-    idle.sort_by(|a, b| a.index.cmp(&b.index).then(a.peer.cmp(&b.peer)));
+    idle.sort_by(|(a, _), (b, _)| a.index.cmp(&b.index).then(a.peer.cmp(&b.peer)));
     idle
 }

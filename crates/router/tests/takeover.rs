@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use automerge::{ActorId, Automerge};
+use automerge::transaction::Transactable;
+use automerge::{ActorId, Automerge, AutomergeError, ROOT, ReadDoc};
 use piecework_queue_doc::{
-    Claim, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat, Submission, TaskId,
-    TaskState, WorkerReport, queue,
+    Claim, MAX_TERM, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat, Submission,
+    TaskId, TaskState, WorkerReport, queue,
 };
-use piecework_router::{Action, Event, Role, Router};
+use piecework_router::{Action, Event, Rejection, Role, Router};
 
 const QUEUE: &str = "automerge:queue";
 
@@ -36,7 +37,11 @@ struct Peer {
     router: Router,
     beats: Vec<RouterBeat>,
     events: Vec<Event>,
+    /// Every assignment this peer's router made.
+    assigned: Vec<piecework_queue_doc::Assignment>,
     pool_counter: u64,
+    /// The incarnation this peer's pool reports.
+    pool_incarnation: u64,
     /// The latest instant this peer was driven at.
     last_now: Instant,
 }
@@ -63,6 +68,7 @@ impl Peer {
                 }
                 Action::Assign(list) => {
                     queue::record_assignments(&mut self.doc, &list, 0).unwrap();
+                    self.assigned.extend(list);
                     let v = self.view();
                     self.router.handle_view(now, v);
                 }
@@ -79,7 +85,7 @@ impl Peer {
         self.pool_counter += 1;
         PoolBeat {
             peer: self.id.clone(),
-            incarnation: 1,
+            incarnation: self.pool_incarnation,
             counter: self.pool_counter,
             workers: (0..workers)
                 .map(|index| WorkerReport {
@@ -119,6 +125,12 @@ struct Cluster {
 impl Cluster {
     /// `n` peers, all members of one queue with no router yet.
     fn new(n: usize) -> Self {
+        Cluster::new_with(n, |_| {})
+    }
+
+    /// `n` peers, all members of one queue with no router yet, whose document `edit` changed
+    /// (as a faulty peer could) before anyone read it.
+    fn new_with(n: usize, edit: impl FnOnce(&mut Automerge)) -> Self {
         // The anchor of virtual time; every instant below is an offset from it.
         #[allow(clippy::disallowed_methods)]
         let t0 = Instant::now();
@@ -128,6 +140,7 @@ impl Cluster {
         for id in &ids[1..] {
             queue::set_member(&mut first, id, &[], 0).unwrap();
         }
+        edit(&mut first);
         let bytes = first.save();
         let peers = ids
             .into_iter()
@@ -143,7 +156,9 @@ impl Cluster {
                     router,
                     beats: vec![],
                     events: vec![],
+                    assigned: vec![],
                     pool_counter: 0,
+                    pool_incarnation: 1,
                     last_now: t0,
                 }
             })
@@ -446,4 +461,180 @@ fn lease_expiry_routes_again() {
     assert_eq!(t.last_n(), 2, "routed again after the lease");
     let again = t.current_attempts().next().unwrap();
     assert_eq!(again.worker.peer, c.peers[0].id);
+}
+
+/// Story 7: An assignment names the incarnation of the pool whose heartbeat it was based on, so
+/// that a restarted pool can tell work meant for its earlier life.
+#[test]
+fn assignments_carry_the_incarnation_of_the_pool_beat() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    let t1 = c.peers[0].submit(1);
+    let t2 = c.peers[0].submit(2);
+    c.peers[1].pool_incarnation = 7;
+    let b1 = c.peers[1].pool_beat(1);
+    let t = c.at(150);
+    c.peers[0].router.handle_pool_beat(t, &b1);
+    c.tick(0, 200);
+    let assigned = &c.peers[0].assigned;
+    assert_eq!(assigned.len(), 1, "{assigned:?}");
+    assert_eq!((&assigned[0].task, assigned[0].incarnation), (&t1, 7));
+    let view = c.peers[0].view();
+    assert_eq!(view.tasks[&t1].attempts[0].pool_incarnation, Some(7));
+    // The pool restarts: the next assignment is addressed to its new incarnation.
+    c.peers[1].pool_incarnation = 8;
+    c.peers[1].pool_counter = 0;
+    let b1 = c.peers[1].pool_beat(2);
+    let t = c.at(250);
+    c.peers[0].router.handle_pool_beat(t, &b1);
+    c.tick(0, 300);
+    let assigned = &c.peers[0].assigned;
+    assert_eq!(assigned.len(), 2, "{assigned:?}");
+    assert_eq!((&assigned[1].task, assigned[1].incarnation), (&t2, 8));
+}
+
+/// Overwrites every numeric configuration value with `v`, straight into the document.
+fn config_values(doc: &mut Automerge, v: u64) {
+    let config = match doc.get(ROOT, "config").unwrap() {
+        Some((_, id)) => id,
+        None => panic!("no config"),
+    };
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        for k in [
+            "heartbeat_ms",
+            "takeover_after_ms",
+            "settle_ms",
+            "pool_heartbeat_ms",
+            "lease_ms",
+            "max_attempts",
+            "retry_backoff_ms",
+            "retry_backoff_max_ms",
+            "concurrency",
+            "rate_interval_ms",
+        ] {
+            tx.put(&config, k, v)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Story 8: A queue document whose configuration a faulty peer set to `u64::MAX` everywhere
+/// reads clamped, and a router driven with it claims, settles, becomes active, beats and
+/// routes without overflowing an instant.
+#[test]
+fn a_config_of_u64_max_everywhere_does_not_panic() {
+    let mut c = Cluster::new_with(2, |doc| config_values(doc, u64::MAX));
+    let config = c.peers[0].view().config.clone();
+    assert_eq!(config.settle_ms, QueueConfig::MAX_SETTLE_MS);
+    assert_eq!(config.validate(), Ok(()));
+    let p = &mut c.peers[0];
+    p.tick(c.t0);
+    assert!(matches!(p.router.role(), Role::Claiming { .. }));
+    let recheck = p.router.poll_timeout().unwrap();
+    assert_eq!(recheck, c.t0 + ms(QueueConfig::MAX_SETTLE_MS));
+    p.tick(recheck);
+    assert!(p.router.is_active());
+    let task = p.submit(1);
+    let beat = p.pool_beat(1);
+    p.router.handle_pool_beat(recheck, &beat);
+    // It routes once the rate interval (a day, at most) has passed since it became active.
+    let mut now = recheck;
+    for _ in 0..2_000 {
+        let next = p.router.poll_timeout().unwrap();
+        assert!(next > now, "no busy loop");
+        now = next;
+        let beat = p.pool_beat(1);
+        p.router.handle_pool_beat(now, &beat);
+        p.tick(now);
+        if !p.assigned.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(now, recheck + ms(QueueConfig::MAX_RATE_INTERVAL_MS));
+    assert_eq!(p.view().tasks[&task].state(), TaskState::Assigned);
+    // A follower that learns of the claim waits the clamped takeover delay.
+    c.sync(0, 1, now);
+    assert_eq!(
+        c.peers[1].router.poll_timeout(),
+        Some(now + ms(QueueConfig::MAX_TAKEOVER_AFTER_MS))
+    );
+}
+
+/// Story 9: A heartbeat with a term of `u64::MAX` is ignored: it deposes nobody, and the next
+/// claim neither overflows nor wraps.
+#[test]
+fn a_heartbeat_with_an_impossible_term_is_ignored() {
+    let mut c = Cluster::new(3);
+    c.elect_first(0);
+    let hostile = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(u64::MAX, c.peers[2].id.clone()),
+        counter: 1,
+    };
+    let t = c.at(150);
+    for i in [0, 1] {
+        c.peers[i].router.handle_router_beat(t, &hostile);
+        c.peers[i].drain(t);
+        assert!(
+            c.peers[i].events.contains(&Event::RejectedBeat {
+                claim: hostile.claim.clone(),
+                reason: Rejection::TermTooLarge,
+            }),
+            "{:?}",
+            c.peers[i].events
+        );
+    }
+    assert!(c.peers[0].router.is_active(), "it deposes nobody");
+    // Peer 0 dies; peer 1 takes over with the next term after the real one.
+    c.tick(1, 600);
+    assert!(
+        matches!(c.peers[1].router.role(), Role::Claiming { claim, .. } if claim.term == 2),
+        "{:?}",
+        c.peers[1].router.role()
+    );
+    c.tick(1, 700);
+    assert!(c.peers[1].router.is_active());
+}
+
+/// Story 10: A router that knows of a claim at `MAX_TERM` does not claim (no term is above
+/// it), and waits a full takeover delay before it looks again instead of spinning.
+#[test]
+fn no_claim_beyond_max_term() {
+    let ghost = Claim::new(MAX_TERM, PeerId::new("ghost"));
+    let mut c = Cluster::new_with(1, |doc| queue::claim_router(doc, &ghost, 0).unwrap());
+    let p = &mut c.peers[0];
+    assert_eq!(p.view().router, Some(ghost.clone()));
+    assert_eq!(p.router.poll_timeout(), Some(c.t0 + ms(500)));
+    p.tick(c.t0 + ms(500));
+    assert_eq!(p.router.role(), &Role::Follower);
+    assert_eq!(
+        p.events,
+        vec![Event::TermsExhausted {
+            known: ghost.clone()
+        }]
+    );
+    assert_eq!(
+        p.router.poll_timeout(),
+        Some(c.t0 + ms(1_000)),
+        "no busy loop"
+    );
+
+    // The same when the term is known from a heartbeat alone, with no router named.
+    let mut c = Cluster::new(2);
+    let beat = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(MAX_TERM, c.peers[1].id.clone()),
+        counter: 1,
+    };
+    let p = &mut c.peers[0];
+    p.router.handle_router_beat(c.t0, &beat);
+    p.tick(c.t0);
+    assert_eq!(p.router.role(), &Role::Follower);
+    assert!(matches!(&p.events[..], [Event::TermsExhausted { known }] if known.term == MAX_TERM));
+    assert_eq!(
+        p.router.poll_timeout(),
+        Some(c.t0 + ms(500)),
+        "no busy loop"
+    );
 }

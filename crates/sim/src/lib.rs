@@ -1,14 +1,18 @@
 //! Piecework's deterministic simulator.
 //!
-//! It runs the real pure cores of N nodes in one thread on virtual time: each node has a
-//! [`Replica`](piecework_queue_doc::replica::Replica) holding the queue document, a
-//! [`Router`](piecework_router::Router) and a [`Pool`](piecework_worker_pool::Pool). There is
-//! no tokio and no libp2p. Documents travel between nodes as the replicas' own Automerge sync
-//! messages, and heartbeats as the same `RouterBeat` / `PoolBeat` values the node gossips. The
-//! network delays messages. It drops, duplicates and reorders heartbeats, resets sync
-//! connections, and cuts links between any sets of nodes, both ways or one way. Nodes crash,
-//! losing everything except what they saved, and restart. Each node's clock drifts. Handlers
-//! take random times and fail at random.
+//! It runs N [`piecework_core::Core`]s, the very state machine a real node runs, in one thread
+//! on virtual time, and plays everything around them: a network, a disk and handler runs. There
+//! is no tokio, no libp2p and no redb, and no node logic of its own: every decision is the
+//! core's. Documents travel between nodes as the cores' own sync frames, and heartbeats as the
+//! same gossip bytes a node publishes. The cluster serves two queues, and one node is a member
+//! of only one of them.
+//!
+//! Faults: the network delays messages; it drops, duplicates and reorders heartbeats, resets
+//! sync streams, and cuts links between any sets of nodes, both ways or one way. The disk has a
+//! seeded write latency, windows in which every write fails, and windows in which every read
+//! fails. Nodes crash, keeping what was acknowledged as saved plus an arbitrary (seeded) subset
+//! of the writes still in flight, and restart with a new incarnation, sometimes after longer
+//! than the lease. Each node's clock drifts. Handlers take random times and fail at random.
 //!
 //! One seed decides everything. [`run`] with the same seed and [`Config`] replays the same run
 //! exactly, and [`Report::trace_hash`] proves it. Invariants are checked after every step, and
@@ -72,6 +76,14 @@ pub struct FaultMix {
     pub handler_failure: f64,
     /// Handler run time range, milliseconds.
     pub run_ms: (u64, u64),
+    /// Disk write latency range, microseconds.
+    pub write_us: (u64, u64),
+    /// Windows in which every write of one node fails, per virtual second, cluster-wide.
+    pub write_failure_rate: f64,
+    /// Windows in which every read of one node fails, per virtual second, cluster-wide.
+    pub read_failure_rate: f64,
+    /// How long a failing-disk window lasts, milliseconds.
+    pub disk_window_ms: (u64, u64),
 }
 
 impl FaultMix {
@@ -84,18 +96,23 @@ impl FaultMix {
             duplicate: 0.02,
             reset: 0.002,
             crash_rate: 0.05,
-            downtime_ms: (500, 8_000),
+            downtime_ms: (500, 14_000),
             partition_rate: 0.03,
             oneway_rate: 0.02,
             cut_ms: (1_000, 10_000),
             drift_ppm: 20_000,
             handler_failure: 0.1,
             run_ms: (5, 1_500),
+            write_us: (50, 4_000),
+            write_failure_rate: 0.02,
+            read_failure_rate: 0.02,
+            disk_window_ms: (100, 3_000),
         }
     }
 
-    /// Crashes and restarts only, on a network that loses nothing: the mix under which no task
-    /// may run twice without a crash to explain it (invariant 5).
+    /// Crashes and restarts only (some down for longer than the lease), with failing disks, on
+    /// a network that loses nothing: the mix under which no task may run twice without a crash
+    /// to explain it (invariant 5), and no two runs of a task may overlap (invariant 7).
     pub fn crashes() -> Self {
         FaultMix {
             name: "crashes".into(),
@@ -105,15 +122,18 @@ impl FaultMix {
             partition_rate: 0.0,
             oneway_rate: 0.0,
             crash_rate: 0.1,
+            downtime_ms: (500, 25_000),
             ..FaultMix::default_mix()
         }
     }
 
-    /// Nothing goes wrong but delays and drift.
+    /// Nothing goes wrong but delays, drift and a slow disk.
     pub fn calm() -> Self {
         FaultMix {
             name: "calm".into(),
             crash_rate: 0.0,
+            write_failure_rate: 0.0,
+            read_failure_rate: 0.0,
             ..FaultMix::crashes()
         }
     }
@@ -173,7 +193,7 @@ pub struct Config {
     pub queue: Option<QueueConfig>,
     /// How many of the trace's last lines the report keeps.
     pub trace_lines: usize,
-    /// Make every pool skip fencing: a deliberately broken protocol (tests only).
+    /// Make every node skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
     pub broken_fencing: bool,
 }
@@ -199,7 +219,7 @@ impl Default for Config {
 /// An invariant that did not hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// Which invariant (1–6, see `docs/testing.md`).
+    /// Which invariant (1–9, see `docs/testing.md`).
     pub invariant: u8,
     /// Virtual time, milliseconds.
     pub at_ms: u64,
@@ -212,9 +232,9 @@ pub struct Violation {
 pub struct Report {
     /// The seed.
     pub seed: u64,
-    /// Tasks durably submitted.
+    /// Tasks whose submit was acknowledged (durable on the submitting node).
     pub tasks: usize,
-    /// Submitted tasks without an outcome on some replica after settling.
+    /// Acknowledged tasks without an outcome on some member's replica after settling.
     pub lost: usize,
     /// Tasks whose handler succeeded more than once: the duplicates at-least-once allows.
     pub duplicated_tasks: usize,
@@ -228,7 +248,7 @@ pub struct Report {
     /// Claims that lost to a concurrent greater claim during their settle wait (two or more
     /// routers claimed at once).
     pub claims_lost: usize,
-    /// Faults injected, by kind.
+    /// Faults injected, and situations reached, by kind (see `docs/testing.md`).
     pub faults: BTreeMap<String, u64>,
     /// Invariant violations (empty when the run passes).
     pub violations: Vec<Violation>,

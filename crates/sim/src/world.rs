@@ -1,17 +1,19 @@
-//! The simulated world: nodes, the network between them, the event queue, and the checks.
+//! The simulated world: N cores, the network, the disks and the handler runs between them, the
+//! event queue, and the checks. Everything a node decides is decided by its [`Core`]; this file
+//! only plays the outside world and watches.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use automerge::{ActorId, Automerge};
-use piecework_queue_doc::replica::{DocId, Event as ReplicaEvent, Message, Replica};
-use piecework_queue_doc::{
-    Claim, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat, Submission, TaskId,
-    TaskState, ViewCache, queue,
+use automerge::Automerge;
+use piecework_core::api::{StorageFailure, SubmitTask};
+use piecework_core::{
+    Command, CommandId, Config as CoreConfig, Core, Event, Io, Reply, RouterEvent, RunId,
+    RunResult, Save, SaveId, Time,
 };
-use piecework_router::{Action as RouterAction, Event as RouterEvent, Role, Router};
-use piecework_worker_pool::{Action as PoolAction, Pool, RunEnd};
+use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, TaskState};
+use piecework_replica::DocId;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -23,10 +25,12 @@ use crate::{Config, Report, Target, Violation};
 const EPOCH_MS: u64 = 1_790_000_000_000;
 /// Steps after which a run counts as a livelock.
 const MAX_STEPS: u64 = 20_000_000;
-/// Stored chunks of the queue document after which a node compacts them into one.
-const COMPACT_AFTER: usize = 64;
 /// How often the settle phase checks whether the cluster has settled, virtual ms.
 const SETTLE_CHECK_MS: u64 = 250;
+/// Disk read latency, microseconds.
+const READ_US: u64 = 200;
+/// How long a client waits before retrying a join or a failed submit, microseconds.
+const RETRY_US: u64 = 500_000;
 
 /// A fault at a fixed time (see [`Config::schedule`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -53,17 +57,11 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// Whether this fault loses or delays messages beyond the normal range (invariant 5 is not
-    /// expected to hold in runs that have one).
+    /// Whether this fault loses or delays messages beyond the normal range (invariants 5 and 7
+    /// are not expected to hold in runs that have one).
     pub fn disturbs_messages(&self) -> bool {
         !matches!(self, Fault::Crash(_) | Fault::Heal)
     }
-}
-
-#[derive(Clone, Debug)]
-enum Beat {
-    Router(RouterBeat),
-    Pool(PoolBeat),
 }
 
 #[derive(Debug)]
@@ -72,12 +70,13 @@ enum Ev {
         from: usize,
         to: usize,
         epoch: u64,
-        msg: Message,
+        frame: Vec<u8>,
     },
-    Beat {
+    Gossip {
         from: usize,
         to: usize,
-        beat: Beat,
+        topic: String,
+        data: Vec<u8>,
     },
     Timer {
         node: usize,
@@ -86,10 +85,24 @@ enum Ev {
     RunEnd {
         node: usize,
         incarnation: u64,
-        index: u32,
+        run: RunId,
         ok: bool,
     },
+    Saved {
+        node: usize,
+        incarnation: u64,
+        id: SaveId,
+    },
+    Loaded {
+        node: usize,
+        incarnation: u64,
+        doc: DocId,
+    },
     Submit,
+    Join {
+        node: usize,
+        queue: usize,
+    },
     Fault(Fault),
     Restart {
         node: usize,
@@ -106,6 +119,8 @@ enum Kind {
     Crash,
     Partition,
     OneWay,
+    WriteFailures,
+    ReadFailures,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,16 +133,67 @@ enum End {
 #[derive(Clone, Debug)]
 struct RunRec {
     node: usize,
+    claim: Claim,
     start_us: u64,
+    end_us: Option<u64>,
     end: Option<End>,
 }
 
 #[derive(Clone, Debug)]
 struct Live {
     task: TaskId,
+    queue: QueueId,
     claim: Claim,
     /// A cut separated the run's node from its router's node while it ran.
     tainted: bool,
+}
+
+/// One node's disk: stored chunks by document and key, and the queues it remembers.
+#[derive(Debug, Default)]
+struct Disk {
+    docs: BTreeMap<DocId, BTreeMap<String, Vec<u8>>>,
+    queues: BTreeSet<QueueId>,
+    /// Writes in flight (not acknowledged yet).
+    pending: BTreeMap<SaveId, Save>,
+    /// Every write fails until then (virtual µs).
+    failing_writes_until: u64,
+    /// Every read fails until then (virtual µs).
+    failing_reads_until: u64,
+}
+
+impl Disk {
+    fn apply(&mut self, save: &Save) {
+        let chunks = self.docs.entry(save.doc.clone()).or_default();
+        for (hash, bytes) in &save.changes {
+            chunks.insert(format!("c/{hash}"), bytes.clone());
+        }
+        if let Some(c) = &save.compact {
+            for h in &c.replaces {
+                chunks.remove(&format!("c/{h}"));
+            }
+            chunks.insert("a/snapshot".into(), c.snapshot.clone());
+        }
+    }
+
+    /// Every chunk of a document, the snapshot first.
+    fn chunks(&self, doc: &DocId) -> Vec<Vec<u8>> {
+        self.docs
+            .get(doc)
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn load(&self, doc: &DocId) -> Option<Automerge> {
+        let chunks = self.chunks(doc);
+        if chunks.is_empty() {
+            return None;
+        }
+        let mut d = Automerge::new();
+        for c in &chunks {
+            d.load_incremental(c).ok()?;
+        }
+        Some(d)
+    }
 }
 
 struct Node {
@@ -136,22 +202,19 @@ struct Node {
     incarnation: u64,
     drift_ppm: i64,
     offset_us: u64,
-    replica: Replica,
-    router: Router,
-    pool: Pool,
-    cache: ViewCache,
-    view: Arc<QueueView>,
-    /// Durable chunks of the queue document: all a crash leaves.
-    store: Vec<Vec<u8>>,
+    core: Core,
+    disk: Disk,
     timer_generation: u64,
-    /// The greatest router claim this node has seen, in its view or in heartbeats.
-    seen: Option<Claim>,
-    /// Runs in flight, by worker index.
-    live: BTreeMap<u32, Live>,
-    /// The queue document could not be fetched: ask again on the next connection.
-    refetch: bool,
-    /// Local instant of each claim's last assignment, for the rate-interval check.
-    last_assign: BTreeMap<Claim, Instant>,
+    next_command: u64,
+    /// Submits waiting for their reply: command → queue.
+    submits: BTreeMap<CommandId, QueueId>,
+    /// Joins waiting for their reply: command → queue index.
+    joins: BTreeMap<CommandId, usize>,
+    subscribed: BTreeSet<String>,
+    /// Runs in flight, by id.
+    live: BTreeMap<RunId, Live>,
+    /// The first views after a restart are checked for superseded attempts held by this pool.
+    restarted: bool,
 }
 
 struct Cut {
@@ -169,8 +232,10 @@ pub(crate) struct World {
     seq: u64,
     events: BTreeMap<(u64, u64), Ev>,
     nodes: Vec<Node>,
-    doc: DocId,
-    queue: QueueId,
+    /// The queues, once created.
+    queues: Vec<Option<QueueId>>,
+    /// Which nodes are members of which queue (by index).
+    members: Vec<Vec<usize>>,
     cuts: Vec<Cut>,
     beat_delay: BTreeMap<usize, (u64, u64)>,
     /// Connected pairs (a < b) and their connection epochs.
@@ -178,13 +243,19 @@ pub(crate) struct World {
     epochs: BTreeMap<(usize, usize), u64>,
     last_sync_at: BTreeMap<(usize, usize), u64>,
     last_beat_at: BTreeMap<(usize, usize), u64>,
+    /// Message losses and cuts: (from µs, until µs, a, b).
+    disturbances: Vec<(u64, u64, usize, usize)>,
     faults_on: bool,
     faults: BTreeMap<String, u64>,
-    submitted: BTreeSet<TaskId>,
+    /// Acknowledged submits.
+    submitted: BTreeMap<TaskId, QueueId>,
     to_submit: usize,
     seen_states: BTreeMap<(usize, TaskId), TaskState>,
     runs: BTreeMap<TaskId, Vec<RunRec>>,
     crashes: Vec<(usize, u64)>,
+    /// Assignments seen per claim (for the rate check), and when the claim last assigned.
+    assigned: BTreeSet<(TaskId, u64, Claim)>,
+    last_assign: BTreeMap<(QueueId, Claim), u64>,
     activations: usize,
     claims_lost: usize,
     violations: Vec<Violation>,
@@ -195,15 +266,15 @@ pub(crate) struct World {
     settled: bool,
 }
 
-fn actor(node: usize, incarnation: u64) -> ActorId {
-    let h = Sha256::digest(format!(
-        "piecework-sim node {node} incarnation {incarnation}"
-    ));
-    ActorId::from(&h[..16])
-}
-
 fn pair(a: usize, b: usize) -> (usize, usize) {
     (a.min(b), a.max(b))
+}
+
+fn node_seed(seed: u64, node: usize, incarnation: u64) -> u64 {
+    let h = Sha256::digest(format!(
+        "piecework-sim {seed} node {node} incarnation {incarnation}"
+    ));
+    u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
 }
 
 impl World {
@@ -233,10 +304,9 @@ impl World {
         let check_duplicates =
             !mix.loses_messages() && !config.schedule.iter().any(|(_, f)| f.disturbs_messages());
         let base = Instant::now();
-        let doc = DocId::generate(&mut rng);
-        let queue = QueueId::new(doc.as_str());
-        let mut nodes = Vec::with_capacity(config.nodes);
-        for i in 0..config.nodes {
+        let n = config.nodes;
+        let mut nodes = Vec::with_capacity(n);
+        for i in 0..n {
             let drift_ppm = if mix.drift_ppm > 0 {
                 rng.random_range(-mix.drift_ppm..=mix.drift_ppm)
             } else {
@@ -244,26 +314,31 @@ impl World {
             };
             let offset_us = rng.random_range(0..10_000_000);
             let peer = PeerId::new(format!("node{i}"));
-            let local = base + Duration::from_micros(offset_us);
+            let t = time_at(base, offset_us, drift_ppm, 0);
+            let core = Core::new(
+                CoreConfig::new(peer.clone(), 1, config.workers, node_seed(seed, i, 1)),
+                t,
+            );
             nodes.push(Node {
-                router: Router::new(queue.clone(), peer.clone(), local),
-                pool: Pool::new(pool_config(&peer, config.workers, 1, &qconfig), local),
                 peer,
                 up: true,
                 incarnation: 1,
                 drift_ppm,
                 offset_us,
-                replica: Replica::new(),
-                cache: ViewCache::new(),
-                view: Arc::new(QueueView::default()),
-                store: vec![],
+                core,
+                disk: Disk::default(),
                 timer_generation: 0,
-                seen: None,
+                next_command: 0,
+                submits: BTreeMap::new(),
+                joins: BTreeMap::new(),
+                subscribed: BTreeSet::new(),
                 live: BTreeMap::new(),
-                refetch: false,
-                last_assign: BTreeMap::new(),
+                restarted: false,
             });
         }
+        // Queue 0: every node. Queue 1: every node but the last, which must never hold its
+        // documents.
+        let members = vec![(0..n).collect(), (0..n.saturating_sub(1)).collect()];
         let mut w = World {
             seed,
             config: config.clone(),
@@ -274,21 +349,24 @@ impl World {
             seq: 0,
             events: BTreeMap::new(),
             nodes,
-            doc,
-            queue,
+            queues: vec![None, None],
+            members,
             cuts: vec![],
             beat_delay: BTreeMap::new(),
             links: BTreeSet::new(),
             epochs: BTreeMap::new(),
             last_sync_at: BTreeMap::new(),
             last_beat_at: BTreeMap::new(),
+            disturbances: vec![],
             faults_on: true,
             faults: BTreeMap::new(),
-            submitted: BTreeSet::new(),
+            submitted: BTreeMap::new(),
             to_submit: config.tasks,
             seen_states: BTreeMap::new(),
             runs: BTreeMap::new(),
             crashes: vec![],
+            assigned: BTreeSet::new(),
+            last_assign: BTreeMap::new(),
             activations: 0,
             claims_lost: 0,
             violations: vec![],
@@ -301,7 +379,7 @@ impl World {
         #[cfg(feature = "broken")]
         if config.broken_fencing {
             for n in &mut w.nodes {
-                n.pool.break_fencing();
+                n.core.break_fencing();
             }
         }
         w.setup();
@@ -309,23 +387,33 @@ impl World {
     }
 
     fn setup(&mut self) {
-        for i in 0..self.nodes.len() {
-            self.nodes[i].replica.set_actor(actor(i, 1));
+        // Node 0 creates queue 0 and node 1 queue 1; the other members join once connected.
+        for (q, creator) in [(0usize, 0usize), (1, 1.min(self.nodes.len() - 1))] {
+            let name = format!("sim{q}");
+            let cmd = self.command_id(creator);
+            let t = self.time(creator);
+            self.nodes[creator].core.handle_command(
+                t,
+                cmd,
+                Command::CreateQueue {
+                    name,
+                    config: self.qconfig.clone(),
+                },
+            );
+            while let Some((_, reply)) = self.nodes[creator].core.poll_reply() {
+                if let Reply::Created(Ok(id)) = reply {
+                    self.queues[q] = Some(id);
+                }
+            }
+            self.drive(creator);
         }
-        // Node 0 creates the queue; the others fetch it once connected.
-        let wall = self.wall_ms(0);
-        let mut doc = Automerge::new();
-        doc.set_actor(actor(0, 1));
-        queue::create(&mut doc, "sim", &self.qconfig, &self.nodes[0].peer, wall)
-            .expect("a fresh queue document");
-        self.nodes[0].replica.create(self.doc.clone(), doc, true);
         self.relink();
-        for i in 1..self.nodes.len() {
-            let d = self.doc.clone();
-            self.nodes[i].replica.fetch(&d, true);
-        }
-        for i in 0..self.nodes.len() {
-            self.drive(i);
+        for q in 0..self.members.len() {
+            for i in self.members[q].clone() {
+                if !self.is_member_now(i, q) {
+                    self.schedule_at(0, Ev::Join { node: i, queue: q });
+                }
+            }
         }
         let fault_ms = self.config.fault_ms;
         for _ in 0..self.config.tasks {
@@ -335,26 +423,39 @@ impl World {
         for (at_ms, f) in self.config.schedule.clone() {
             self.schedule_at(at_ms * 1000, Ev::Fault(f));
         }
-        for kind in [Kind::Crash, Kind::Partition, Kind::OneWay] {
+        for kind in [
+            Kind::Crash,
+            Kind::Partition,
+            Kind::OneWay,
+            Kind::WriteFailures,
+            Kind::ReadFailures,
+        ] {
             self.schedule_background(kind);
         }
         self.schedule_at(fault_ms * 1000, Ev::HealAll);
+    }
+
+    fn is_member_now(&self, i: usize, q: usize) -> bool {
+        self.queues[q]
+            .as_ref()
+            .is_some_and(|id| self.nodes[i].core.view(id).is_some())
+    }
+
+    fn command_id(&mut self, i: usize) -> CommandId {
+        self.nodes[i].next_command += 1;
+        CommandId(self.nodes[i].next_command)
     }
 
     // ----- time -----
 
     fn local_us(&self, node: usize) -> u64 {
         let n = &self.nodes[node];
-        let scaled = i128::from(self.now_us) * (1_000_000 + i128::from(n.drift_ppm)) / 1_000_000;
-        n.offset_us + scaled as u64
+        local_us(n.offset_us, n.drift_ppm, self.now_us)
     }
 
-    fn local(&self, node: usize) -> Instant {
-        self.base + Duration::from_micros(self.local_us(node))
-    }
-
-    fn wall_ms(&self, node: usize) -> u64 {
-        EPOCH_MS + self.local_us(node) / 1000
+    fn time(&self, node: usize) -> Time {
+        let n = &self.nodes[node];
+        time_at(self.base, n.offset_us, n.drift_ppm, self.now_us)
     }
 
     /// The virtual time at which `node`'s clock reads `at` (never before now).
@@ -377,6 +478,8 @@ impl World {
             Kind::Crash => mix.crash_rate,
             Kind::Partition => mix.partition_rate,
             Kind::OneWay => mix.oneway_rate,
+            Kind::WriteFailures => mix.write_failure_rate,
+            Kind::ReadFailures => mix.read_failure_rate,
         };
         if rate <= 0.0 {
             return;
@@ -423,7 +526,7 @@ impl World {
                 break;
             }
             self.step(ev);
-            if self.settled || !self.violations.is_empty() && self.violations.len() > 20 {
+            if self.settled || self.violations.len() > 20 {
                 break;
             }
             if self.now_us > (self.config.fault_ms + self.config.settle_limit_ms) * 1000 {
@@ -440,7 +543,7 @@ impl World {
                 from,
                 to,
                 epoch,
-                msg,
+                frame,
             } => {
                 let p = pair(from, to);
                 if !self.nodes[to].up
@@ -451,74 +554,119 @@ impl World {
                 }
                 if self.faults_on && self.rng.random_bool(self.config.mix.reset) {
                     self.count("sync_reset");
-                    self.trace(|| format!("sync connection {from}-{to} reset"));
+                    self.disturbances.push((self.now_us, self.now_us, from, to));
+                    self.trace(|| format!("sync stream {from}-{to} reset"));
                     self.reset_link(p);
                     return;
                 }
+                let t = self.time(to);
                 let peer = self.nodes[from].peer.clone();
-                self.nodes[to].replica.handle_message(&peer, msg);
+                self.nodes[to].core.handle_sync(t, &peer, &frame);
                 self.drive(to);
             }
-            Ev::Beat { from, to, beat } => {
-                if !self.nodes[to].up || self.blocked(from, to) {
+            Ev::Gossip {
+                from,
+                to,
+                topic,
+                data,
+            } => {
+                if !self.nodes[to].up
+                    || self.blocked(from, to)
+                    || !self.nodes[to].subscribed.contains(&topic)
+                {
                     return;
                 }
-                let now = self.local(to);
-                let n = &mut self.nodes[to];
-                match &beat {
-                    Beat::Router(b) => {
-                        n.router.handle_router_beat(now, b);
-                        n.pool.handle_router_beat(b);
-                        if n.seen.as_ref().is_none_or(|s| b.claim > *s) {
-                            n.seen = Some(b.claim.clone());
-                        }
-                    }
-                    Beat::Pool(b) => n.router.handle_pool_beat(now, b),
-                }
+                let t = self.time(to);
+                let peer = self.nodes[from].peer.clone();
+                self.nodes[to].core.handle_gossip(t, &topic, &peer, &data);
                 self.drive(to);
             }
             Ev::Timer { node, generation } => {
                 if !self.nodes[node].up || self.nodes[node].timer_generation != generation {
                     return;
                 }
-                let now = self.local(node);
-                let n = &mut self.nodes[node];
-                n.router.handle_timeout(now);
-                n.pool.handle_timeout(now);
+                let t = self.time(node);
+                self.nodes[node].core.handle_timeout(t);
                 self.drive(node);
             }
             Ev::RunEnd {
                 node,
                 incarnation,
-                index,
+                run,
                 ok,
             } => {
                 if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
                     return;
                 }
-                let Some(live) = self.nodes[node].live.remove(&index) else {
+                let Some(live) = self.nodes[node].live.remove(&run) else {
                     return;
                 };
-                let end = if ok {
-                    RunEnd::Succeeded
-                } else {
-                    RunEnd::Failed("simulated failure".into())
-                };
+                let now = self.now_us;
                 if let Some(r) = self.runs.get_mut(&live.task).and_then(|v| {
                     v.iter_mut()
                         .rev()
                         .find(|r| r.node == node && r.end.is_none())
                 }) {
                     r.end = Some(if ok { End::Succeeded } else { End::Failed });
+                    r.end_us = Some(now);
                 }
                 if !ok {
                     self.count("handler_failure");
                 }
                 self.trace(|| format!("node{node} run of {} ended ok={ok}", live.task));
-                self.nodes[node].pool.handle_finished(index, end);
+                let result = RunResult {
+                    result: match ok {
+                        true => Ok(serde_json::json!({"ok": true})),
+                        false => Err("simulated failure".into()),
+                    },
+                    logs: vec![],
+                };
+                let t = self.time(node);
+                self.nodes[node].core.handle_run_ended(t, run, result);
+                self.drive(node);
+            }
+            Ev::Saved {
+                node,
+                incarnation,
+                id,
+            } => {
+                if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+                    return;
+                }
+                let Some(save) = self.nodes[node].disk.pending.remove(&id) else {
+                    return;
+                };
+                let result = if self.now_us < self.nodes[node].disk.failing_writes_until {
+                    self.count("save_error");
+                    Err(StorageFailure("simulated write failure".into()))
+                } else {
+                    self.nodes[node].disk.apply(&save);
+                    Ok(())
+                };
+                let t = self.time(node);
+                self.nodes[node].core.handle_saved(t, id, result);
+                self.drive(node);
+            }
+            Ev::Loaded {
+                node,
+                incarnation,
+                doc,
+            } => {
+                if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+                    return;
+                }
+                let chunks = if self.now_us < self.nodes[node].disk.failing_reads_until {
+                    self.count("load_error");
+                    Err(StorageFailure("simulated read failure".into()))
+                } else {
+                    Ok(self.nodes[node].disk.chunks(&doc))
+                };
+                let t = self.time(node);
+                self.nodes[node].core.handle_loaded(t, &doc, chunks);
                 self.drive(node);
             }
             Ev::Submit => self.submit(),
+            Ev::Join { node, queue } => self.join(node, queue),
             Ev::Fault(f) => self.fault(&f),
             Ev::Restart { node, incarnation } => {
                 if !self.nodes[node].up && self.nodes[node].incarnation == incarnation {
@@ -550,75 +698,38 @@ impl World {
 
     // ----- a node's turn -----
 
-    /// Runs node `i`'s state machines until they have nothing more to do, then saves, sends,
-    /// and sets its timer: what the node's actor does after every input.
+    /// Carries out everything node `i`'s core asks for, watches what it reports, and sets its
+    /// timer: what the node's shell does after every input.
     fn drive(&mut self, i: usize) {
-        let mut rounds = 0;
+        if !self.nodes[i].up {
+            return;
+        }
         loop {
-            rounds += 1;
-            let mut busy = false;
-            let mut dirty = false;
-            while let Some(ev) = self.nodes[i].replica.poll_event() {
-                busy = true;
-                match ev {
-                    ReplicaEvent::Load(id) => {
-                        let doc = self.load(i);
-                        self.nodes[i].replica.handle_loaded(&id, doc);
-                    }
-                    ReplicaEvent::Changed(_) => dirty = true,
-                    ReplicaEvent::Arrived(id) => {
-                        self.nodes[i].replica.set_shared(&id, true);
-                        self.nodes[i].refetch = false;
-                        dirty = true;
-                    }
-                    ReplicaEvent::Unavailable(_) => self.nodes[i].refetch = true,
-                    ReplicaEvent::Rejected { peer, reason } => {
-                        self.violate(
-                            2,
-                            format!("node{i} rejected a message from {peer}: {reason}"),
-                        );
-                    }
+            let mut any = false;
+            while let Some(ev) = self.nodes[i].core.poll_event() {
+                any = true;
+                self.event(i, ev);
+            }
+            while let Some((cmd, reply)) = self.nodes[i].core.poll_reply() {
+                any = true;
+                self.reply(i, cmd, reply);
+            }
+            while let Some(io) = self.nodes[i].core.poll_io() {
+                any = true;
+                self.io(i, io);
+            }
+            while let Some((to, frame)) = self.nodes[i].core.poll_transmit() {
+                any = true;
+                if let Some(j) = self.index_of(&to) {
+                    self.send_sync(i, j, frame);
                 }
             }
-            if dirty {
-                self.refresh(i);
-            }
-            let now = self.local(i);
-            while let Some(a) = self.nodes[i].router.poll_action() {
-                busy = true;
-                self.router_action(i, now, a);
-            }
-            while let Some(e) = self.nodes[i].router.poll_event() {
-                if let RouterEvent::BecameActive(c) = &e {
-                    self.activations += 1;
-                    self.trace(|| format!("node{i} active as {c}"));
-                } else if let RouterEvent::ClaimLost { .. } = &e {
-                    self.claims_lost += 1;
-                    self.trace(|| format!("node{i} router: {e:?}"));
-                } else {
-                    self.trace(|| format!("node{i} router: {e:?}"));
-                }
-            }
-            while let Some(a) = self.nodes[i].pool.poll_action() {
-                busy = true;
-                self.pool_action(i, now, a);
-            }
-            if !busy || rounds > 1000 {
+            if !any {
                 break;
             }
         }
-        self.save(i);
-        while let Some((to, msg)) = self.nodes[i].replica.poll_transmit() {
-            let Some(j) = self.index_of(&to) else {
-                continue;
-            };
-            self.send_sync(i, j, msg);
-        }
+        let next = self.nodes[i].core.poll_timeout();
         let n = &mut self.nodes[i];
-        let next = [n.router.poll_timeout(), Some(n.pool.poll_timeout())]
-            .into_iter()
-            .flatten()
-            .min();
         n.timer_generation += 1;
         let generation = n.timer_generation;
         if let Some(at) = next {
@@ -637,27 +748,163 @@ impl World {
         self.nodes.iter().position(|n| &n.peer == peer)
     }
 
-    fn refresh(&mut self, i: usize) {
-        let now = self.local(i);
-        let n = &mut self.nodes[i];
-        let Some(doc) = n.replica.get(&self.doc) else {
-            return;
-        };
-        let Some(view) = n.cache.refresh(doc).cloned() else {
-            return;
-        };
-        if Arc::ptr_eq(&view, &n.view) {
-            return;
+    fn io(&mut self, i: usize, io: Io) {
+        let inc = self.nodes[i].incarnation;
+        match io {
+            Io::Load { doc } => {
+                self.schedule_at(
+                    self.now_us + READ_US,
+                    Ev::Loaded {
+                        node: i,
+                        incarnation: inc,
+                        doc,
+                    },
+                );
+            }
+            Io::Save(save) => {
+                self.check_scope(i, &save.doc);
+                let (lo, hi) = self.config.mix.write_us;
+                let us = self.rng.random_range(lo..=hi.max(lo));
+                let id = save.id;
+                self.nodes[i].disk.pending.insert(id, save);
+                self.schedule_at(
+                    self.now_us + us,
+                    Ev::Saved {
+                        node: i,
+                        incarnation: inc,
+                        id,
+                    },
+                );
+            }
+            Io::Run(req) => {
+                let claim = req.attempt.claim.clone();
+                self.check_start(i, &req.queue, &req.task, &claim);
+                self.trace(|| {
+                    format!(
+                        "node{i} starts {} {} on {}",
+                        req.task, req.attempt, req.worker
+                    )
+                });
+                let (lo, hi) = self.config.mix.run_ms;
+                let ms = self.rng.random_range(lo..=hi.max(lo));
+                let ok = !self.rng.random_bool(self.config.mix.handler_failure);
+                self.nodes[i].live.insert(
+                    req.id,
+                    Live {
+                        task: req.task.clone(),
+                        queue: req.queue.clone(),
+                        claim: claim.clone(),
+                        tainted: false,
+                    },
+                );
+                self.runs.entry(req.task.clone()).or_default().push(RunRec {
+                    node: i,
+                    claim,
+                    start_us: self.now_us,
+                    end_us: None,
+                    end: None,
+                });
+                self.schedule_at(
+                    self.now_us + ms * 1000,
+                    Ev::RunEnd {
+                        node: i,
+                        incarnation: inc,
+                        run: req.id,
+                        ok,
+                    },
+                );
+            }
+            // Every pair of up, uncut nodes is connected: dials change nothing here.
+            Io::Dial { .. } => {}
+            Io::Publish { topic, data } => self.gossip(i, topic, data),
+            Io::Subscribe { topic } => {
+                self.nodes[i].subscribed.insert(topic);
+            }
+            Io::RememberQueue { id, .. } => {
+                self.nodes[i].disk.queues.insert(id);
+            }
         }
-        n.view = view.clone();
-        if let Some(r) = &view.router
-            && n.seen.as_ref().is_none_or(|s| r > s)
-        {
-            n.seen = Some(r.clone());
+    }
+
+    fn reply(&mut self, i: usize, cmd: CommandId, reply: Reply) {
+        match reply {
+            Reply::Submitted(r) => {
+                let Some(queue) = self.nodes[i].submits.remove(&cmd) else {
+                    return;
+                };
+                match r {
+                    Ok(s) => {
+                        self.trace(|| format!("node{i} acknowledged task {}", s.task_id));
+                        self.check_durable(i, &queue, &s.task_id);
+                        self.submitted.insert(s.task_id, queue);
+                    }
+                    Err(e) => {
+                        self.count("submit_refused");
+                        self.trace(|| format!("node{i} refused a submit: {e}"));
+                        self.to_submit += 1;
+                        self.schedule_at(self.now_us + RETRY_US, Ev::Submit);
+                    }
+                }
+            }
+            Reply::Joined(r) => {
+                let Some(q) = self.nodes[i].joins.remove(&cmd) else {
+                    return;
+                };
+                if let Err(e) = r {
+                    self.trace(|| format!("node{i} could not join queue {q}: {e}"));
+                    self.schedule_at(self.now_us + RETRY_US, Ev::Join { node: i, queue: q });
+                }
+            }
+            Reply::Created(_) | Reply::Paused(_) | Reply::Task(_) | Reply::Status(_) => {}
         }
-        n.router.handle_view(now, view.clone());
-        n.pool.handle_view(&self.queue, &view);
-        // Invariant 2: no outcome regresses, and no task leaves the index, on any replica.
+    }
+
+    fn event(&mut self, i: usize, ev: Event) {
+        match ev {
+            Event::View { queue, view } => self.watch_view(i, &queue, &view),
+            Event::Router { event, queue } => match event {
+                RouterEvent::BecameActive(c) => {
+                    self.activations += 1;
+                    self.trace(|| format!("node{i} active for {queue} as {c}"));
+                }
+                RouterEvent::ClaimLost { .. } => {
+                    self.claims_lost += 1;
+                    self.trace(|| format!("node{i} router: {event:?}"));
+                }
+                e => self.trace(|| format!("node{i} router: {e:?}")),
+            },
+            Event::NotRun {
+                task,
+                attempt,
+                outcome,
+                reason,
+            } => {
+                self.trace(|| {
+                    format!("node{i} did not run {task} {attempt}: {outcome:?} {reason}")
+                });
+            }
+            Event::FetchFailed { task } => {
+                self.count("fetch_failed");
+                self.trace(|| format!("node{i} found no member with {task}'s document"));
+            }
+            Event::SaveFailed { doc, failures, .. } => {
+                self.count("save_failure_reported");
+                self.trace(|| format!("node{i} cannot write {doc} ({failures} failures)"));
+            }
+            Event::LoadFailed { doc, error } => {
+                self.trace(|| format!("node{i} cannot load {doc}: {error}"));
+            }
+            Event::Rejected { peer, reason } => {
+                self.count("rejected");
+                self.trace(|| format!("node{i} rejected {peer}: {reason}"));
+            }
+            Event::Resynced { .. } | Event::RunStarted { .. } | Event::RunEnded { .. } => {}
+        }
+    }
+
+    /// Invariant 2 (no outcome regresses, no task leaves the index), the rate half of
+    /// invariant 6, and the situations a restarted pool meets.
+    fn watch_view(&mut self, i: usize, queue: &QueueId, view: &Arc<QueueView>) {
         let mut bad = vec![];
         for (id, t) in &view.tasks {
             let s = t.state();
@@ -677,165 +924,126 @@ impl World {
                 self.seen_states.insert(key, s);
             }
         }
-        let known = self
-            .seen_states
-            .range((i, TaskId::new(""))..)
-            .take_while(|((n, _), _)| *n == i)
-            .count();
-        if known > view.tasks.len() {
-            bad.push(format!(
-                "node{i}: {} tasks it knew left its index",
-                known - view.tasks.len()
-            ));
-        }
         for b in bad {
             self.violate(2, b);
         }
-    }
-
-    fn write(
-        &mut self,
-        i: usize,
-        what: &str,
-        f: impl FnOnce(&mut Automerge) -> Result<(), String>,
-    ) {
-        let d = self.doc.clone();
-        match self.nodes[i].replica.change(&d, f) {
-            Some(Ok(())) => self.refresh(i),
-            Some(Err(e)) => self.trace(|| format!("node{i} could not write {what}: {e}")),
-            None => self.trace(|| format!("node{i} could not write {what}: no queue document")),
-        }
-    }
-
-    fn router_action(&mut self, i: usize, now: Instant, a: RouterAction) {
-        let wall = self.wall_ms(i);
-        match a {
-            RouterAction::Claim(c) => {
-                self.trace(|| format!("node{i} claims {c}"));
-                self.write(i, "a claim", |d| {
-                    queue::claim_router(d, &c, wall).map_err(|e| e.to_string())
-                });
-            }
-            RouterAction::Assign(list) => {
-                self.check_rate(i, now, &list);
-                for a in &list {
-                    self.trace(|| {
-                        format!("node{i} assigns {} {} to {}", a.task, a.attempt, a.worker)
-                    });
-                }
-                self.write(i, "assignments", |d| {
-                    queue::record_assignments(d, &list, wall).map_err(|e| e.to_string())
-                });
-            }
-            RouterAction::Beat(b) => {
-                let n = &mut self.nodes[i];
-                n.pool.handle_router_beat(&b);
-                if n.seen.as_ref().is_none_or(|s| b.claim > *s) {
-                    n.seen = Some(b.claim.clone());
-                }
-                self.gossip(i, Beat::Router(b));
+        // A restarted pool holding an attempt that was superseded while it was down.
+        if self.nodes[i].restarted {
+            let me = self.nodes[i].peer.clone();
+            let inc = self.nodes[i].incarnation;
+            let held = view.tasks.values().any(|t| {
+                t.attempts.iter().any(|a| {
+                    a.worker.peer == me
+                        && a.is_open()
+                        && a.started.is_none()
+                        && (a.id.n < t.last_n() || a.pool_incarnation.is_some_and(|p| p < inc))
+                })
+            });
+            if held {
+                self.count("superseded_attempt_held");
+                self.nodes[i].restarted = false;
             }
         }
-    }
-
-    fn pool_action(&mut self, i: usize, now: Instant, a: PoolAction) {
-        let wall = self.wall_ms(i);
-        match a {
-            PoolAction::Start(run) => {
-                self.check_start(i, &run.task, &run.attempt.claim);
-                let inc = self.nodes[i].incarnation;
-                let d = self.doc.clone();
-                let r = self.nodes[i].replica.change(&d, |d| {
-                    queue::record_start(d, &run.task, &run.attempt, &run.worker, inc, wall)
-                });
-                if !matches!(r, Some(Ok(()))) {
-                    self.nodes[i]
-                        .pool
-                        .handle_start_failed(run.worker.index, "cannot record the start".into());
-                    return;
+        // Rate interval: new attempts of this node's active claim.
+        let interval_us = self.qconfig.rate_interval_ms * 1000;
+        if interval_us > 0 && self.nodes[i].core.is_active(queue) {
+            let me = self.nodes[i].peer.clone();
+            let mut fresh: Vec<Claim> = vec![];
+            for t in view.tasks.values() {
+                for a in t.attempts.iter().filter(|a| a.id.claim.peer == me) {
+                    let key = (t.id.clone(), a.id.n, a.id.claim.clone());
+                    if self.assigned.insert(key) {
+                        fresh.push(a.id.claim.clone());
+                    }
                 }
-                self.refresh(i);
-                self.trace(|| {
+            }
+            if fresh.len() > 1 {
+                self.violate(
+                    6,
                     format!(
-                        "node{i} starts {} {} on {}",
-                        run.task, run.attempt, run.worker
-                    )
-                });
-                let (lo, hi) = self.config.mix.run_ms;
-                let ms = self.rng.random_range(lo..=hi.max(lo));
-                let ok = !self.rng.random_bool(self.config.mix.handler_failure);
-                self.nodes[i].live.insert(
-                    run.worker.index,
-                    Live {
-                        task: run.task.clone(),
-                        claim: run.attempt.claim.clone(),
-                        tainted: false,
-                    },
-                );
-                self.runs.entry(run.task.clone()).or_default().push(RunRec {
-                    node: i,
-                    start_us: self.now_us,
-                    end: None,
-                });
-                let at = self.now_us + ms * 1000;
-                self.schedule_at(
-                    at,
-                    Ev::RunEnd {
-                        node: i,
-                        incarnation: inc,
-                        index: run.worker.index,
-                        ok,
-                    },
+                        "node{i} assigned {} tasks at once under a rate interval",
+                        fresh.len()
+                    ),
                 );
             }
-            PoolAction::Finish {
-                worker,
-                task,
-                attempt,
-                outcome,
-                error,
-                ..
-            } => {
-                self.trace(|| format!("node{i} finishes {task} {attempt}: {outcome:?}"));
-                let err = error.clone();
-                self.write(i, "an attempt's end", |d| {
-                    queue::record_finish(d, &task, &attempt, &worker, outcome, err.as_deref(), wall)
-                        .map_err(|e| e.to_string())
-                });
-            }
-            PoolAction::Beat(b) => {
-                self.nodes[i].router.handle_pool_beat(now, &b);
-                self.gossip(i, Beat::Pool(b));
+            if let Some(claim) = fresh.pop() {
+                let now = self.now_us;
+                let local = self.local_us(i);
+                let key = (queue.clone(), claim);
+                if let Some(last) = self.last_assign.get(&key)
+                    && local.saturating_sub(*last) < interval_us
+                {
+                    let gap = local - last;
+                    self.violate(
+                        6,
+                        format!(
+                            "node{i} assigned {gap} µs after its last, rate interval {interval_us} µs (at {now})"
+                        ),
+                    );
+                }
+                self.last_assign.insert(key, local);
             }
         }
     }
 
-    fn load(&self, i: usize) -> Option<Automerge> {
-        let store = &self.nodes[i].store;
-        if store.is_empty() {
-            return None;
-        }
-        let mut d = Automerge::new();
-        for c in store {
-            d.load_incremental(c)
-                .expect("the simulator's own chunks load");
-        }
-        Some(d)
-    }
+    // ----- the clients -----
 
-    fn save(&mut self, i: usize) {
-        let d = self.doc.clone();
-        let n = &mut self.nodes[i];
-        let changes = n.replica.take_unsaved(&d);
-        if changes.is_empty() {
+    fn join(&mut self, i: usize, q: usize) {
+        if !self.nodes[i].up || self.is_member_now(i, q) {
             return;
         }
-        n.store.extend(changes.into_iter().map(|(_, b)| b));
-        if n.store.len() > COMPACT_AFTER
-            && let Some(doc) = n.replica.get(&d)
-        {
-            n.store = vec![doc.save()];
+        let Some(id) = self.queues[q].clone() else {
+            return;
+        };
+        if self.nodes[i].joins.values().any(|j| *j == q) {
+            return;
         }
+        let cmd = self.command_id(i);
+        self.nodes[i].joins.insert(cmd, q);
+        let t = self.time(i);
+        self.nodes[i].core.handle_command(
+            t,
+            cmd,
+            Command::JoinQueue {
+                id,
+                from_peers: true,
+            },
+        );
+        self.drive(i);
+    }
+
+    fn submit(&mut self) {
+        let q = self.rng.random_range(0..self.members.len());
+        let Some(queue) = self.queues[q].clone() else {
+            return;
+        };
+        let candidates: Vec<usize> = self.members[q]
+            .iter()
+            .copied()
+            .filter(|&i| self.nodes[i].up && self.nodes[i].core.view(&queue).is_some())
+            .collect();
+        if candidates.is_empty() {
+            // Nobody can take it now: the client tries again a little later.
+            self.schedule_at(self.now_us + RETRY_US, Ev::Submit);
+            return;
+        }
+        let i = candidates[self.rng.random_range(0..candidates.len())];
+        self.to_submit = self.to_submit.saturating_sub(1);
+        let cmd = self.command_id(i);
+        self.nodes[i].submits.insert(cmd, queue.clone());
+        let task = SubmitTask {
+            kind: "sim".into(),
+            input: serde_json::json!({"n": self.submitted.len()}),
+            priority: self.rng.random_range(-2..=2),
+            urgent: false,
+            max_attempts: None,
+        };
+        self.trace(|| format!("node{i} takes a task for {queue}"));
+        let t = self.time(i);
+        self.nodes[i]
+            .core
+            .handle_command(t, cmd, Command::Submit { queue, task });
+        self.drive(i);
     }
 
     // ----- the network -----
@@ -849,7 +1057,7 @@ impl World {
         self.rng.random_range(lo..=hi.max(lo))
     }
 
-    fn send_sync(&mut self, from: usize, to: usize, msg: Message) {
+    fn send_sync(&mut self, from: usize, to: usize, frame: Vec<u8>) {
         let p = pair(from, to);
         if !self.links.contains(&p) {
             return;
@@ -865,18 +1073,21 @@ impl World {
                 from,
                 to,
                 epoch,
-                msg,
+                frame,
             },
         );
     }
 
-    fn gossip(&mut self, from: usize, beat: Beat) {
+    fn gossip(&mut self, from: usize, topic: String, data: Vec<u8>) {
         let extra = match self.beat_delay.get(&from) {
             Some((extra_ms, until)) if self.now_us < *until => *extra_ms * 1000,
             _ => 0,
         };
         for to in 0..self.nodes.len() {
             if to == from || !self.nodes[to].up || self.blocked(from, to) {
+                continue;
+            }
+            if !self.nodes[to].subscribed.contains(&topic) {
                 continue;
             }
             let mix = &self.config.mix;
@@ -887,6 +1098,7 @@ impl World {
             };
             if self.rng.random_bool(drop) {
                 self.count("beat_dropped");
+                self.disturbances.push((self.now_us, self.now_us, from, to));
                 continue;
             }
             let copies = if self.rng.random_bool(dup) { 2 } else { 1 };
@@ -906,18 +1118,19 @@ impl World {
                 *last = (*last).max(at);
                 self.schedule_at(
                     at,
-                    Ev::Beat {
+                    Ev::Gossip {
                         from,
                         to,
-                        beat: beat.clone(),
+                        topic: topic.clone(),
+                        data: data.clone(),
                     },
                 );
             }
         }
     }
 
-    /// Makes the replicas' connections match who is up and what is cut: a sync connection
-    /// needs both directions open.
+    /// Makes the cores' sync streams match who is up and what is cut: a stream needs both
+    /// directions open.
     fn relink(&mut self) {
         let n = self.nodes.len();
         let mut touched = BTreeSet::new();
@@ -933,17 +1146,18 @@ impl World {
                 }
                 *self.epochs.entry((a, b)).or_default() += 1;
                 let (pa, pb) = (self.nodes[a].peer.clone(), self.nodes[b].peer.clone());
+                let (ta, tb) = (self.time(a), self.time(b));
                 if want {
                     self.links.insert((a, b));
-                    self.nodes[a].replica.handle_connected(pb);
-                    self.nodes[b].replica.handle_connected(pa);
+                    self.nodes[a].core.handle_connected(ta, pb);
+                    self.nodes[b].core.handle_connected(tb, pa);
                 } else {
                     self.links.remove(&(a, b));
                     if self.nodes[a].up {
-                        self.nodes[a].replica.handle_disconnected(&pb);
+                        self.nodes[a].core.handle_disconnected(ta, &pb);
                     }
                     if self.nodes[b].up {
-                        self.nodes[b].replica.handle_disconnected(&pa);
+                        self.nodes[b].core.handle_disconnected(tb, &pa);
                     }
                 }
                 touched.insert(a);
@@ -951,25 +1165,20 @@ impl World {
             }
         }
         for i in touched {
-            if self.nodes[i].up {
-                if self.nodes[i].refetch {
-                    let d = self.doc.clone();
-                    self.nodes[i].refetch = false;
-                    self.nodes[i].replica.fetch(&d, true);
-                }
-                self.drive(i);
-            }
+            self.drive(i);
         }
     }
 
     fn reset_link(&mut self, p: (usize, usize)) {
-        // Down, then up again: both replicas start their sync state over.
+        // Down, then up again: both cores start their sync state over.
+        self.count("resync");
         self.links.remove(&p);
         *self.epochs.entry(p).or_default() += 1;
         let (a, b) = p;
         let (pa, pb) = (self.nodes[a].peer.clone(), self.nodes[b].peer.clone());
-        self.nodes[a].replica.handle_disconnected(&pb);
-        self.nodes[b].replica.handle_disconnected(&pa);
+        let (ta, tb) = (self.time(a), self.time(b));
+        self.nodes[a].core.handle_disconnected(ta, &pb);
+        self.nodes[b].core.handle_disconnected(tb, &pa);
         self.relink();
     }
 
@@ -977,18 +1186,21 @@ impl World {
         // Runs whose router is now out of reach may be routed again; they no longer count
         // against that router's concurrency limit.
         for n in 0..self.nodes.len() {
-            let idx: Vec<u32> = self.nodes[n].live.keys().copied().collect();
-            for w in idx {
-                let claim_node = self.index_of(&self.nodes[n].live[&w].claim.peer);
+            let ids: Vec<RunId> = self.nodes[n].live.keys().copied().collect();
+            for id in ids {
+                let claim_node = self.index_of(&self.nodes[n].live[&id].claim.peer);
                 if let Some(r) = claim_node
                     && (blocked.contains(&(n, r)) || blocked.contains(&(r, n)))
-                    && let Some(l) = self.nodes[n].live.get_mut(&w)
+                    && let Some(l) = self.nodes[n].live.get_mut(&id)
                 {
                     l.tainted = true;
                 }
             }
         }
         let until_us = self.now_us + for_ms * 1000;
+        for &(a, b) in &blocked {
+            self.disturbances.push((self.now_us, until_us, a, b));
+        }
         self.cuts.push(Cut { blocked, until_us });
         self.schedule_at(until_us, Ev::CutsChanged);
         self.relink();
@@ -1000,11 +1212,12 @@ impl World {
         match t {
             Target::Node(i) => (i < self.nodes.len()).then_some(i),
             Target::Router => {
+                let q = self.queues[0].as_ref()?;
                 let best = self
                     .nodes
                     .iter()
                     .filter(|n| n.up)
-                    .filter_map(|n| n.view.router.clone())
+                    .filter_map(|n| n.core.view(q).and_then(|v| v.router.clone()))
                     .max()?;
                 self.index_of(&best.peer)
             }
@@ -1040,6 +1253,22 @@ impl World {
                 self.count("one_way_cut");
                 self.trace(|| format!("node{i}'s outgoing messages lost for {ms} ms"));
                 self.cut((0..n).filter(|&b| b != i).map(|b| (i, b)).collect(), ms);
+            }
+            Kind::WriteFailures | Kind::ReadFailures => {
+                let i = self.rng.random_range(0..n);
+                let (lo, hi) = self.config.mix.disk_window_ms;
+                let ms = self.rng.random_range(lo..=hi.max(lo));
+                let until = self.now_us + ms * 1000;
+                let disk = &mut self.nodes[i].disk;
+                let what = if kind == Kind::WriteFailures {
+                    disk.failing_writes_until = disk.failing_writes_until.max(until);
+                    "write"
+                } else {
+                    disk.failing_reads_until = disk.failing_reads_until.max(until);
+                    "read"
+                };
+                self.count(&format!("{what}_failure_window"));
+                self.trace(|| format!("node{i}'s disk fails every {what} for {ms} ms"));
             }
         }
     }
@@ -1091,8 +1320,11 @@ impl World {
                     self.trace(|| {
                         format!("node{i}'s heartbeats delayed {extra_ms} ms for {for_ms} ms")
                     });
-                    self.beat_delay
-                        .insert(i, (*extra_ms, self.now_us + for_ms * 1000));
+                    let until = self.now_us + for_ms * 1000;
+                    for b in 0..n {
+                        self.disturbances.push((self.now_us, until, i, b));
+                    }
+                    self.beat_delay.insert(i, (*extra_ms, until));
                 }
             }
             Fault::Heal => {
@@ -1111,6 +1343,7 @@ impl World {
         self.count("crash");
         self.trace(|| format!("node{i} crashes"));
         self.crashes.push((i, self.now_us));
+        let now = self.now_us;
         let n = &mut self.nodes[i];
         n.up = false;
         n.timer_generation += 1;
@@ -1121,11 +1354,28 @@ impl World {
                 .and_then(|v| v.iter_mut().rev().find(|r| r.node == i && r.end.is_none()))
             {
                 r.end = Some(End::Crashed);
+                r.end_us = Some(now);
+            }
+        }
+        // What the node had seen only in memory is gone with it: invariant 2 watches each
+        // incarnation from what it reloads (acknowledged tasks are invariant 8's).
+        self.seen_states.retain(|(n, _), _| *n != i);
+        // Writes in flight: the crash keeps an arbitrary subset of them.
+        let pending = std::mem::take(&mut self.nodes[i].disk.pending);
+        for save in pending.into_values() {
+            if self.rng.random_bool(0.5) {
+                self.nodes[i].disk.apply(&save);
+                self.count("unacknowledged_write_kept");
+            } else {
+                self.count("unacknowledged_write_lost");
             }
         }
         self.relink();
         let (lo, hi) = self.config.mix.downtime_ms;
         let ms = self.rng.random_range(lo..=hi.max(lo));
+        if ms > self.qconfig.lease_ms {
+            self.count("long_downtime");
+        }
         let inc = self.nodes[i].incarnation;
         self.schedule_at(
             self.now_us + ms * 1000,
@@ -1138,29 +1388,59 @@ impl World {
 
     fn restart(&mut self, i: usize) {
         self.count("restart");
-        let now = self.local(i);
         let inc = self.nodes[i].incarnation + 1;
         self.trace(|| format!("node{i} restarts, incarnation {inc}"));
-        let pool = pool_config(&self.nodes[i].peer, self.config.workers, inc, &self.qconfig);
+        let t = time_at(
+            self.base,
+            self.nodes[i].offset_us,
+            self.nodes[i].drift_ppm,
+            self.now_us,
+        );
+        let config = CoreConfig::new(
+            self.nodes[i].peer.clone(),
+            inc,
+            self.config.workers,
+            node_seed(self.seed, i, inc),
+        );
         let n = &mut self.nodes[i];
         n.incarnation = inc;
         n.up = true;
-        n.replica = Replica::new();
-        n.replica.set_actor(actor(i, inc));
-        n.router = Router::new(self.queue.clone(), n.peer.clone(), now);
-        n.pool = Pool::new(pool, now);
+        n.core = Core::new(config, t);
         #[cfg(feature = "broken")]
         if self.config.broken_fencing {
-            n.pool.break_fencing();
+            n.core.break_fencing();
         }
-        n.cache = ViewCache::new();
-        n.view = Arc::new(QueueView::default());
-        n.seen = None;
-        n.last_assign.clear();
-        let d = self.doc.clone();
-        self.nodes[i].replica.fetch(&d, true);
+        n.submits.clear();
+        n.joins.clear();
+        n.subscribed.clear();
+        n.restarted = true;
+        n.disk.failing_reads_until = 0;
+        n.disk.failing_writes_until = 0;
+        // What the shell does at start: reopen every queue the disk remembers.
+        let remembered: Vec<QueueId> = n.disk.queues.iter().cloned().collect();
+        for id in remembered {
+            let q = self.queues.iter().position(|x| x.as_ref() == Some(&id));
+            let cmd = self.command_id(i);
+            if let Some(q) = q {
+                self.nodes[i].joins.insert(cmd, q);
+            }
+            let t = self.time(i);
+            self.nodes[i].core.handle_command(
+                t,
+                cmd,
+                Command::JoinQueue {
+                    id,
+                    from_peers: true,
+                },
+            );
+        }
         self.relink();
         self.drive(i);
+        for q in 0..self.members.len() {
+            if self.members[q].contains(&i) {
+                self.schedule_at(self.now_us + RETRY_US, Ev::Join { node: i, queue: q });
+            }
+        }
     }
 
     fn heal_all(&mut self) {
@@ -1168,6 +1448,10 @@ impl World {
         self.faults_on = false;
         self.cuts.clear();
         self.beat_delay.clear();
+        for n in &mut self.nodes {
+            n.disk.failing_reads_until = 0;
+            n.disk.failing_writes_until = 0;
+        }
         for i in 0..self.nodes.len() {
             if !self.nodes[i].up {
                 self.restart(i);
@@ -1177,42 +1461,11 @@ impl World {
         self.schedule_at(self.now_us, Ev::SettleCheck);
     }
 
-    fn submit(&mut self) {
-        let n = self.nodes.len();
-        let first = self.rng.random_range(0..n);
-        let Some(i) = (0..n)
-            .map(|k| (first + k) % n)
-            .find(|&i| self.nodes[i].up && !self.nodes[i].view.name.is_empty())
-        else {
-            // Nobody can take it now: the client tries again a little later.
-            self.schedule_at(self.now_us + 500_000, Ev::Submit);
-            return;
-        };
-        let id = TaskId::new(DocId::generate(&mut self.rng).as_str());
-        let s = Submission {
-            id: id.clone(),
-            kind: "sim".into(),
-            submitter: self.nodes[i].peer.clone(),
-            submitted_at: self.wall_ms(i),
-            priority: self.rng.random_range(-2..=2),
-            urgent: false,
-            max_attempts: None,
-        };
-        self.to_submit = self.to_submit.saturating_sub(1);
-        self.write(i, "a submission", |d| {
-            queue::submit(d, &s).map_err(|e| e.to_string())
-        });
-        self.submitted.insert(id.clone());
-        self.trace(|| format!("node{i} takes task {id}"));
-        // Durable once saved, which drive() does before anything else can happen.
-        self.drive(i);
-    }
-
     // ----- checks -----
 
-    /// Invariants 4, 5 and 6 at the moment a worker starts a run.
-    fn check_start(&mut self, i: usize, task: &TaskId, claim: &Claim) {
-        if let Some(seen) = self.nodes[i].seen.clone()
+    /// Invariants 4, 5, 6 and 7 at the moment a worker starts a run.
+    fn check_start(&mut self, i: usize, queue: &QueueId, task: &TaskId, claim: &Claim) {
+        if let Some(seen) = self.nodes[i].core.fence(queue).cloned()
             && *claim < seen
         {
             self.violate(
@@ -1220,9 +1473,8 @@ impl World {
                 format!("node{i} started {task} assigned by {claim}, having seen {seen}"),
             );
         }
-        if self.check_duplicates
-            && let Some(earlier) = self.runs.get(task)
-        {
+        let earlier = self.runs.get(task).cloned().unwrap_or_default();
+        if self.check_duplicates {
             let unexplained = earlier.iter().find(|r| {
                 let crashed_since = self
                     .crashes
@@ -1238,13 +1490,38 @@ impl World {
                 self.violate(5, what);
             }
         }
+        // Invariant 7: no two runs of a task overlap, unless messages between the routers and
+        // the workers involved were lost or cut since the earlier run began.
+        for r in earlier.iter().filter(|r| r.end_us.is_none()) {
+            let involved: BTreeSet<usize> = [Some(i), Some(r.node)]
+                .into_iter()
+                .chain([self.index_of(&claim.peer), self.index_of(&r.claim.peer)])
+                .flatten()
+                .collect();
+            let from = r
+                .start_us
+                .saturating_sub((self.qconfig.lease_ms + self.qconfig.takeover_after_ms) * 1000);
+            let explained = !self.check_duplicates
+                && self.disturbances.iter().any(|&(s, e, a, b)| {
+                    e >= from
+                        && s <= self.now_us
+                        && (involved.contains(&a) || involved.contains(&b))
+                });
+            if !explained {
+                let what = format!(
+                    "{task} starts on node{i} (by {claim}) while its run on node{} (by {}) still runs",
+                    r.node, r.claim
+                );
+                self.violate(7, what);
+            }
+        }
         let limit = self.qconfig.concurrency;
         if limit > 0 {
             let running = 1 + self
                 .nodes
                 .iter()
                 .flat_map(|n| n.live.values())
-                .filter(|l| l.claim == *claim && !l.tainted)
+                .filter(|l| l.claim == *claim && l.queue == *queue && !l.tainted)
                 .count();
             if running > limit as usize {
                 self.violate(
@@ -1255,97 +1532,149 @@ impl World {
         }
     }
 
-    /// Invariant 6, rate half: one assignment per interval per router.
-    fn check_rate(&mut self, i: usize, now: Instant, list: &[piecework_queue_doc::Assignment]) {
-        let interval = Duration::from_millis(self.qconfig.rate_interval_ms);
-        if interval.is_zero() || list.is_empty() {
-            return;
-        }
-        if list.len() > 1 {
+    /// Invariant 8: an acknowledged submit is on the submitting node's disk, task document and
+    /// index entry both, so no crash can lose it.
+    fn check_durable(&mut self, i: usize, queue: &QueueId, task: &TaskId) {
+        let disk = &self.nodes[i].disk;
+        let indexed = DocId::parse(queue.as_str())
+            .and_then(|d| disk.load(&d))
+            .and_then(|d| QueueView::read(&d))
+            .is_some_and(|v| v.tasks.contains_key(task));
+        let stored = DocId::parse(task.as_str()).is_some_and(|d| disk.load(&d).is_some());
+        if !indexed || !stored {
             self.violate(
-                6,
+                8,
                 format!(
-                    "node{i} assigned {} tasks at once under a rate interval",
-                    list.len()
+                    "node{i} acknowledged {task} but its disk holds the index entry: {indexed}, the task document: {stored}"
                 ),
             );
         }
-        let claim = list[0].attempt.claim.clone();
-        if let Some(last) = self.nodes[i].last_assign.get(&claim)
-            && now.duration_since(*last) < interval
-        {
-            let gap = now.duration_since(*last);
-            self.violate(
-                6,
-                format!("node{i} assigned {gap:?} after its last, rate interval {interval:?}"),
-            );
-        }
-        self.nodes[i].last_assign.insert(claim, now);
     }
 
-    fn effective_everywhere(&self) -> Option<Claim> {
-        let first = self.nodes[0].view.router.clone()?;
-        self.nodes
+    /// Invariant 9: a node stores only documents of queues it joined.
+    fn check_scope(&mut self, i: usize, doc: &DocId) {
+        let core = &self.nodes[i].core;
+        let ok = core.queues().any(|q| {
+            q.as_str() == doc.as_str()
+                || core
+                    .view(q)
+                    .is_some_and(|v| v.tasks.contains_key(&TaskId::new(doc.as_str())))
+        });
+        if !ok {
+            self.violate(
+                9,
+                format!("node{i} stores {doc}, which belongs to no queue it joined"),
+            );
+        }
+    }
+
+    fn everyone_agrees(&self, q: usize) -> Option<Claim> {
+        let id = self.queues[q].as_ref()?;
+        let first = self.nodes[self.members[q][0]]
+            .core
+            .view(id)?
+            .router
+            .clone()?;
+        self.members[q]
             .iter()
-            .all(|n| n.view.router.as_ref() == Some(&first))
+            .all(|&i| {
+                self.nodes[i]
+                    .core
+                    .view(id)
+                    .is_some_and(|v| v.router.as_ref() == Some(&first))
+            })
             .then_some(first)
     }
 
     fn is_settled(&self) -> bool {
-        if self.to_submit > 0 || self.nodes.iter().any(|n| !n.up) {
+        if self.to_submit > 0
+            || self.nodes.iter().any(|n| !n.up || !n.submits.is_empty())
+            || self.queues.iter().any(Option::is_none)
+        {
             return false;
         }
-        let Some(router) = self.effective_everywhere() else {
-            return false;
-        };
-        let all_done = self.nodes.iter().all(|n| {
-            self.submitted
+        for q in 0..self.members.len() {
+            let Some(router) = self.everyone_agrees(q) else {
+                return false;
+            };
+            let id = self.queues[q].as_ref().expect("created");
+            let active: Vec<&PeerId> = self
+                .nodes
                 .iter()
-                .all(|id| n.view.tasks.get(id).is_some_and(|t| t.state().is_final()))
-        });
-        let active: Vec<&PeerId> = self
-            .nodes
-            .iter()
-            .filter(|n| n.router.is_active())
-            .map(|n| &n.peer)
-            .collect();
-        all_done && active == vec![&router.peer]
+                .filter(|n| n.core.is_active(id))
+                .map(|n| &n.peer)
+                .collect();
+            if active != vec![&router.peer] {
+                return false;
+            }
+        }
+        self.lost() == 0
     }
 
-    /// Invariants 1 and 3, once healed and settled.
+    /// Invariants 1, 3 and 9, once healed and settled.
     fn final_checks(&mut self) {
         self.trace(|| "settled".into());
-        // Settling proves both; re-check explicitly so a wrong `is_settled` cannot hide a loss.
+        // Settling proves 1 and 3; re-check explicitly so a wrong `is_settled` cannot hide one.
         let lost = self.lost();
         if lost > 0 {
             self.violate(1, format!("{lost} tasks without an outcome after settling"));
         }
-        for n in &self.nodes {
-            if matches!(n.router.role(), Role::Active { .. })
-                && n.view.router.as_ref().map(|c| &c.peer) != Some(&n.peer)
-            {
-                let what = format!(
-                    "{} is active but the effective router is {:?}",
-                    n.peer, n.view.router
-                );
-                self.violations.push(Violation {
-                    invariant: 3,
-                    at_ms: self.now_us / 1000,
-                    what,
-                });
-                break;
+        for q in 0..self.members.len() {
+            let Some(id) = self.queues[q].clone() else {
+                continue;
+            };
+            for n in &self.nodes {
+                if n.core.is_active(&id)
+                    && n.core
+                        .view(&id)
+                        .and_then(|v| v.router.as_ref())
+                        .map(|c| &c.peer)
+                        != Some(&n.peer)
+                {
+                    let what =
+                        format!("{} is active for {id} but not its effective router", n.peer);
+                    self.violations.push(Violation {
+                        invariant: 3,
+                        at_ms: self.now_us / 1000,
+                        what,
+                    });
+                    break;
+                }
             }
+        }
+        // The node outside queue 1 never stored any of its documents.
+        let mut strays = vec![];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for doc in n.disk.docs.keys() {
+                let ok = n.core.queues().any(|q| {
+                    q.as_str() == doc.as_str()
+                        || n.core
+                            .view(q)
+                            .is_some_and(|v| v.tasks.contains_key(&TaskId::new(doc.as_str())))
+                });
+                if !ok {
+                    strays.push(format!("node{i} holds {doc} on disk"));
+                }
+            }
+        }
+        for s in strays {
+            self.violate(9, s);
         }
     }
 
     fn lost(&self) -> usize {
         self.submitted
             .iter()
-            .filter(|id| {
-                !self
-                    .nodes
-                    .iter()
-                    .all(|n| n.view.tasks.get(*id).is_some_and(|t| t.state().is_final()))
+            .filter(|(id, queue)| {
+                let q = self.queues.iter().position(|x| x.as_ref() == Some(*queue));
+                let members = q.map(|q| self.members[q].clone()).unwrap_or_default();
+                !members.iter().all(|&i| {
+                    self.nodes[i]
+                        .core
+                        .view(queue)
+                        .and_then(|v| v.tasks.get(*id))
+                        .is_some_and(|t| t.state().is_final())
+                })
             })
             .count()
     }
@@ -1356,22 +1685,30 @@ impl World {
             self.violate(
                 1,
                 format!(
-                    "{lost} submitted tasks have no outcome on every replica after the settle limit"
+                    "{lost} acknowledged tasks have no outcome on every member after the settle limit"
                 ),
             );
         }
-        let routers: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("{}: {:?} ({:?})", n.peer, n.view.router, n.router.role()))
-            .collect();
-        if self.effective_everywhere().is_none()
-            || self.nodes.iter().filter(|n| n.router.is_active()).count() != 1
-        {
-            self.violate(
-                3,
-                format!("no single agreed active router after the settle limit: {routers:?}"),
-            );
+        let mut routers = vec![];
+        for q in 0..self.members.len() {
+            let Some(id) = self.queues[q].clone() else {
+                continue;
+            };
+            for n in &self.nodes {
+                routers.push(format!(
+                    "{} on {q}: {:?} ({:?})",
+                    n.peer,
+                    n.core.view(&id).and_then(|v| v.router.clone()),
+                    n.core.role(&id)
+                ));
+            }
+            let active = self.nodes.iter().filter(|n| n.core.is_active(&id)).count();
+            if self.everyone_agrees(q).is_none() || active != 1 {
+                self.violate(
+                    3,
+                    format!("no single agreed active router of queue {q} after the settle limit"),
+                );
+            }
         }
         if self.violations.is_empty() {
             self.violate(1, format!("the cluster did not settle: {routers:?}"));
@@ -1406,16 +1743,15 @@ impl World {
     }
 }
 
-fn pool_config(
-    peer: &PeerId,
-    workers: u32,
-    incarnation: u64,
-    q: &QueueConfig,
-) -> piecework_worker_pool::Config {
-    piecework_worker_pool::Config {
-        peer: peer.clone(),
-        workers,
-        incarnation,
-        heartbeat: Duration::from_millis(q.pool_heartbeat_ms),
+fn local_us(offset_us: u64, drift_ppm: i64, now_us: u64) -> u64 {
+    let scaled = i128::from(now_us) * (1_000_000 + i128::from(drift_ppm)) / 1_000_000;
+    offset_us + scaled as u64
+}
+
+fn time_at(base: Instant, offset_us: u64, drift_ppm: i64, now_us: u64) -> Time {
+    let local = local_us(offset_us, drift_ppm, now_us);
+    Time {
+        mono: base + Duration::from_micros(local),
+        unix_ms: EPOCH_MS + local / 1000,
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
-    RunningReport, TaskId, WorkerId, WorkerReport,
+    Attempt, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueConfig, QueueId, QueueView,
+    RouterBeat, RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
 };
 
 /// A pool's fixed settings.
@@ -20,7 +20,10 @@ pub struct Config {
     /// How many times this node has started; tells this start's runs from earlier ones.
     pub incarnation: u64,
     /// How often the pool beats (the smallest `pool_heartbeat_ms` of the queues it serves is a
-    /// good choice).
+    /// good choice). [`Pool::new`] and [`Pool::set_heartbeat`] clamp it to the queue
+    /// configuration's pool heartbeat range,
+    /// [`MIN_POOL_HEARTBEAT_MS`](QueueConfig::MIN_POOL_HEARTBEAT_MS) to
+    /// [`MAX_POOL_HEARTBEAT_MS`](QueueConfig::MAX_POOL_HEARTBEAT_MS).
     pub heartbeat: Duration,
 }
 
@@ -112,8 +115,10 @@ impl Pool {
         true
     }
 
-    /// A pool with every worker idle, started at `now`; it beats at once.
-    pub fn new(config: Config, now: Instant) -> Self {
+    /// A pool with every worker idle, started at `now`; it beats at once. The heartbeat is
+    /// clamped into its range (see [`Config::heartbeat`]).
+    pub fn new(mut config: Config, now: Instant) -> Self {
+        config.heartbeat = clamp_heartbeat(config.heartbeat);
         let slots = vec![None; config.workers as usize];
         Pool {
             config,
@@ -133,9 +138,10 @@ impl Pool {
         &self.config
     }
 
-    /// Changes how often the pool beats, from the next beat on.
+    /// Changes how often the pool beats, from the next beat on; clamped into its range (see
+    /// [`Config::heartbeat`]), so a zero interval cannot busy-loop the pool or flood gossip.
     pub fn set_heartbeat(&mut self, every: Duration) {
-        self.config.heartbeat = every;
+        self.config.heartbeat = clamp_heartbeat(every);
     }
 
     /// What each worker is running.
@@ -148,8 +154,13 @@ impl Pool {
         self.slots.iter().filter(|s| s.is_none()).count()
     }
 
-    /// A router heartbeat was heard: remember the greatest claim per queue, to fence with.
+    /// A router heartbeat was heard: remember the greatest claim per queue, to fence with. A
+    /// claim above [`MAX_TERM`](piecework_queue_doc::MAX_TERM) is ignored: it would fence out
+    /// every router for good.
     pub fn handle_router_beat(&mut self, beat: &RouterBeat) {
+        if !beat.claim.is_valid() {
+            return;
+        }
         let fence = self
             .fences
             .entry(beat.queue.clone())
@@ -161,10 +172,26 @@ impl Pool {
 
     /// The queue document of `queue` changed: answer every open attempt assigned to this pool.
     ///
-    /// An attempt not yet started is started if its task has no outcome yet, its worker is idle
-    /// and its router's claim is not below the effective router (from the view and from
-    /// heartbeats); otherwise it is refused, with the reason. An attempt started by an earlier incarnation of this node is
-    /// marked interrupted.
+    /// An attempt started by an earlier incarnation of this node is marked interrupted. An
+    /// attempt not yet started is started only if
+    ///
+    /// - its task has no outcome yet,
+    /// - it is addressed to this incarnation of the pool ([`Attempt::pool_incarnation`]; an
+    ///   attempt written before assignments named one is accepted), so that a restarted node
+    ///   never starts work assigned to its earlier life, which may have been routed again
+    ///   since,
+    /// - it is the task's current attempt (no attempt with a greater number exists),
+    /// - its router's claim is not below the effective router (from the view and from
+    ///   heartbeats),
+    /// - no other attempt of the task is running: none open and started with the same or a
+    ///   greater number, and none on this pool (an open, started attempt with a smaller number
+    ///   on another pool is one the router gave up on after its lease: running again is the
+    ///   point), and
+    /// - its worker exists and is idle;
+    ///
+    /// otherwise it is refused, with the reason.
+    ///
+    /// [`Attempt::pool_incarnation`]: piecework_queue_doc::Attempt::pool_incarnation
     pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>) {
         let me = &self.config.peer;
         let fence = [view.router.as_ref(), self.fences.get(queue)]
@@ -217,6 +244,29 @@ impl Pool {
                     format!("the task already has an outcome: {:?}", task.state()),
                     None,
                 )
+            } else if let Some(addressed) = attempt
+                .pool_incarnation
+                .filter(|i| *i != self.config.incarnation)
+            {
+                // A restarted node: the assignment was made to its earlier life, and the task
+                // may have been routed again since (and be running elsewhere).
+                finish(
+                    AttemptOutcome::Refused,
+                    format!(
+                        "stale: assigned to incarnation {addressed} of this pool, this is incarnation {}",
+                        self.config.incarnation
+                    ),
+                    None,
+                )
+            } else if attempt.id.n < task.last_n() {
+                finish(
+                    AttemptOutcome::Refused,
+                    format!(
+                        "superseded: the task has attempt #{} already",
+                        task.last_n()
+                    ),
+                    None,
+                )
             } else if let Some(f) = fence.as_ref().filter(|f| attempt.id.claim < **f) {
                 finish(
                     AttemptOutcome::Refused,
@@ -224,6 +274,12 @@ impl Pool {
                         "fenced: assigned by {}, but {} is the router",
                         attempt.id.claim, f
                     ),
+                    None,
+                )
+            } else if let Some(running) = self.running_elsewhere(queue, task, attempt) {
+                finish(
+                    AttemptOutcome::Refused,
+                    format!("the task is running already: {running}"),
                     None,
                 )
             } else {
@@ -254,6 +310,36 @@ impl Pool {
             self.answered.insert(key);
             self.actions.push_back(action);
         }
+    }
+
+    /// Another run of `task` that starting `attempt` would duplicate: one of this pool's workers
+    /// runs the task, or the document shows another attempt open and started that `attempt`
+    /// does not supersede (same or greater number) or that this incarnation started.
+    fn running_elsewhere(
+        &self,
+        queue: &QueueId,
+        task: &TaskEntry,
+        attempt: &Attempt,
+    ) -> Option<String> {
+        if let Some(run) = self
+            .slots
+            .iter()
+            .flatten()
+            .find(|r| &r.queue == queue && r.task == task.id)
+        {
+            return Some(format!("attempt {} on worker {}", run.attempt, run.worker));
+        }
+        task.attempts
+            .iter()
+            .filter(|o| o.id != attempt.id && o.is_open())
+            .find(|o| {
+                o.started.as_ref().is_some_and(|s| {
+                    o.id.n >= attempt.id.n
+                        || (o.worker.peer == self.config.peer
+                            && s.incarnation == self.config.incarnation)
+                })
+            })
+            .map(|o| format!("attempt {} on worker {}", o.id, o.worker))
     }
 
     /// The run on worker `index` ended. Returns `false` (and does nothing) if the worker was not
@@ -317,7 +403,8 @@ impl Pool {
                 counter: self.counter,
                 workers,
             }));
-            self.next_beat = now + self.config.heartbeat;
+            // The heartbeat is clamped (a minute at most): the sum fits.
+            self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);
         }
     }
 
@@ -330,4 +417,12 @@ impl Pool {
     pub fn poll_timeout(&self) -> Instant {
         self.next_beat
     }
+}
+
+/// A pool heartbeat interval within the queue configuration's range.
+fn clamp_heartbeat(every: Duration) -> Duration {
+    every.clamp(
+        Duration::from_millis(QueueConfig::MIN_POOL_HEARTBEAT_MS),
+        Duration::from_millis(QueueConfig::MAX_POOL_HEARTBEAT_MS),
+    )
 }

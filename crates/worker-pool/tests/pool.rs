@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use automerge::Automerge;
+use automerge::transaction::Transactable;
+use automerge::{Automerge, AutomergeError, ROOT, ReadDoc};
 use piecework_queue_doc::{
     Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView,
     RouterBeat, Submission, TaskId, TaskState, WorkerId, queue,
@@ -63,7 +64,21 @@ impl Fixture {
         id
     }
 
+    /// Assigns the task's next attempt to this pool's `worker`, addressed to the pool's
+    /// incarnation.
     fn assign(&mut self, task: &TaskId, claim: &Claim, worker: u32) -> AttemptId {
+        let incarnation = self.pool.config().incarnation;
+        self.assign_to(task, claim, WorkerId::new(me(), worker), incarnation)
+    }
+
+    /// Assigns the task's next attempt to any worker, addressed to `incarnation` of its pool.
+    fn assign_to(
+        &mut self,
+        task: &TaskId,
+        claim: &Claim,
+        worker: WorkerId,
+        incarnation: u64,
+    ) -> AttemptId {
         let view = QueueView::read(&self.doc).unwrap();
         let attempt = AttemptId {
             n: view.tasks[task].last_n() + 1,
@@ -74,12 +89,25 @@ impl Fixture {
             &[Assignment {
                 task: task.clone(),
                 attempt: attempt.clone(),
-                worker: WorkerId::new(me(), worker),
+                worker,
+                incarnation,
             }],
             0,
         )
         .unwrap();
         attempt
+    }
+
+    /// The node restarts: a new pool of the next incarnation, same documents.
+    fn restart(&mut self) {
+        let c = self.pool.config().clone();
+        self.pool = Pool::new(
+            Config {
+                incarnation: c.incarnation + 1,
+                ..c
+            },
+            self.t0,
+        );
     }
 
     /// Hands the pool the view and carries out its document actions; returns them.
@@ -94,8 +122,16 @@ impl Fixture {
         while let Some(a) = self.pool.poll_action() {
             match &a {
                 Action::Start(run) => {
-                    queue::record_start(&mut self.doc, &run.task, &run.attempt, &run.worker, 1, 0)
-                        .unwrap();
+                    let incarnation = self.pool.config().incarnation;
+                    queue::record_start(
+                        &mut self.doc,
+                        &run.task,
+                        &run.attempt,
+                        &run.worker,
+                        incarnation,
+                        0,
+                    )
+                    .unwrap();
                 }
                 Action::Finish {
                     worker,
@@ -240,15 +276,7 @@ fn a_restarted_node_marks_its_earlier_runs_interrupted() {
     f.assign(&t, &router(1, "r"), 0);
     f.step();
     // The node restarts: a new pool, next incarnation, same documents.
-    f.pool = Pool::new(
-        Config {
-            peer: me(),
-            workers: 1,
-            incarnation: 2,
-            heartbeat: Duration::from_millis(500),
-        },
-        f.t0,
-    );
+    f.restart();
     let actions = f.step();
     assert!(
         matches!(
@@ -289,6 +317,228 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks[&t].state(), TaskState::Succeeded);
     assert_eq!(view.tasks[&t].refusals(), 1);
+}
+
+fn other_worker() -> WorkerId {
+    WorkerId::new(PeerId::new("other-peer"), 0)
+}
+
+fn refusals(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Finish {
+                outcome: AttemptOutcome::Refused,
+                error,
+                ..
+            } => Some(error.clone().unwrap_or_default()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Start(_)))
+        .count()
+}
+
+#[test]
+fn a_restarted_pool_refuses_an_assignment_addressed_to_its_earlier_incarnation() {
+    let mut f = Fixture::new(1, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    // Assigned to incarnation 1, which dies before it sees the assignment.
+    f.assign(&t, &router(1, "r"), 0);
+    f.restart();
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0, "{actions:?}");
+    assert!(
+        matches!(&refusals(&actions)[..], [e] if e.contains("incarnation 1") && e.contains("incarnation 2")),
+        "{actions:?}"
+    );
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks[&t].state(), TaskState::Pending, "routed again");
+    // An assignment addressed to the new incarnation runs.
+    f.assign(&t, &router(1, "r"), 0);
+    assert_eq!(starts(&f.step()), 1);
+}
+
+/// The story: the router assigns T as attempt 1 to this pool's worker; the node dies before
+/// starting it and stays down longer than the lease; the router routes T again as attempt 2 to
+/// another pool, which starts it. The node restarts, syncs and sees attempt 1 open, unstarted,
+/// from the effective router: it must not run T a second time.
+#[test]
+fn a_restarted_pool_never_runs_a_task_that_was_routed_again() {
+    let mut f = Fixture::new(1, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    f.assign(&t, &router(1, "r"), 0);
+    let again = f.assign_to(&t, &router(1, "r"), other_worker(), 1);
+    queue::record_start(&mut f.doc, &t, &again, &other_worker(), 1, 0).unwrap();
+    f.restart();
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0, "{actions:?}");
+    assert_eq!(refusals(&actions).len(), 1, "{actions:?}");
+    assert_eq!(f.pool.idle(), 1);
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(
+        view.tasks[&t].state(),
+        TaskState::Running,
+        "on the other pool"
+    );
+}
+
+#[test]
+fn refuses_a_superseded_attempt() {
+    let mut f = Fixture::new(2, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    // Attempt 1 to this pool, then attempt 2 elsewhere (not started yet) before the pool looks.
+    f.assign(&t, &router(1, "r"), 0);
+    f.assign_to(&t, &router(1, "r"), other_worker(), 1);
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0, "{actions:?}");
+    assert!(
+        matches!(&refusals(&actions)[..], [e] if e.contains("superseded") && e.contains("#2")),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn refuses_an_attempt_while_another_pool_runs_the_task() {
+    // Two routers on either side of a partition numbered their attempts alike: router a's
+    // attempt 1 runs on another pool; router b (the effective one) assigned its attempt 1 here.
+    let mut f = Fixture::new(2, 1);
+    queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
+    let t = f.submit(1);
+    let theirs = f.assign_to(&t, &router(1, "a"), other_worker(), 1);
+    queue::record_start(&mut f.doc, &t, &theirs, &other_worker(), 1, 0).unwrap();
+    let ours = AttemptId {
+        n: 1,
+        claim: router(2, "b"),
+    };
+    queue::record_assignments(
+        &mut f.doc,
+        &[Assignment {
+            task: t.clone(),
+            attempt: ours,
+            worker: WorkerId::new(me(), 0),
+            incarnation: 1,
+        }],
+        0,
+    )
+    .unwrap();
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0, "{actions:?}");
+    assert!(
+        matches!(&refusals(&actions)[..], [e] if e.contains("running already") && e.contains("other-peer/0")),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn refuses_an_attempt_while_this_pool_runs_the_task() {
+    // This pool runs the task on worker 0; a router that thought the pool silent (past the
+    // lease) assigns the next attempt to worker 1 of the same pool.
+    let mut f = Fixture::new(2, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    f.assign(&t, &router(1, "r"), 0);
+    assert_eq!(starts(&f.step()), 1);
+    f.assign(&t, &router(1, "r"), 1);
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0, "{actions:?}");
+    assert!(
+        matches!(&refusals(&actions)[..], [e] if e.contains("running already")),
+        "{actions:?}"
+    );
+    assert_eq!(f.pool.idle(), 1);
+}
+
+#[test]
+fn runs_an_attempt_that_replaces_a_run_on_a_silent_pool() {
+    // The other pool started attempt 1 and went silent past the lease; the router routed the
+    // task again here. Its open attempt 1 must not block the new run, or a task whose pool
+    // died would never finish.
+    let mut f = Fixture::new(1, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    let first = f.assign_to(&t, &router(1, "r"), other_worker(), 1);
+    queue::record_start(&mut f.doc, &t, &first, &other_worker(), 1, 0).unwrap();
+    f.assign(&t, &router(1, "r"), 0);
+    let actions = f.step();
+    assert!(
+        matches!(&actions[..], [Action::Start(run)] if run.attempt.n == 2),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn assignments_written_before_incarnations_were_recorded_still_run() {
+    let mut f = Fixture::new(1, 3);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    f.assign(&t, &router(1, "r"), 0);
+    // Strip the field, as an older writer would have left it.
+    let tasks = match f.doc.get(ROOT, "tasks").unwrap() {
+        Some((_, id)) => id,
+        None => panic!("no tasks"),
+    };
+    let entry = f.doc.get(&tasks, t.as_str()).unwrap().unwrap().1;
+    let list = f.doc.get(&entry, "attempts").unwrap().unwrap().1;
+    let attempt = f.doc.get(&list, 0).unwrap().unwrap().1;
+    f.doc
+        .transact::<_, _, AutomergeError>(|tx| tx.delete(&attempt, "pool_incarnation"))
+        .unwrap();
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks[&t].attempts[0].pool_incarnation, None);
+    assert_eq!(starts(&f.step()), 1);
+}
+
+#[test]
+fn a_heartbeat_beyond_max_term_does_not_fence() {
+    let mut f = Fixture::new(1, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = f.submit(1);
+    f.pool.handle_router_beat(&RouterBeat {
+        queue: qid(),
+        claim: router(u64::MAX, "hostile"),
+        counter: 1,
+    });
+    f.assign(&t, &router(1, "r"), 0);
+    let actions = f.step();
+    assert_eq!(starts(&actions), 1, "{actions:?}");
+}
+
+#[test]
+fn heartbeat_intervals_are_clamped_to_the_configured_minimum() {
+    #[allow(clippy::disallowed_methods)] // the anchor of virtual time
+    let t0 = Instant::now();
+    let min = Duration::from_millis(QueueConfig::MIN_POOL_HEARTBEAT_MS);
+    let mut pool = Pool::new(
+        Config {
+            peer: me(),
+            workers: 1,
+            incarnation: 1,
+            heartbeat: Duration::ZERO,
+        },
+        t0,
+    );
+    assert_eq!(pool.config().heartbeat, min);
+    pool.handle_timeout(t0);
+    assert!(matches!(pool.poll_action(), Some(Action::Beat(_))));
+    assert_eq!(pool.poll_timeout(), t0 + min, "no busy loop");
+    pool.set_heartbeat(Duration::ZERO);
+    assert_eq!(pool.config().heartbeat, min);
+    pool.set_heartbeat(Duration::MAX);
+    assert_eq!(
+        pool.config().heartbeat,
+        Duration::from_millis(QueueConfig::MAX_POOL_HEARTBEAT_MS)
+    );
+    pool.handle_timeout(t0 + min);
+    assert!(matches!(pool.poll_action(), Some(Action::Beat(b)) if b.counter == 2));
 }
 
 #[test]

@@ -1,8 +1,12 @@
-//! The node's API types: what [`crate::NodeHandle`] and the HTTP API take and return, as JSON.
+//! The node's API types: what a node's handle and its HTTP API take and return (as JSON), and
+//! the errors of each operation.
 
 use piecework_queue_doc::task::Run;
+use std::time::Duration;
+
 use piecework_queue_doc::{
-    Attempt, Claim, QueueConfig, QueueId, RunningReport, StateCounts, TaskId, TaskState,
+    Attempt, Claim, QueueConfig, QueueId, RunningReport, StateCounts, TaskId, TaskState, queue,
+    task,
 };
 use serde::{Deserialize, Serialize};
 
@@ -136,4 +140,95 @@ pub struct TaskStatus {
 pub struct ApiError {
     /// What went wrong.
     pub error: String,
+}
+
+/// A storage failure reported by the driver (the shell's disk), carried as its message: the core
+/// cannot inspect I/O errors, only report them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("storage: {0}")]
+pub struct StorageFailure(pub String);
+
+/// A queue operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The id is not an `automerge:` URL.
+    #[error("not a queue id (expected automerge:<id>): {0:?}")]
+    BadId(String),
+    /// No connected peer has the queue.
+    #[error("no connected peer has queue {0} (is a member of it connected?)")]
+    NotFound(QueueId),
+    /// The document is not a queue document.
+    #[error("{0} is not a queue document")]
+    NotAQueue(QueueId),
+    /// This node is not a member of the queue.
+    #[error("this node has not joined queue {0}")]
+    NotJoined(QueueId),
+    /// The configuration cannot work.
+    #[error(transparent)]
+    Create(#[from] queue::CreateQueueError),
+    /// The document could not be written.
+    #[error(transparent)]
+    Write(#[from] queue::WriteError),
+    /// Too many requests are waiting on this node.
+    #[error("the node is busy: {0} requests are waiting already")]
+    Busy(usize),
+    /// The node is stopping.
+    #[error("the node is stopping")]
+    Stopped,
+}
+
+/// Submitting a task failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// This node has not joined the queue.
+    #[error("this node has not joined queue {0}")]
+    NotJoined(QueueId),
+    /// The request is invalid.
+    #[error("invalid task: {0}")]
+    Invalid(String),
+    /// The task document could not be written.
+    #[error(transparent)]
+    TaskDoc(#[from] task::TaskWriteError),
+    /// The queue document refused the entry.
+    #[error(transparent)]
+    Queue(#[from] queue::SubmitError),
+    /// The task could not be written to disk: it is not acknowledged. The node keeps it in
+    /// memory and keeps trying, and it may still run; submit again to be sure.
+    #[error("the task could not be made durable: {0}")]
+    NotDurable(StorageFailure),
+    /// Too many submits are waiting on this node.
+    #[error("the node is busy: {0} submits are waiting already")]
+    Busy(usize),
+    /// The node is stopping.
+    #[error("the node is stopping")]
+    Stopped,
+}
+
+/// Looking up a task failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The id is not an `automerge:` URL.
+    #[error("not a task id (expected automerge:<id>): {0:?}")]
+    BadId(String),
+    /// Neither this node nor a connected peer has the task.
+    #[error("task {0} not found here or on any connected peer")]
+    NotFound(TaskId),
+    /// The document is not a task document.
+    #[error("{0} is not a task document: {1}")]
+    NotATask(TaskId, task::TaskReadError),
+    /// This node has not joined the task's queue.
+    #[error("task {0} belongs to queue {1}, which this node has not joined")]
+    NotJoined(TaskId, QueueId),
+    /// The task's queue does not index it (yet).
+    #[error("task {0} is not (yet) in queue {1}'s index on this node")]
+    NotIndexed(TaskId, QueueId),
+    /// The wait ended before the task did.
+    #[error("task {0} had not finished after {1:?}")]
+    Timeout(TaskId, Duration),
+    /// Too many requests are waiting on this node.
+    #[error("the node is busy: {0} requests are waiting already")]
+    Busy(usize),
+    /// The node is stopping.
+    #[error("the node is stopping")]
+    Stopped,
 }

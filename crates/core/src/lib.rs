@@ -1,0 +1,429 @@
+//! Piecework's node as a pure state machine: every decision a node makes, with no I/O.
+//!
+//! A [`Core`] owns the node's documents (a [`piecework_replica::Replica`]), one
+//! [`piecework_router::Router`] per joined queue, the worker [`piecework_worker_pool::Pool`],
+//! the queue views, the requests waiting on something (joins, submits, task waits), and the
+//! bookkeeping of what is loaded, saved and evictable. It reads no clock, draws no OS randomness,
+//! opens no file and no socket: time comes in on every call ([`Time`]), randomness from the seed
+//! in [`Config`], and everything the node must do outside comes out as data. The node's shell
+//! (`piecework-node`) performs that I/O with tokio, redb and libp2p; the simulator
+//! (`piecework-sim`) performs it against models of a network, a disk and handler runs. Both run
+//! this same code, in the style of quinn-proto and samod-core.
+//!
+//! # Driving a core
+//!
+//! Methods come in four kinds:
+//!
+//! - **getters** ([`Core::peer`], [`Core::view`], [`Core::is_active`], …);
+//! - **inputs**, `handle_*`: a sync frame or a gossip message from a peer
+//!   ([`Core::handle_sync`], [`Core::handle_gossip`]), a sync stream opened or closed
+//!   ([`Core::handle_connected`], [`Core::handle_disconnected`]) or out of send credit
+//!   ([`Core::handle_blocked`], [`Core::handle_unblocked`]), the node's listen addresses
+//!   ([`Core::handle_addresses`]), the answer to an I/O request ([`Core::handle_loaded`],
+//!   [`Core::handle_saved`], [`Core::handle_run_ended`]), a command from the API with an id
+//!   ([`Core::handle_command`]), and a timer ([`Core::handle_timeout`]);
+//! - **outputs**, `poll_*`: frames to send ([`Core::poll_transmit`]), I/O to perform
+//!   ([`Core::poll_io`]: load, save, run a handler, dial, publish, subscribe), replies to
+//!   commands matched by their [`CommandId`] ([`Core::poll_reply`]), and events for logs and
+//!   displays ([`Core::poll_event`]);
+//! - the next deadline, [`Core::poll_timeout`]: call [`Core::handle_timeout`] then.
+//!
+//! After every input, drain every `poll_*` output, then ask for the next deadline. Each input
+//! runs the node's state machines until they have nothing more to do, so the order of outputs
+//! depends only on the order of inputs: a seeded simulation replays exactly.
+//!
+//! ```
+//! use std::time::Instant;
+//! use piecework_core::{Command, CommandId, Config, Core, Io, Reply, Time};
+//! use piecework_queue_doc::PeerId;
+//!
+//! let t0 = Time { mono: Instant::now(), unix_ms: 1_800_000_000_000 };
+//! let mut core = Core::new(Config::new(PeerId::new("me"), 1, 2, 7), t0);
+//! core.handle_command(t0, CommandId(1), Command::CreateQueue {
+//!     name: "emails".into(),
+//!     config: Default::default(),
+//! });
+//! let Some((CommandId(1), Reply::Created(Ok(queue)))) = core.poll_reply() else { panic!() };
+//! // The new queue document must be saved: the core asks for it.
+//! assert!(std::iter::from_fn(|| core.poll_io()).any(|io| matches!(io, Io::Save(_))));
+//! assert!(core.view(&queue).is_some());
+//! ```
+//!
+//! # Durability
+//!
+//! Saves are ordered per document: one write per document is in flight at a time, and each
+//! carries every change since the last acknowledged one. A write that fails is retried with a
+//! backoff; after [`SAVE_FAILURES_REPORTED`] failures in a row the core reports
+//! [`Event::SaveFailed`] and fails the submits waiting on that document. A submit is
+//! acknowledged only when its changes, and every earlier change of both its documents, are on
+//! disk. A document with changes not yet on disk is never evicted.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod api;
+mod node;
+mod saves;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use piecework_queue_doc::task::RunStart;
+use piecework_queue_doc::{AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId};
+use piecework_queue_doc::{WorkerId, task};
+use piecework_replica::DocId;
+
+pub use node::{Core, topic_for};
+pub use piecework_router::{Event as RouterEvent, Role};
+pub use wire::Wire;
+
+/// How often a node dials members of its queues it is not connected to.
+pub const DIAL_EVERY: Duration = Duration::from_secs(2);
+/// Stored change chunks of one document after which a save compacts them into a snapshot.
+pub const COMPACT_AFTER: usize = 256;
+/// How long a submit waits for a connected member to hold the new task before it is answered
+/// with `replicated: false`.
+pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);
+/// How long a join or a task lookup waits for peers to answer.
+pub const FIND_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest a task wait may last.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// Requests parked at once (joins, task lookups and waits): beyond this a request is answered
+/// `Busy` at once. Bounds the waiter lists, whose callers are remote (HTTP clients).
+pub const MAX_WAITERS: usize = 4096;
+/// Submits waiting for durability or replication at once; beyond this a submit is answered
+/// `Busy`. Each holds two documents' heads, so this bounds that memory.
+pub const MAX_PENDING_SUBMITS: usize = 8192;
+/// Failed writes of one document in a row after which the core reports it and fails the
+/// submits waiting on it (it keeps retrying).
+pub const SAVE_FAILURES_REPORTED: u32 = 3;
+/// The first retry delay of a failed write; it doubles per failure up to [`SAVE_RETRY_MAX`].
+pub const SAVE_RETRY: Duration = Duration::from_millis(50);
+/// The longest delay between retries of a failed write.
+pub const SAVE_RETRY_MAX: Duration = Duration::from_secs(5);
+/// Failed loads of one document after which it is treated as absent (each is retried after
+/// [`SAVE_RETRY`] doubled).
+pub const LOAD_ATTEMPTS: u32 = 4;
+/// How long a document loaded for a peer's request or a lookup stays in memory unused.
+pub const IDLE_EVICT: Duration = Duration::from_secs(5);
+/// The most workers one node runs.
+pub const MAX_WORKERS: u32 = 256;
+
+/// Time as the core sees it: the node's monotonic clock for every timer, and the wall clock for
+/// the timestamps written into documents (unix milliseconds). Remote clocks are never compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Time {
+    /// The monotonic clock.
+    pub mono: Instant,
+    /// The wall clock, unix milliseconds.
+    pub unix_ms: u64,
+}
+
+/// A core's fixed settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// This node's peer id.
+    pub peer: PeerId,
+    /// How many times this node has started; every start must have a greater one.
+    pub incarnation: u64,
+    /// Task workers in this node's pool (at most [`MAX_WORKERS`]).
+    pub workers: u32,
+    /// Seeds every random choice: document ids, and this incarnation's Automerge actor id.
+    /// A node draws it from the OS at start, a simulation from its seed.
+    pub seed: u64,
+}
+
+impl Config {
+    /// The settings of node `peer` in its `incarnation`-th start.
+    pub fn new(peer: PeerId, incarnation: u64, workers: u32, seed: u64) -> Self {
+        Config {
+            peer,
+            incarnation,
+            workers: workers.min(MAX_WORKERS),
+            seed,
+        }
+    }
+}
+
+/// Identifies a command, so that its reply can be matched ([`Core::poll_reply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CommandId(pub u64);
+
+/// Identifies a write requested by [`Io::Save`], for [`Core::handle_saved`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SaveId(pub u64);
+
+/// Identifies a handler run requested by [`Io::Run`], for [`Core::handle_run_ended`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RunId(pub u64);
+
+/// A request from the API.
+#[derive(Clone, Debug)]
+pub enum Command {
+    /// Create a queue with this node as its first member: [`Reply::Created`].
+    CreateQueue {
+        /// Its name.
+        name: String,
+        /// Its configuration.
+        config: QueueConfig,
+    },
+    /// Join a queue a peer has, or reopen one joined before (stored here): [`Reply::Joined`].
+    /// Waits up to [`FIND_TIMEOUT`] for a peer that has it.
+    JoinQueue {
+        /// The queue.
+        id: QueueId,
+        /// Ask connected peers if the document is not stored here.
+        from_peers: bool,
+    },
+    /// Pause or resume routing: [`Reply::Paused`].
+    SetPaused {
+        /// The queue.
+        queue: QueueId,
+        /// Paused or not.
+        paused: bool,
+    },
+    /// Submit a task: [`Reply::Submitted`].
+    Submit {
+        /// The queue.
+        queue: QueueId,
+        /// The task.
+        task: api::SubmitTask,
+    },
+    /// A task's status: [`Reply::Task`]; with `wait`, once it is done (or the wait ends).
+    TaskStatus {
+        /// The task.
+        task: TaskId,
+        /// Wait this long for the task to succeed or fail for good (at most [`MAX_WAIT`]).
+        wait: Option<Duration>,
+    },
+    /// This node's queues, workers and documents: [`Reply::Status`].
+    Status,
+}
+
+/// The answer to a [`Command`].
+#[derive(Debug)]
+pub enum Reply {
+    /// To [`Command::CreateQueue`].
+    Created(Result<QueueId, api::QueueError>),
+    /// To [`Command::JoinQueue`].
+    Joined(Result<Arc<QueueView>, api::QueueError>),
+    /// To [`Command::SetPaused`].
+    Paused(Result<(), api::QueueError>),
+    /// To [`Command::Submit`].
+    Submitted(Result<api::Submitted, api::SubmitError>),
+    /// To [`Command::TaskStatus`].
+    Task(Box<Result<api::TaskStatus, api::TaskError>>),
+    /// To [`Command::Status`].
+    Status(Status),
+}
+
+/// What [`Command::Status`] reports.
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// Every joined queue.
+    pub queues: Vec<api::QueueStatus>,
+    /// Every worker of this node.
+    pub workers: Vec<api::WorkerStatus>,
+    /// Documents held in memory.
+    pub documents_loaded: usize,
+}
+
+/// A write of one document's changes (and possibly a compaction) to disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Save {
+    /// Answer with [`Core::handle_saved`].
+    pub id: SaveId,
+    /// The document.
+    pub doc: DocId,
+    /// Changes to append: (hash in hex, raw change bytes), oldest first.
+    pub changes: Vec<(String, Vec<u8>)>,
+    /// After appending, replace these stored changes with one snapshot.
+    pub compact: Option<Compact>,
+}
+
+/// A snapshot that replaces stored changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compact {
+    /// The whole document, saved.
+    pub snapshot: Vec<u8>,
+    /// The stored changes it replaces (hashes in hex).
+    pub replaces: Vec<String>,
+}
+
+/// A handler run to perform.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRequest {
+    /// Answer with [`Core::handle_run_ended`].
+    pub id: RunId,
+    /// The task's queue.
+    pub queue: QueueId,
+    /// The task.
+    pub task: TaskId,
+    /// The attempt being run.
+    pub attempt: AttemptId,
+    /// The worker running it.
+    pub worker: WorkerId,
+    /// The handler kind.
+    pub kind: String,
+    /// The handler's input.
+    pub input: serde_json::Value,
+}
+
+/// How a handler run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunResult {
+    /// The handler's result, or its error (errors, panics and timeouts alike).
+    pub result: Result<serde_json::Value, String>,
+    /// Log lines the handler wrote.
+    pub logs: Vec<String>,
+}
+
+/// I/O the node must perform for the core.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Io {
+    /// Read every stored chunk of a document; answer with [`Core::handle_loaded`].
+    Load {
+        /// The document.
+        doc: DocId,
+    },
+    /// Write to disk; answer with [`Core::handle_saved`].
+    Save(Save),
+    /// Run a handler; answer with [`Core::handle_run_ended`].
+    Run(RunRequest),
+    /// Connect to a peer (no answer: a stream that opens is reported by
+    /// [`Core::handle_connected`]).
+    Dial {
+        /// The peer.
+        peer: PeerId,
+        /// Where it listens (multiaddrs as text).
+        addrs: Vec<String>,
+    },
+    /// Broadcast on a gossip topic.
+    Publish {
+        /// The topic.
+        topic: String,
+        /// The payload ([`Wire`] encoded).
+        data: Vec<u8>,
+    },
+    /// Listen on a gossip topic.
+    Subscribe {
+        /// The topic.
+        topic: String,
+    },
+    /// Remember that this node joined a queue, so that a restart reopens it.
+    RememberQueue {
+        /// The queue.
+        id: QueueId,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Something that happened, for logs, displays, metrics and the simulator's checks.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// This node's router for `queue` changed role.
+    Router {
+        /// The queue.
+        queue: QueueId,
+        /// What happened.
+        event: piecework_router::Event,
+    },
+    /// A queue's view changed.
+    View {
+        /// The queue.
+        queue: QueueId,
+        /// The new view.
+        view: Arc<QueueView>,
+    },
+    /// One of this node's workers started a run.
+    RunStarted {
+        /// The queue.
+        queue: QueueId,
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: AttemptId,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// One of this node's workers ended a run.
+    RunEnded {
+        /// The queue.
+        queue: QueueId,
+        /// The task.
+        task: TaskId,
+        /// Whether the handler succeeded.
+        ok: bool,
+    },
+    /// An attempt assigned to this node was answered without running (refused, or interrupted
+    /// by a restart), with the reason.
+    NotRun {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: AttemptId,
+        /// Refused or interrupted.
+        outcome: piecework_queue_doc::AttemptOutcome,
+        /// Why.
+        reason: String,
+    },
+    /// A peer sent something invalid; it was dropped (a hostile or broken peer, or a version
+    /// mismatch). Never a panic.
+    Rejected {
+        /// The peer.
+        peer: PeerId,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Writes of a document keep failing (reported after [`SAVE_FAILURES_REPORTED`] in a row).
+    SaveFailed {
+        /// The document.
+        doc: DocId,
+        /// Failures in a row.
+        failures: u32,
+        /// The last error.
+        error: api::StorageFailure,
+    },
+    /// A document could not be read from disk.
+    LoadFailed {
+        /// The document.
+        doc: DocId,
+        /// Why.
+        error: String,
+    },
+    /// A fetch of a task's document ended with no peer having it: its attempt was refused.
+    FetchFailed {
+        /// The task.
+        task: TaskId,
+    },
+    /// A sync stream to a peer started over (sync state reset on both sides).
+    Resynced {
+        /// The peer.
+        peer: PeerId,
+    },
+}
+
+/// A run this node's pool started and has not ended.
+#[derive(Clone, Debug)]
+pub(crate) struct Running {
+    pub(crate) run: piecework_worker_pool::Run,
+    pub(crate) start: RunStart,
+}
+
+/// The greatest of two optional claims.
+pub(crate) fn max_claim(a: Option<&Claim>, b: Option<&Claim>) -> Option<Claim> {
+    a.into_iter().chain(b).max().cloned()
+}
+
+/// A task document's id from a task id, if it is well-formed.
+pub(crate) fn task_doc(id: &TaskId) -> Option<DocId> {
+    DocId::parse(id.as_str())
+}
+
+/// A queue document's id from a queue id, if it is well-formed.
+pub(crate) fn queue_doc(id: &QueueId) -> Option<DocId> {
+    DocId::parse(id.as_str())
+}
+
+pub(crate) use task::RunEnd as TaskRunEnd;

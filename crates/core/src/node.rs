@@ -1,0 +1,1613 @@
+//! The [`Core`]: one node's documents, routers, pool, views, waiters and save bookkeeping.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use automerge::{ActorId, Automerge, ChangeHash};
+use piecework_queue_doc::task::{self, NewTask, RunStart};
+use piecework_queue_doc::{
+    AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport, Submission,
+    TaskId, TaskState, ViewCache, queue,
+};
+use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
+use piecework_router::{Action as RouterAction, Role, Router};
+use piecework_worker_pool::{Action as PoolAction, Config as PoolConfig, Pool, Run, RunEnd};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
+use crate::saves::{Acked, Saves};
+use crate::{
+    Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io, LOAD_ATTEMPTS,
+    MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, RunId, RunRequest,
+    RunResult, Running, SAVE_RETRY, SaveId, Status, TaskRunEnd, Time, Wire, max_claim, queue_doc,
+    task_doc,
+};
+
+/// The pool's heartbeat before any queue says otherwise.
+const DEFAULT_POOL_HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// Something parked until a document arrives (or turns out unavailable).
+#[derive(Debug)]
+enum DocWaiter {
+    Join {
+        cmd: CommandId,
+        id: QueueId,
+        from_peers: bool,
+        deadline: Instant,
+    },
+    Status {
+        cmd: CommandId,
+        task: TaskId,
+        wait_until: Option<Instant>,
+        deadline: Instant,
+    },
+    Start(Run),
+}
+
+#[derive(Debug)]
+struct TaskWaiter {
+    cmd: CommandId,
+    task: TaskId,
+    until: Instant,
+    wait: Duration,
+}
+
+#[derive(Debug)]
+struct SubmitWait {
+    cmd: CommandId,
+    task: TaskId,
+    task_doc: DocId,
+    task_heads: Vec<ChangeHash>,
+    task_version: u64,
+    queue: QueueId,
+    queue_doc: DocId,
+    queue_heads: Vec<ChangeHash>,
+    queue_version: u64,
+    deadline: Instant,
+}
+
+#[derive(Debug)]
+struct Queue {
+    doc: DocId,
+    router: Router,
+    cache: ViewCache,
+    view: Arc<QueueView>,
+    topic: String,
+}
+
+/// One node's decisions. See the crate docs for how to drive it.
+#[derive(Debug)]
+pub struct Core {
+    config: Config,
+    rng: ChaCha8Rng,
+    /// This incarnation's Automerge actor: every change this node writes is authored by it.
+    actor: ActorId,
+    replica: Replica,
+    pool: Pool,
+    queues: BTreeMap<QueueId, Queue>,
+    topics: BTreeMap<String, QueueId>,
+    /// Peers with an open sync stream.
+    connected: BTreeSet<PeerId>,
+    advertised: Vec<String>,
+    next_dial: Instant,
+    saves: Saves,
+    /// Load attempts per document being loaded (retried on failure).
+    loads: BTreeMap<DocId, u32>,
+    /// Failed loads to retry, by when.
+    load_retries: BTreeSet<(Instant, DocId)>,
+    /// Queues whose document changed since their view was last refreshed.
+    stale: BTreeSet<QueueId>,
+    doc_waiters: BTreeMap<DocId, Vec<DocWaiter>>,
+    /// Joins that found no peer with the queue yet: retried when a peer connects.
+    join_retries: Vec<DocWaiter>,
+    task_waiters: Vec<TaskWaiter>,
+    submit_waits: Vec<SubmitWait>,
+    /// Documents that may leave memory once saved and unused, and from when.
+    to_evict: BTreeMap<DocId, Instant>,
+    /// Runs in flight, by id.
+    runs: BTreeMap<RunId, Running>,
+    next_run: u64,
+    /// The greatest router claim seen per queue, in views or heartbeats.
+    seen: BTreeMap<QueueId, Claim>,
+    transmit: VecDeque<(PeerId, Vec<u8>)>,
+    io: VecDeque<Io>,
+    replies: VecDeque<(CommandId, Reply)>,
+    events: VecDeque<Event>,
+    /// Fencing switched off (the `broken` feature's test variant only).
+    #[cfg(feature = "broken")]
+    broken: bool,
+}
+
+impl Core {
+    /// A node with no queues, started at `now`.
+    pub fn new(config: Config, now: Time) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let mut actor = [0u8; 16];
+        rng.fill_bytes(&mut actor);
+        let actor = ActorId::from(&actor[..]);
+        let mut replica = Replica::new();
+        // Each start writes as a new Automerge actor: a change lost in a crash can never
+        // collide with a new change under the same (actor, seq).
+        replica.set_actor(actor.clone());
+        let pool = Pool::new(
+            PoolConfig {
+                peer: config.peer.clone(),
+                workers: config.workers,
+                incarnation: config.incarnation,
+                heartbeat: DEFAULT_POOL_HEARTBEAT,
+            },
+            now.mono,
+        );
+        Core {
+            config,
+            rng,
+            actor,
+            replica,
+            pool,
+            queues: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            connected: BTreeSet::new(),
+            advertised: vec![],
+            next_dial: now.mono,
+            saves: Saves::default(),
+            loads: BTreeMap::new(),
+            load_retries: BTreeSet::new(),
+            stale: BTreeSet::new(),
+            doc_waiters: BTreeMap::new(),
+            join_retries: vec![],
+            task_waiters: vec![],
+            submit_waits: vec![],
+            to_evict: BTreeMap::new(),
+            runs: BTreeMap::new(),
+            next_run: 0,
+            seen: BTreeMap::new(),
+            transmit: VecDeque::new(),
+            io: VecDeque::new(),
+            replies: VecDeque::new(),
+            events: VecDeque::new(),
+            #[cfg(feature = "broken")]
+            broken: false,
+        }
+    }
+
+    /// Breaks this node on purpose: its workers stop fencing (they start assignments from
+    /// deposed routers). Only for proving that the simulator catches it.
+    #[cfg(feature = "broken")]
+    pub fn break_fencing(&mut self) {
+        self.pool.break_fencing();
+        self.broken = true;
+    }
+
+    fn fencing(&self) -> bool {
+        #[cfg(feature = "broken")]
+        if self.broken {
+            return false;
+        }
+        true
+    }
+
+    /// An empty document whose changes this incarnation authors.
+    fn new_doc(&self) -> Automerge {
+        Automerge::new().with_actor(self.actor.clone())
+    }
+
+    // ----- getters -----
+
+    /// This node's peer id.
+    pub fn peer(&self) -> &PeerId {
+        &self.config.peer
+    }
+
+    /// This start's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.config.incarnation
+    }
+
+    /// The joined queues.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueId> {
+        self.queues.keys()
+    }
+
+    /// A joined queue's current view.
+    pub fn view(&self, queue: &QueueId) -> Option<&Arc<QueueView>> {
+        self.queues.get(queue).map(|q| &q.view)
+    }
+
+    /// This node's router role for a queue.
+    pub fn role(&self, queue: &QueueId) -> Option<&Role> {
+        self.queues.get(queue).map(|q| q.router.role())
+    }
+
+    /// Whether this node is the active router of `queue`.
+    pub fn is_active(&self, queue: &QueueId) -> bool {
+        self.queues.get(queue).is_some_and(|q| q.router.is_active())
+    }
+
+    /// The greatest router claim this node has seen for `queue` (in its view or a heartbeat):
+    /// what its workers fence on.
+    pub fn fence(&self, queue: &QueueId) -> Option<&Claim> {
+        self.seen.get(queue)
+    }
+
+    /// Documents held in memory.
+    pub fn documents_loaded(&self) -> usize {
+        self.replica.loaded()
+    }
+
+    /// Whether a document is held in memory.
+    pub fn is_loaded(&self, doc: &DocId) -> bool {
+        self.replica.is_loaded(doc)
+    }
+
+    /// Runs in flight.
+    pub fn running(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// The sizes of the core's collections, for tests that check they stay bounded.
+    pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
+        BTreeMap::from([
+            ("queues", self.queues.len()),
+            ("connected", self.connected.len()),
+            ("loads", self.loads.len()),
+            ("load_retries", self.load_retries.len()),
+            ("stale", self.stale.len()),
+            ("doc_waiters", self.doc_waiters.values().map(Vec::len).sum()),
+            ("join_retries", self.join_retries.len()),
+            ("task_waiters", self.task_waiters.len()),
+            ("submit_waits", self.submit_waits.len()),
+            ("to_evict", self.to_evict.len()),
+            ("runs", self.runs.len()),
+            ("loaded", self.replica.loaded()),
+        ])
+    }
+
+    // ----- inputs -----
+
+    /// The node's advertised addresses changed: record them in every joined queue.
+    pub fn handle_addresses(&mut self, now: Time, addrs: Vec<String>) {
+        if addrs == self.advertised {
+            return;
+        }
+        self.advertised = addrs;
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in ids {
+            self.write_member(now, &id);
+        }
+        self.turn(now);
+    }
+
+    /// A sync stream to `peer` opened: start syncing with it.
+    pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
+        self.connected.insert(peer.clone());
+        self.replica.handle_connected(peer);
+        for w in std::mem::take(&mut self.join_retries) {
+            if let DocWaiter::Join { id, .. } = &w
+                && let Some(doc) = queue_doc(id)
+            {
+                self.wait_for(now, &doc, w);
+            }
+        }
+        self.turn(now);
+    }
+
+    /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
+    /// starts over).
+    pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
+        self.connected.remove(peer);
+        self.replica.handle_disconnected(peer);
+        self.turn(now);
+    }
+
+    /// The transport to `peer` has no send credit: generate nothing more for it until
+    /// [`Core::handle_unblocked`].
+    pub fn handle_blocked(&mut self, peer: &PeerId) {
+        self.replica.handle_blocked(peer);
+    }
+
+    /// The transport to `peer` has credit again.
+    pub fn handle_unblocked(&mut self, now: Time, peer: &PeerId) {
+        self.replica.handle_unblocked(peer);
+        self.turn(now);
+    }
+
+    /// A frame from `peer`'s sync stream (the transport authenticated the peer).
+    pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
+        match Message::decode(frame) {
+            Ok(msg) => self.replica.handle_message(peer, msg, now.mono),
+            Err(e) => self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("undecodable sync frame: {e}"),
+            }),
+        }
+        self.turn(now);
+    }
+
+    /// A gossip message on `topic`, signed by `source`.
+    pub fn handle_gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
+        self.gossip(now, topic, source, data);
+        self.turn(now);
+    }
+
+    fn gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
+        let Some(id) = self.topics.get(topic).cloned() else {
+            return;
+        };
+        let reject = |reason: String| Event::Rejected {
+            peer: source.clone(),
+            reason,
+        };
+        let Some(msg) = Wire::decode(data) else {
+            self.events
+                .push_back(reject("malformed or oversized gossip".into()));
+            return;
+        };
+        let Some(q) = self.queues.get_mut(&id) else {
+            return;
+        };
+        if !q.view.members.contains_key(source) {
+            self.events
+                .push_back(reject(format!("gossip on {id} from a non-member")));
+            return;
+        }
+        match msg {
+            Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
+                q.router.handle_router_beat(now.mono, &beat);
+                self.pool.handle_router_beat(&beat);
+                see(&mut self.seen, &id, &beat.claim);
+            }
+            Wire::Pool(beat) if beat.peer == *source => {
+                q.router.handle_pool_beat(now.mono, &beat);
+            }
+            _ => self.events.push_back(reject(format!(
+                "gossip on {id} claiming another sender or queue"
+            ))),
+        }
+    }
+
+    /// The answer to [`Io::Load`]: every stored chunk (none if the document is not stored), or
+    /// the read's error.
+    pub fn handle_loaded(
+        &mut self,
+        now: Time,
+        doc: &DocId,
+        chunks: Result<Vec<Vec<u8>>, StorageFailure>,
+    ) {
+        let attempts = self.loads.remove(doc).unwrap_or(0) + 1;
+        let loaded = match chunks {
+            Ok(chunks) if chunks.is_empty() => None,
+            Ok(chunks) => {
+                let mut d = Automerge::new();
+                let mut ok = true;
+                for c in &chunks {
+                    if let Err(e) = d.load_incremental(c) {
+                        self.events.push_back(Event::LoadFailed {
+                            doc: doc.clone(),
+                            error: format!(
+                                "a stored chunk does not load ({e}); the document is treated as absent"
+                            ),
+                        });
+                        ok = false;
+                        break;
+                    }
+                }
+                if ok {
+                    self.saves.loaded(doc, chunks.len());
+                }
+                ok.then_some(d)
+            }
+            Err(e) if attempts < LOAD_ATTEMPTS => {
+                // Retry: a transient read error must not make a stored document look absent.
+                self.loads.insert(doc.clone(), attempts);
+                let at = now.mono + SAVE_RETRY.saturating_mul(1 << attempts);
+                self.load_retries.insert((at, doc.clone()));
+                self.events.push_back(Event::LoadFailed {
+                    doc: doc.clone(),
+                    error: format!("{e} (attempt {attempts}, retrying)"),
+                });
+                self.turn(now);
+                return;
+            }
+            Err(e) => {
+                self.events.push_back(Event::LoadFailed {
+                    doc: doc.clone(),
+                    error: format!("{e} (attempt {attempts}, giving up: treated as absent)"),
+                });
+                None
+            }
+        };
+        self.replica.handle_loaded(doc, loaded, now.mono);
+        self.turn(now);
+    }
+
+    /// The answer to [`Io::Save`].
+    pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<(), StorageFailure>) {
+        match self
+            .saves
+            .handle_saved(now.mono, id, result, &mut self.replica)
+        {
+            Some(Acked::Failed {
+                doc,
+                failures,
+                error,
+            }) if failures >= crate::SAVE_FAILURES_REPORTED => {
+                self.events.push_back(Event::SaveFailed {
+                    doc,
+                    failures,
+                    error,
+                });
+            }
+            _ => {}
+        }
+        self.turn(now);
+    }
+
+    /// The answer to [`Io::Run`].
+    pub fn handle_run_ended(&mut self, now: Time, id: RunId, result: RunResult) {
+        let Some(Running { run, start }) = self.runs.remove(&id) else {
+            return;
+        };
+        let ok = result.result.is_ok();
+        let (end, task_end) = match result.result {
+            Ok(v) => (
+                RunEnd::Succeeded,
+                TaskRunEnd {
+                    outcome: AttemptOutcome::Succeeded,
+                    at: now.unix_ms,
+                    result: Some(v),
+                    error: None,
+                    logs: result.logs,
+                },
+            ),
+            Err(e) => (
+                RunEnd::Failed(e.clone()),
+                TaskRunEnd {
+                    outcome: AttemptOutcome::Failed,
+                    at: now.unix_ms,
+                    result: None,
+                    error: Some(e),
+                    logs: result.logs,
+                },
+            ),
+        };
+        self.events.push_back(Event::RunEnded {
+            queue: run.queue.clone(),
+            task: run.task.clone(),
+            ok,
+        });
+        if let Some(tdoc) = task_doc(&run.task) {
+            match self.change(&tdoc, |d| task::record_run_end(d, &start, &task_end)) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(task = %run.task, "cannot record the run's end: {e}")
+                }
+                None => {
+                    tracing::warn!(task = %run.task, "cannot record the run's end: task document not loaded")
+                }
+            }
+        }
+        self.pool.handle_finished(run.worker.index, end);
+        self.turn(now);
+    }
+
+    /// A command from the API; its reply comes out of [`Core::poll_reply`] with the same id.
+    pub fn handle_command(&mut self, now: Time, cmd: CommandId, command: Command) {
+        self.command(now, cmd, command);
+        self.turn(now);
+    }
+
+    /// A deadline from [`Core::poll_timeout`] passed (calling early is harmless).
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.turn(now);
+    }
+
+    // ----- outputs -----
+
+    /// The next frame to send, and to whom.
+    pub fn poll_transmit(&mut self) -> Option<(PeerId, Vec<u8>)> {
+        if self.transmit.is_empty() {
+            while let Some((peer, msg)) = self.replica.poll_transmit() {
+                self.transmit.push_back((peer, msg.encode()));
+            }
+        }
+        self.transmit.pop_front()
+    }
+
+    /// The next I/O to perform.
+    pub fn poll_io(&mut self) -> Option<Io> {
+        self.io.pop_front()
+    }
+
+    /// The next reply to a command.
+    pub fn poll_reply(&mut self) -> Option<(CommandId, Reply)> {
+        self.replies.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Core::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = [
+            Some(self.pool.poll_timeout()),
+            Some(self.next_dial).filter(|_| !self.queues.is_empty()),
+            self.saves.poll_timeout(),
+            self.load_retries.first().map(|(at, _)| *at),
+            self.replica.poll_timeout(),
+            self.to_evict.values().min().map(|at| *at + IDLE_EVICT),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let mut earliest = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
+        for q in self.queues.values() {
+            if let Some(r) = q.router.poll_timeout() {
+                earliest(r);
+            }
+        }
+        for w in &self.submit_waits {
+            earliest(w.deadline);
+        }
+        for w in &self.task_waiters {
+            earliest(w.until);
+        }
+        for ws in self.doc_waiters.values() {
+            for w in ws {
+                match w {
+                    DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
+                        earliest(*deadline)
+                    }
+                    DocWaiter::Start(_) => {}
+                }
+            }
+        }
+        for w in &self.join_retries {
+            if let DocWaiter::Join { deadline, .. } = w {
+                earliest(*deadline);
+            }
+        }
+        t
+    }
+
+    // ----- the turn -----
+
+    /// Runs after every input: drives timers, carries out actions until none is left, starts
+    /// writes, and resumes or expires whatever waited.
+    fn turn(&mut self, now: Time) {
+        self.replica.handle_timeout(now.mono);
+        self.saves.handle_timeout(now.mono);
+        while let Some((at, doc)) = self.load_retries.first().cloned() {
+            if at > now.mono {
+                break;
+            }
+            self.load_retries.pop_first();
+            self.io.push_back(Io::Load { doc });
+        }
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            self.drain_replica(now);
+            for id in std::mem::take(&mut self.stale) {
+                self.refresh(now, &id);
+            }
+            for q in self.queues.values_mut() {
+                q.router.handle_timeout(now.mono);
+            }
+            self.pool.handle_timeout(now.mono);
+            let acted = self.drain_actions(now);
+            if (!acted && self.stale.is_empty()) || rounds > 10_000 {
+                break;
+            }
+        }
+        for save in self.saves.take_writes(&self.replica) {
+            self.io.push_back(Io::Save(save));
+        }
+        self.evict(now);
+        self.check_submits(now);
+        self.check_task_waiters(now);
+        self.expire_doc_waiters(now);
+        if now.mono >= self.next_dial {
+            self.dial_members();
+            self.next_dial = now.mono + DIAL_EVERY;
+        }
+    }
+
+    // ----- documents -----
+
+    fn drain_replica(&mut self, now: Time) {
+        while let Some(ev) = self.replica.poll_event() {
+            match ev {
+                ReplicaEvent::Load(doc) => {
+                    if !self.loads.contains_key(&doc) {
+                        self.loads.insert(doc.clone(), 0);
+                        self.io.push_back(Io::Load { doc });
+                    }
+                }
+                ReplicaEvent::Changed(doc) => self.changed(&doc),
+                ReplicaEvent::Arrived(doc) => self.arrived(now, &doc),
+                ReplicaEvent::Unavailable(doc) => self.unavailable(now, &doc),
+                ReplicaEvent::Rejected { peer, reason } => {
+                    self.events.push_back(Event::Rejected { peer, reason });
+                }
+                ReplicaEvent::Refused { peer, doc } => {
+                    tracing::debug!(%peer, %doc, "refused a document outside this node's queues");
+                }
+            }
+        }
+    }
+
+    /// A document changed (here or from a peer): save it, and refresh its queue's view.
+    fn changed(&mut self, doc: &DocId) {
+        self.saves.changed(doc);
+        let q = QueueId::new(doc.as_str());
+        if self.queues.contains_key(&q) {
+            self.stale.insert(q);
+        }
+    }
+
+    /// Applies a local change to a loaded document; `None` if it is not loaded.
+    fn change<R>(&mut self, doc: &DocId, f: impl FnOnce(&mut Automerge) -> R) -> Option<R> {
+        let before = self.replica.get(doc)?.get_heads();
+        let r = self.replica.change(doc, f)?;
+        if self
+            .replica
+            .get(doc)
+            .is_some_and(|d| d.get_heads() != before)
+        {
+            self.changed(doc);
+        }
+        Some(r)
+    }
+
+    fn wait_for(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
+        self.doc_waiters
+            .entry(doc.clone())
+            .or_default()
+            .push(waiter);
+        self.replica.fetch(doc, now.mono);
+    }
+
+    fn waiting(&self) -> usize {
+        self.doc_waiters.values().map(Vec::len).sum::<usize>()
+            + self.join_retries.len()
+            + self.task_waiters.len()
+    }
+
+    /// A document this node waited for is loaded.
+    fn arrived(&mut self, now: Time, doc: &DocId) {
+        for w in self.doc_waiters.remove(doc).unwrap_or_default() {
+            match w {
+                DocWaiter::Join { cmd, id, .. } => {
+                    let r = self.finish_join(now, &id);
+                    self.replies.push_back((cmd, Reply::Joined(r)));
+                }
+                DocWaiter::Status {
+                    cmd,
+                    task,
+                    wait_until,
+                    ..
+                } => self.answer_status(now, cmd, task, wait_until),
+                DocWaiter::Start(run) => self.start_run(now, run),
+            }
+        }
+        if !self.is_live(doc) {
+            self.to_evict.entry(doc.clone()).or_insert(now.mono);
+        }
+    }
+
+    fn unavailable(&mut self, now: Time, doc: &DocId) {
+        for w in self.doc_waiters.remove(doc).unwrap_or_default() {
+            match w {
+                DocWaiter::Join {
+                    from_peers: true,
+                    cmd,
+                    id,
+                    deadline,
+                } if now.mono < deadline => {
+                    // Ask again when another peer connects; the deadline bounds it.
+                    self.join_retries.push(DocWaiter::Join {
+                        cmd,
+                        id,
+                        from_peers: true,
+                        deadline,
+                    });
+                }
+                DocWaiter::Join { cmd, id, .. } => {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id)))));
+                }
+                DocWaiter::Status { cmd, task, .. } => {
+                    self.replies
+                        .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task))))));
+                }
+                DocWaiter::Start(run) => {
+                    self.events.push_back(Event::FetchFailed {
+                        task: run.task.clone(),
+                    });
+                    self.pool.handle_start_failed(
+                        run.worker.index,
+                        "the task document is unavailable: no reachable member has it".into(),
+                    );
+                }
+            }
+        }
+    }
+
+    fn expire_doc_waiters(&mut self, now: Time) {
+        let expired = |w: &DocWaiter| match w {
+            DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
+                now.mono >= *deadline
+            }
+            DocWaiter::Start(_) => false,
+        };
+        let mut gone = vec![];
+        for ws in self.doc_waiters.values_mut() {
+            let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(ws).into_iter().partition(expired);
+            *ws = keep;
+            gone.extend(old);
+        }
+        self.doc_waiters.retain(|_, ws| !ws.is_empty());
+        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.join_retries)
+            .into_iter()
+            .partition(expired);
+        self.join_retries = keep;
+        gone.extend(old);
+        for w in gone {
+            match w {
+                DocWaiter::Join { cmd, id, .. } => self
+                    .replies
+                    .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id))))),
+                DocWaiter::Status { cmd, task, .. } => self
+                    .replies
+                    .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
+                DocWaiter::Start(_) => {}
+            }
+        }
+    }
+
+    /// Whether a document must stay in memory: a joined queue's, a live task's (not final),
+    /// one a request waits on, or one a run of this node uses.
+    fn is_live(&self, doc: &DocId) -> bool {
+        let id = QueueId::new(doc.as_str());
+        if self.queues.contains_key(&id) || self.doc_waiters.contains_key(doc) {
+            return true;
+        }
+        let task = TaskId::new(doc.as_str());
+        if self.runs.values().any(|r| r.run.task == task)
+            || self.task_waiters.iter().any(|w| w.task == task)
+        {
+            return true;
+        }
+        self.queues.values().any(|q| {
+            q.view
+                .tasks
+                .get(&task)
+                .is_some_and(|t| !t.state().is_final())
+        })
+    }
+
+    /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
+    fn evict(&mut self, now: Time) {
+        let due: Vec<DocId> = self
+            .to_evict
+            .iter()
+            .filter(|(_, since)| now.mono >= **since + IDLE_EVICT)
+            .map(|(d, _)| d.clone())
+            .collect();
+        for doc in due {
+            if !self.replica.is_loaded(&doc) {
+                self.to_evict.remove(&doc);
+                self.saves.forget(&doc);
+                continue;
+            }
+            if self.is_live(&doc) {
+                self.to_evict.remove(&doc);
+                continue;
+            }
+            if self.saves.is_clean(&doc) && self.replica.evict(&doc) {
+                self.to_evict.remove(&doc);
+                self.saves.forget(&doc);
+            } else {
+                // Not saved yet: look again after another idle period.
+                self.to_evict.insert(doc, now.mono);
+            }
+        }
+    }
+
+    // ----- commands -----
+
+    fn command(&mut self, now: Time, cmd: CommandId, command: Command) {
+        match command {
+            Command::CreateQueue { name, config } => {
+                let r = self.create_queue(now, &name, &config);
+                self.replies.push_back((cmd, Reply::Created(r)));
+            }
+            Command::JoinQueue { id, from_peers } => {
+                if let Some(q) = self.queues.get(&id) {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Ok(q.view.clone()))));
+                    return;
+                }
+                let Some(doc) = queue_doc(&id) else {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::BadId(id.to_string())))));
+                    return;
+                };
+                if self.waiting() >= MAX_WAITERS {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::Busy(MAX_WAITERS)))));
+                    return;
+                }
+                let deadline = now.mono + FIND_TIMEOUT;
+                self.wait_for(
+                    now,
+                    &doc,
+                    DocWaiter::Join {
+                        cmd,
+                        id,
+                        from_peers,
+                        deadline,
+                    },
+                );
+            }
+            Command::SetPaused { queue, paused } => {
+                let r = match self.queues.get(&queue).map(|q| q.doc.clone()) {
+                    None => Err(QueueError::NotJoined(queue)),
+                    Some(doc) => self
+                        .change(&doc, |d| queue::set_paused(d, paused))
+                        .unwrap_or(Err(queue::WriteError::NotAQueue))
+                        .map_err(QueueError::from),
+                };
+                self.replies.push_back((cmd, Reply::Paused(r)));
+            }
+            Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
+            Command::TaskStatus { task, wait } => {
+                let Some(doc) = task_doc(&task) else {
+                    self.replies.push_back((
+                        cmd,
+                        Reply::Task(Box::new(Err(TaskError::BadId(task.to_string())))),
+                    ));
+                    return;
+                };
+                if self.waiting() >= MAX_WAITERS {
+                    self.replies.push_back((
+                        cmd,
+                        Reply::Task(Box::new(Err(TaskError::Busy(MAX_WAITERS)))),
+                    ));
+                    return;
+                }
+                let wait_until = wait.map(|w| now.mono + w.min(MAX_WAIT));
+                let deadline = now.mono + FIND_TIMEOUT;
+                // Answered at once if the document is here with content, else once it arrives.
+                self.wait_for(
+                    now,
+                    &doc,
+                    DocWaiter::Status {
+                        cmd,
+                        task,
+                        wait_until,
+                        deadline,
+                    },
+                );
+            }
+            Command::Status => {
+                let status = self.status();
+                self.replies.push_back((cmd, Reply::Status(status)));
+            }
+        }
+    }
+
+    fn status(&self) -> Status {
+        let queues = self
+            .queues
+            .iter()
+            .map(|(id, q)| {
+                let role = match q.router.role() {
+                    Role::Follower => "follower",
+                    Role::Claiming { .. } => "claiming",
+                    Role::Active { .. } => "active",
+                };
+                api::QueueStatus {
+                    id: id.clone(),
+                    name: q.view.name.clone(),
+                    router: q.view.router.clone(),
+                    role: role.to_owned(),
+                    members: q.view.members.len(),
+                    paused: q.view.paused,
+                    tasks: q.view.counts(),
+                    config: q.view.config.clone(),
+                }
+            })
+            .collect();
+        let workers = self
+            .pool
+            .runs()
+            .map(|(i, run)| api::WorkerStatus {
+                name: format!("{}/{i}", self.config.peer),
+                running: run.map(|r| RunningReport {
+                    queue: r.queue.clone(),
+                    task: r.task.clone(),
+                    attempt: r.attempt.clone(),
+                }),
+            })
+            .collect();
+        Status {
+            queues,
+            workers,
+            documents_loaded: self.replica.loaded(),
+        }
+    }
+
+    fn create_queue(
+        &mut self,
+        now: Time,
+        name: &str,
+        config: &QueueConfig,
+    ) -> Result<QueueId, QueueError> {
+        let mut doc = self.new_doc();
+        queue::create(&mut doc, name, config, &self.config.peer, now.unix_ms)?;
+        queue::set_member(&mut doc, &self.config.peer, &self.advertised, now.unix_ms)?;
+        let id = DocId::generate(&mut self.rng);
+        self.replica
+            .set_group(&id, BTreeSet::from([self.config.peer.clone()]));
+        self.replica.create(id.clone(), doc, Some(queue_scope(&id)));
+        self.saves.changed(&id);
+        let qid = QueueId::new(id.as_str());
+        self.register(now, qid.clone(), name);
+        Ok(qid)
+    }
+
+    /// Completes a join or reopen: the queue document is loaded.
+    fn finish_join(&mut self, now: Time, id: &QueueId) -> Result<Arc<QueueView>, QueueError> {
+        let doc = queue_doc(id).ok_or_else(|| QueueError::BadId(id.to_string()))?;
+        let view = self
+            .replica
+            .get(&doc)
+            .and_then(QueueView::read)
+            .ok_or_else(|| QueueError::NotAQueue(id.clone()))?;
+        let members = view
+            .members
+            .keys()
+            .cloned()
+            .chain([self.config.peer.clone()]);
+        self.replica.set_group(&doc, members.collect());
+        self.replica.set_scope(&doc, queue_scope(&doc));
+        self.register(now, id.clone(), &view.name);
+        self.write_member(now, id);
+        Ok(self
+            .queues
+            .get(id)
+            .map_or_else(|| Arc::new(view), |q| q.view.clone()))
+    }
+
+    /// Writes this node's membership and addresses into a queue, if they differ.
+    fn write_member(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get(id) else { return };
+        let me = self.config.peer.clone();
+        if q.view
+            .members
+            .get(&me)
+            .is_some_and(|m| m.addrs == self.advertised)
+        {
+            return;
+        }
+        let addrs = self.advertised.clone();
+        self.write_queue(now, id, "this node's membership", |d| {
+            queue::set_member(d, &me, &addrs, now.unix_ms)
+        });
+    }
+
+    /// Starts serving a queue: a router, a view, its gossip topic.
+    fn register(&mut self, now: Time, id: QueueId, name: &str) {
+        if self.queues.contains_key(&id) {
+            return;
+        }
+        let Some(doc) = queue_doc(&id) else { return };
+        self.io.push_back(Io::RememberQueue {
+            id: id.clone(),
+            name: name.to_owned(),
+        });
+        let topic = topic_for(&id);
+        self.io.push_back(Io::Subscribe {
+            topic: topic.clone(),
+        });
+        self.topics.insert(topic.clone(), id.clone());
+        self.queues.insert(
+            id.clone(),
+            Queue {
+                doc,
+                router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
+                cache: ViewCache::new(),
+                view: Arc::new(QueueView::default()),
+                topic,
+            },
+        );
+        self.refresh(now, &id);
+        if let Some(q) = self.queues.get(&id) {
+            let beat = Duration::from_millis(q.view.config.pool_heartbeat_ms);
+            if beat < self.pool.config().heartbeat {
+                self.pool.set_heartbeat(beat);
+            }
+        }
+        self.next_dial = now.mono;
+    }
+
+    fn submit(&mut self, now: Time, cmd: CommandId, queue_id: QueueId, req: api::SubmitTask) {
+        let reply = |r| (cmd, Reply::Submitted(r));
+        if req.kind.trim().is_empty() {
+            self.replies
+                .push_back(reply(Err(SubmitError::Invalid("the kind is empty".into()))));
+            return;
+        }
+        if req.priority.abs() > queue::MAX_PRIORITY {
+            self.replies
+                .push_back(reply(Err(SubmitError::Invalid(format!(
+                    "priority {} is outside [-{max}, {max}]",
+                    req.priority,
+                    max = queue::MAX_PRIORITY
+                )))));
+            return;
+        }
+        let Some(qdoc) = self.queues.get(&queue_id).map(|q| q.doc.clone()) else {
+            self.replies
+                .push_back(reply(Err(SubmitError::NotJoined(queue_id))));
+            return;
+        };
+        if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
+            self.replies
+                .push_back(reply(Err(SubmitError::Busy(MAX_PENDING_SUBMITS))));
+            return;
+        }
+        let mut doc = self.new_doc();
+        let new = NewTask {
+            queue: queue_id.clone(),
+            kind: req.kind.clone(),
+            input: req.input,
+            submitter: self.config.peer.clone(),
+            submitted_at: now.unix_ms,
+        };
+        if let Err(e) = task::init(&mut doc, &new) {
+            self.replies.push_back(reply(Err(e.into())));
+            return;
+        }
+        let tdoc = DocId::generate(&mut self.rng);
+        let task_id = TaskId::new(tdoc.as_str());
+        let submission = Submission {
+            id: task_id.clone(),
+            kind: req.kind,
+            submitter: self.config.peer.clone(),
+            submitted_at: now.unix_ms,
+            priority: req.priority,
+            urgent: req.urgent,
+            max_attempts: req.max_attempts,
+        };
+        // The task document first, so that it is scoped (indexed) when peers receive the entry.
+        self.replica.create(
+            tdoc.clone(),
+            doc,
+            Some(Scope {
+                group: qdoc.clone(),
+                announce: true,
+                requestable: false,
+            }),
+        );
+        self.saves.changed(&tdoc);
+        let r = self.change(&qdoc, |d| {
+            queue::submit(d, &submission)?;
+            Ok::<_, queue::SubmitError>(d.get_heads())
+        });
+        let queue_heads = match r {
+            Some(Ok(h)) => h,
+            Some(Err(e)) => {
+                self.replica.clear_scope(&tdoc);
+                self.replies.push_back(reply(Err(e.into())));
+                return;
+            }
+            None => {
+                self.replies
+                    .push_back(reply(Err(SubmitError::NotJoined(queue_id))));
+                return;
+            }
+        };
+        let task_heads = self
+            .replica
+            .get(&tdoc)
+            .map(|d| d.get_heads())
+            .unwrap_or_default();
+        self.submit_waits.push(SubmitWait {
+            cmd,
+            task: task_id,
+            task_version: self.saves.version(&tdoc),
+            task_doc: tdoc,
+            task_heads,
+            queue: queue_id,
+            queue_version: self.saves.version(&qdoc),
+            queue_doc: qdoc,
+            queue_heads,
+            deadline: now.mono + REPLICATION_WAIT,
+        });
+    }
+
+    /// Answers submits that are durable and either held by a peer or out of time (or alone),
+    /// and fails those whose documents cannot be written.
+    fn check_submits(&mut self, now: Time) {
+        let waits = std::mem::take(&mut self.submit_waits);
+        for w in waits {
+            let failing = self
+                .saves
+                .failing(&w.task_doc)
+                .or_else(|| self.saves.failing(&w.queue_doc))
+                .cloned();
+            let durable = self.saves.is_durable(&w.task_doc, w.task_version)
+                && self.saves.is_durable(&w.queue_doc, w.queue_version);
+            if !durable {
+                if let Some(e) = failing {
+                    self.replies
+                        .push_back((w.cmd, Reply::Submitted(Err(SubmitError::NotDurable(e)))));
+                } else {
+                    self.submit_waits.push(w);
+                }
+                continue;
+            }
+            let alone = self.queues.get(&w.queue).is_none_or(|q| {
+                !q.view
+                    .members
+                    .keys()
+                    .any(|m| *m != self.config.peer && self.connected.contains(m))
+            });
+            let held = self.replica.peer_has(&w.task_doc, &w.task_heads)
+                && self.replica.peer_has(&w.queue_doc, &w.queue_heads);
+            if held || alone || now.mono >= w.deadline {
+                self.replies.push_back((
+                    w.cmd,
+                    Reply::Submitted(Ok(api::Submitted {
+                        task_id: w.task,
+                        replicated: held,
+                    })),
+                ));
+            } else {
+                self.submit_waits.push(w);
+            }
+        }
+    }
+
+    fn status_of(&self, task: &TaskId) -> Result<api::TaskStatus, TaskError> {
+        let doc = task_doc(task).ok_or_else(|| TaskError::BadId(task.to_string()))?;
+        let d = self
+            .replica
+            .get(&doc)
+            .ok_or_else(|| TaskError::NotFound(task.clone()))?;
+        let t = task::read(d).map_err(|e| TaskError::NotATask(task.clone(), e))?;
+        let q = self
+            .queues
+            .get(&t.queue)
+            .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
+        let entry = q
+            .view
+            .tasks
+            .get(task)
+            .ok_or_else(|| TaskError::NotIndexed(task.clone(), t.queue.clone()))?;
+        let error = entry
+            .attempts
+            .iter()
+            .filter_map(|a| a.finished.as_ref())
+            .filter(|f| f.outcome.is_failure())
+            .max_by_key(|f| f.at)
+            .and_then(|f| f.error.clone());
+        Ok(api::TaskStatus {
+            id: task.clone(),
+            queue: t.queue.clone(),
+            kind: t.kind.clone(),
+            state: entry.state(),
+            submitted_at: t.submitted_at,
+            submitter: t.submitter.to_string(),
+            result: t.result().cloned(),
+            input: t.input.clone(),
+            error,
+            attempts: entry.attempts.clone(),
+            runs: t.runs,
+        })
+    }
+
+    fn answer_status(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        task: TaskId,
+        wait_until: Option<Instant>,
+    ) {
+        match (self.status_of(&task), wait_until) {
+            (Ok(s), Some(until)) if !is_done(&s) && now.mono < until => {
+                let wait = until.saturating_duration_since(now.mono);
+                self.task_waiters.push(TaskWaiter {
+                    cmd,
+                    task,
+                    until,
+                    wait,
+                });
+            }
+            (Ok(s), Some(_)) if !is_done(&s) => {
+                self.replies.push_back((
+                    cmd,
+                    Reply::Task(Box::new(Err(TaskError::Timeout(task, Duration::ZERO)))),
+                ));
+            }
+            (r, _) => self.replies.push_back((cmd, Reply::Task(Box::new(r)))),
+        }
+    }
+
+    fn check_task_waiters(&mut self, now: Time) {
+        let waiters = std::mem::take(&mut self.task_waiters);
+        for w in waiters {
+            let Some(doc) = task_doc(&w.task) else {
+                continue;
+            };
+            if now.mono >= w.until {
+                self.replies.push_back((
+                    w.cmd,
+                    Reply::Task(Box::new(Err(TaskError::Timeout(w.task, w.wait)))),
+                ));
+                continue;
+            }
+            if !self.replica.is_loaded(&doc) {
+                // Evicted meanwhile: load it again and answer when it is back.
+                let deadline = now.mono + FIND_TIMEOUT;
+                self.wait_for(
+                    now,
+                    &doc,
+                    DocWaiter::Status {
+                        cmd: w.cmd,
+                        task: w.task,
+                        wait_until: Some(w.until),
+                        deadline,
+                    },
+                );
+                continue;
+            }
+            match self.status_of(&w.task) {
+                Ok(s) if !is_done(&s) => self.task_waiters.push(w),
+                r => self.replies.push_back((w.cmd, Reply::Task(Box::new(r)))),
+            }
+        }
+    }
+
+    // ----- routers and the pool -----
+
+    /// Re-reads a queue's view and hands it to the router and the pool.
+    fn refresh(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        let Some(d) = self.replica.get(&q.doc) else {
+            return;
+        };
+        let Some(view) = q.cache.refresh(d).cloned() else {
+            tracing::warn!(queue = %id, "the queue document does not read as a queue");
+            return;
+        };
+        if Arc::ptr_eq(&view, &q.view) {
+            return;
+        }
+        let old = std::mem::replace(&mut q.view, view.clone());
+        let qdoc = q.doc.clone();
+        q.router.handle_view(now.mono, view.clone());
+        if let Some(r) = &view.router {
+            see(&mut self.seen, id, r);
+        }
+        // Scope the task documents: live ones are announced to members, final ones travel on
+        // request only and may leave memory.
+        for (tid, t) in &view.tasks {
+            let final_now = t.state().is_final();
+            let before = old.tasks.get(tid).map(|o| o.state().is_final());
+            if before == Some(final_now) {
+                continue;
+            }
+            let Some(td) = task_doc(tid) else { continue };
+            self.replica.set_scope(
+                &td,
+                Scope {
+                    group: qdoc.clone(),
+                    announce: !final_now,
+                    requestable: false,
+                },
+            );
+            if final_now {
+                self.to_evict.entry(td).or_insert(now.mono);
+            }
+        }
+        // A member that joined or moved: dial it now rather than at the next round, so that a
+        // full mesh forms before the peer everyone bootstrapped from can go away.
+        if view.members != old.members {
+            let members = view
+                .members
+                .keys()
+                .cloned()
+                .chain([self.config.peer.clone()])
+                .collect();
+            self.replica.set_group(&qdoc, members);
+            self.next_dial = now.mono;
+        }
+        self.pool.handle_view(id, &view);
+        self.events.push_back(Event::View {
+            queue: id.clone(),
+            view,
+        });
+    }
+
+    /// Carries out the routers' and the pool's actions; true if there were any.
+    fn drain_actions(&mut self, now: Time) -> bool {
+        let mut acted = false;
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in &ids {
+            while let Some(action) = self.queues.get_mut(id).and_then(|q| q.router.poll_action()) {
+                acted = true;
+                self.router_action(now, id, action);
+            }
+            if let Some(q) = self.queues.get_mut(id) {
+                while let Some(event) = q.router.poll_event() {
+                    self.events.push_back(Event::Router {
+                        queue: id.clone(),
+                        event,
+                    });
+                }
+            }
+        }
+        while let Some(action) = self.pool.poll_action() {
+            acted = true;
+            self.pool_action(now, action);
+        }
+        acted
+    }
+
+    /// Writes to a queue document and refreshes its view at once (routers must see their own
+    /// writes before deciding again).
+    fn write_queue<E: std::fmt::Display>(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        what: &str,
+        f: impl FnOnce(&mut Automerge) -> Result<(), E>,
+    ) {
+        let Some(doc) = self.queues.get(id).map(|q| q.doc.clone()) else {
+            return;
+        };
+        match self.change(&doc, f) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => tracing::warn!(queue = %id, "cannot record {what}: {e}"),
+            None => tracing::warn!(queue = %id, "cannot record {what}: queue document not loaded"),
+        }
+        self.stale.remove(id);
+        self.refresh(now, id);
+    }
+
+    fn router_action(&mut self, now: Time, id: &QueueId, action: RouterAction) {
+        match action {
+            RouterAction::Claim(claim) => {
+                self.write_queue(now, id, "a router claim", |d| {
+                    queue::claim_router(d, &claim, now.unix_ms)
+                });
+            }
+            RouterAction::Assign(list) => {
+                self.write_queue(now, id, "assignments", |d| {
+                    queue::record_assignments(d, &list, now.unix_ms)
+                });
+            }
+            RouterAction::Beat(beat) => {
+                self.pool.handle_router_beat(&beat);
+                see(&mut self.seen, id, &beat.claim);
+                if let Some(q) = self.queues.get(id) {
+                    self.io.push_back(Io::Publish {
+                        topic: q.topic.clone(),
+                        data: Wire::Router(beat).encode(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn pool_action(&mut self, now: Time, action: PoolAction) {
+        match action {
+            PoolAction::Start(run) => {
+                let Some(doc) = task_doc(&run.task) else {
+                    self.pool.handle_start_failed(
+                        run.worker.index,
+                        format!("{} is not a task id", run.task),
+                    );
+                    return;
+                };
+                self.wait_for(now, &doc, DocWaiter::Start(run));
+            }
+            PoolAction::Finish {
+                worker,
+                queue: qid,
+                task,
+                attempt,
+                outcome,
+                error,
+                started_by,
+            } => {
+                if outcome == AttemptOutcome::Refused || outcome == AttemptOutcome::Interrupted {
+                    self.events.push_back(Event::NotRun {
+                        task: task.clone(),
+                        attempt: attempt.clone(),
+                        outcome,
+                        reason: error.clone().unwrap_or_default(),
+                    });
+                }
+                if outcome == AttemptOutcome::Interrupted
+                    && let (Some(inc), Some(doc)) = (started_by, task_doc(&task))
+                {
+                    let start = RunStart {
+                        attempt: attempt.clone(),
+                        worker: worker.clone(),
+                        incarnation: inc,
+                        at: 0,
+                    };
+                    let end = TaskRunEnd {
+                        outcome,
+                        at: now.unix_ms,
+                        result: None,
+                        error: error.clone(),
+                        logs: vec![],
+                    };
+                    // Best effort: the task document may not be here.
+                    let _ = self.change(&doc, |d| task::record_run_end(d, &start, &end));
+                }
+                self.write_queue(now, &qid, "an attempt's end", |d| {
+                    queue::record_finish(
+                        d,
+                        &task,
+                        &attempt,
+                        &worker,
+                        outcome,
+                        error.as_deref(),
+                        now.unix_ms,
+                    )
+                });
+            }
+            PoolAction::Beat(beat) => {
+                let bytes = Wire::Pool(beat.clone()).encode();
+                for q in self.queues.values_mut() {
+                    q.router.handle_pool_beat(now.mono, &beat);
+                    self.io.push_back(Io::Publish {
+                        topic: q.topic.clone(),
+                        data: bytes.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Starts a run whose task document is loaded: records the start in both documents, then
+    /// asks the driver to run the handler.
+    fn start_run(&mut self, now: Time, run: Run) {
+        let index = run.worker.index;
+        let Some(tdoc) = task_doc(&run.task) else {
+            return;
+        };
+        let input = match self.replica.get(&tdoc).map(task::read) {
+            Some(Ok(t)) => t.input,
+            Some(Err(e)) => {
+                self.pool
+                    .handle_start_failed(index, format!("unreadable task document: {e}"));
+                return;
+            }
+            None => {
+                self.pool
+                    .handle_start_failed(index, "the task document is unavailable".into());
+                return;
+            }
+        };
+        let Some(qdoc) = self.queues.get(&run.queue).map(|q| q.doc.clone()) else {
+            self.pool
+                .handle_start_failed(index, "this node left the task's queue".into());
+            return;
+        };
+        // The fence may have risen while the task document was fetched.
+        if let Some(fence) = self.seen.get(&run.queue)
+            && run.attempt.claim < *fence
+            && self.fencing()
+        {
+            let reason = format!(
+                "fenced: assigned by {}, but {fence} is the router",
+                run.attempt.claim
+            );
+            self.pool.handle_start_failed(index, reason);
+            return;
+        }
+        let inc = self.config.incarnation;
+        let started = self
+            .change(&qdoc, |d| {
+                queue::record_start(d, &run.task, &run.attempt, &run.worker, inc, now.unix_ms)
+            })
+            .unwrap_or_else(|| Err(queue::AttemptError::NotAQueue));
+        if let Err(e) = started {
+            self.pool
+                .handle_start_failed(index, format!("cannot record the start: {e}"));
+            return;
+        }
+        self.stale.insert(run.queue.clone());
+        let start = RunStart {
+            attempt: run.attempt.clone(),
+            worker: run.worker.clone(),
+            incarnation: inc,
+            at: now.unix_ms,
+        };
+        if let Some(Err(e)) = self.change(&tdoc, |d| task::record_run_start(d, &start)) {
+            tracing::warn!(task = %run.task, "cannot record the run's start: {e}");
+        }
+        self.events.push_back(Event::RunStarted {
+            queue: run.queue.clone(),
+            task: run.task.clone(),
+            attempt: run.attempt.clone(),
+            worker: run.worker.clone(),
+        });
+        self.next_run += 1;
+        let id = RunId(self.next_run);
+        self.io.push_back(Io::Run(RunRequest {
+            id,
+            queue: run.queue.clone(),
+            task: run.task.clone(),
+            attempt: run.attempt.clone(),
+            worker: run.worker.clone(),
+            kind: run.kind.clone(),
+            input,
+        }));
+        self.runs.insert(id, Running { run, start });
+    }
+
+    /// Dials every member of every queue this node has no sync stream with.
+    fn dial_members(&mut self) {
+        let mut wanted: BTreeMap<PeerId, Vec<String>> = BTreeMap::new();
+        for q in self.queues.values() {
+            for (peer, member) in &q.view.members {
+                if *peer == self.config.peer || self.connected.contains(peer) {
+                    continue;
+                }
+                wanted
+                    .entry(peer.clone())
+                    .or_default()
+                    .extend(member.addrs.iter().cloned());
+            }
+        }
+        for (peer, mut addrs) in wanted {
+            addrs.sort();
+            addrs.dedup();
+            if !addrs.is_empty() {
+                self.io.push_back(Io::Dial { peer, addrs });
+            }
+        }
+    }
+}
+
+/// The gossipsub topic carrying a queue's heartbeats.
+pub fn topic_for(queue: &QueueId) -> String {
+    format!("piecework/v1/queue/{queue}")
+}
+
+fn queue_scope(doc: &DocId) -> Scope {
+    Scope {
+        group: doc.clone(),
+        announce: true,
+        requestable: true,
+    }
+}
+
+fn see(seen: &mut BTreeMap<QueueId, Claim>, queue: &QueueId, claim: &Claim) {
+    let best = max_claim(seen.get(queue), Some(claim));
+    if let Some(best) = best {
+        seen.insert(queue.clone(), best);
+    }
+}
+
+fn is_done(s: &api::TaskStatus) -> bool {
+    match s.state {
+        TaskState::Failed => true,
+        TaskState::Succeeded => s.result.is_some(),
+        _ => false,
+    }
+}

@@ -1,0 +1,228 @@
+//! Save bookkeeping: which documents have changes not yet on disk, the one write in flight per
+//! document, retries after failures, and the versions that tell a submit when it is durable.
+//!
+//! Every change to a document (local or from a peer) bumps its *version*. A write takes every
+//! change since the last acknowledged write, so when it is acknowledged the document is durable
+//! up to the version it was taken at. Writes of one document never overlap, so a later change
+//! cannot reach disk before an earlier one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use automerge::ChangeHash;
+use piecework_replica::{DocId, Replica};
+
+use crate::api::StorageFailure;
+use crate::{COMPACT_AFTER, Compact, SAVE_FAILURES_REPORTED, SAVE_RETRY, SAVE_RETRY_MAX};
+use crate::{Save, SaveId};
+
+#[derive(Debug)]
+struct InFlight {
+    id: SaveId,
+    heads: Vec<ChangeHash>,
+    version: u64,
+    compacts: bool,
+    appended: usize,
+}
+
+#[derive(Debug, Default)]
+struct DocSaves {
+    version: u64,
+    durable: u64,
+    in_flight: Option<InFlight>,
+    failures: u32,
+    last_error: Option<StorageFailure>,
+    /// Change chunks stored since the last snapshot.
+    chunks: usize,
+}
+
+/// The outcome of an acknowledged or failed write, for the core to act on.
+#[derive(Debug)]
+pub(crate) enum Acked {
+    /// On disk.
+    Saved,
+    /// Failed; reported when `failures` reaches [`SAVE_FAILURES_REPORTED`] (and every time
+    /// after).
+    Failed {
+        doc: DocId,
+        failures: u32,
+        error: StorageFailure,
+    },
+}
+
+/// Save state of every document that has some. An entry exists while a document has changes
+/// not on disk, a write in flight, or a chunk count worth keeping (it is loaded); [`Saves::forget`]
+/// drops it when the document leaves memory, so the map is bounded by the loaded documents.
+#[derive(Debug, Default)]
+pub(crate) struct Saves {
+    docs: BTreeMap<DocId, DocSaves>,
+    /// Documents with unwritten changes, no write in flight and no retry pending.
+    dirty: BTreeSet<DocId>,
+    /// Retries of failed writes, by when.
+    retries: BTreeSet<(Instant, DocId)>,
+    next_id: u64,
+    in_flight: BTreeMap<SaveId, DocId>,
+}
+
+fn retry_delay(failures: u32) -> Duration {
+    SAVE_RETRY
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(SAVE_RETRY_MAX)
+}
+
+impl Saves {
+    /// A document changed: it must be written.
+    pub(crate) fn changed(&mut self, doc: &DocId) {
+        let d = self.docs.entry(doc.clone()).or_default();
+        d.version += 1;
+        if d.in_flight.is_none() && !self.retries.iter().any(|(_, r)| r == doc) {
+            self.dirty.insert(doc.clone());
+        }
+    }
+
+    /// A document was loaded from `chunks` stored chunks.
+    pub(crate) fn loaded(&mut self, doc: &DocId, chunks: usize) {
+        self.docs.entry(doc.clone()).or_default().chunks = chunks;
+    }
+
+    /// The document's current version (compare with [`Saves::is_durable`]).
+    pub(crate) fn version(&self, doc: &DocId) -> u64 {
+        self.docs.get(doc).map_or(0, |d| d.version)
+    }
+
+    /// Whether the document is on disk up to `version`.
+    pub(crate) fn is_durable(&self, doc: &DocId, version: u64) -> bool {
+        self.docs.get(doc).is_none_or(|d| d.durable >= version)
+    }
+
+    /// The last error, if writes of the document have failed [`SAVE_FAILURES_REPORTED`] times
+    /// in a row.
+    pub(crate) fn failing(&self, doc: &DocId) -> Option<&StorageFailure> {
+        let d = self.docs.get(doc)?;
+        (d.failures >= SAVE_FAILURES_REPORTED)
+            .then_some(d.last_error.as_ref())
+            .flatten()
+    }
+
+    /// Whether the document has nothing unwritten and no write in flight.
+    pub(crate) fn is_clean(&self, doc: &DocId) -> bool {
+        self.docs
+            .get(doc)
+            .is_none_or(|d| d.in_flight.is_none() && d.durable >= d.version)
+    }
+
+    /// The document left memory: forget its entry (only if clean).
+    pub(crate) fn forget(&mut self, doc: &DocId) {
+        if self.is_clean(doc) {
+            self.docs.remove(doc);
+            self.dirty.remove(doc);
+        }
+    }
+
+    /// Retries whose time has come become due.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        while let Some((at, doc)) = self.retries.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.retries.pop_first();
+            self.dirty.insert(doc);
+        }
+    }
+
+    /// The next retry.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.retries.first().map(|(at, _)| *at)
+    }
+
+    /// The writes to start now: one per dirty document without a write in flight.
+    pub(crate) fn take_writes(&mut self, replica: &Replica) -> Vec<Save> {
+        let mut out = vec![];
+        for doc in std::mem::take(&mut self.dirty) {
+            let Some(d) = self.docs.get_mut(&doc) else {
+                continue;
+            };
+            if d.in_flight.is_some() {
+                continue;
+            }
+            let Some(unsaved) = replica.unsaved(&doc) else {
+                // Nothing unwritten after all (or not loaded: nothing to write).
+                d.durable = d.version;
+                continue;
+            };
+            let appended = unsaved.changes.len();
+            let compact = match d.chunks + appended >= COMPACT_AFTER {
+                true => replica.get(&doc).map(|am| Compact {
+                    snapshot: am.save(),
+                    replaces: am
+                        .get_changes(&[])
+                        .iter()
+                        .map(|c| c.hash().to_string())
+                        .collect(),
+                }),
+                false => None,
+            };
+            self.next_id += 1;
+            let id = SaveId(self.next_id);
+            d.in_flight = Some(InFlight {
+                id,
+                heads: unsaved.heads,
+                version: d.version,
+                compacts: compact.is_some(),
+                appended,
+            });
+            self.in_flight.insert(id, doc.clone());
+            out.push(Save {
+                id,
+                doc,
+                changes: unsaved
+                    .changes
+                    .into_iter()
+                    .map(|(h, b)| (h.to_string(), b))
+                    .collect(),
+                compact,
+            });
+        }
+        out
+    }
+
+    /// A write ended. `None` if the id is unknown (answered twice, or from before a restart).
+    pub(crate) fn handle_saved(
+        &mut self,
+        now: Instant,
+        id: SaveId,
+        result: Result<(), StorageFailure>,
+        replica: &mut Replica,
+    ) -> Option<Acked> {
+        let doc = self.in_flight.remove(&id)?;
+        let d = self.docs.get_mut(&doc)?;
+        let flight = d.in_flight.take().filter(|f| f.id == id)?;
+        match result {
+            Ok(()) => {
+                replica.mark_saved(&doc, &flight.heads);
+                d.durable = d.durable.max(flight.version);
+                d.failures = 0;
+                d.last_error = None;
+                d.chunks = match flight.compacts {
+                    true => 0,
+                    false => d.chunks + flight.appended,
+                };
+                if d.version > d.durable {
+                    self.dirty.insert(doc.clone());
+                }
+                Some(Acked::Saved)
+            }
+            Err(error) => {
+                d.failures = d.failures.saturating_add(1);
+                d.last_error = Some(error.clone());
+                self.retries
+                    .insert((now + retry_delay(d.failures), doc.clone()));
+                Some(Acked::Failed {
+                    doc,
+                    failures: d.failures,
+                    error,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The node's shell: one tokio task that feeds a [`Core`] the clock, the network, the disk and
+//! handler runs, and performs the I/O it asks for. It decides nothing itself: every decision is
+//! the core's, which the simulator runs too.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use piecework_core::{
+    Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId, Time,
+    api::StorageFailure,
+};
+use piecework_net as net;
+use piecework_queue_doc::PeerId;
+use piecework_replica::DocId;
+use piecework_worker_pool::{Context, execute};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::{NodeEvent, Shared, now_ms};
+
+/// Network events handled per turn at most, before the shell drains the core's outputs.
+const NET_BATCH: usize = 256;
+/// Capacity of the shell's internal input queue (run results, storage answers).
+const INPUT_QUEUE: usize = 1024;
+
+/// A command from a [`crate::NodeHandle`], with where to send its reply.
+pub(crate) struct Request {
+    pub(crate) command: Command,
+    pub(crate) reply: oneshot::Sender<Reply>,
+}
+
+enum Input {
+    Loaded {
+        doc: DocId,
+        chunks: Result<Vec<Vec<u8>>, StorageFailure>,
+    },
+    Saved {
+        id: SaveId,
+        result: Result<(), StorageFailure>,
+    },
+    RunEnded {
+        id: RunId,
+        result: RunResult,
+    },
+}
+
+pub(crate) struct Shell {
+    shared: Arc<Shared>,
+    core: Core,
+    inputs_tx: mpsc::Sender<Input>,
+    inputs: mpsc::Receiver<Input>,
+    /// Replies owed, by command id. Bounded: the core answers every command (its waits have
+    /// deadlines), and callers wait for room in the bounded command queue.
+    pending: HashMap<CommandId, oneshot::Sender<Reply>>,
+    next_command: u64,
+    /// Frames the transport refused for want of credit, resent first when it has some again.
+    /// Bounded by what the core generated before it heard the peer was blocked.
+    stalled: HashMap<net::PeerId, VecDeque<Vec<u8>>>,
+    views:
+        HashMap<piecework_queue_doc::QueueId, watch::Sender<Arc<piecework_queue_doc::QueueView>>>,
+}
+
+fn now() -> Time {
+    Time {
+        mono: Instant::now(),
+        unix_ms: now_ms(),
+    }
+}
+
+fn peer_of(p: &net::PeerId) -> PeerId {
+    PeerId::new(p.to_string())
+}
+
+impl Shell {
+    pub(crate) fn new(shared: Arc<Shared>, core: Core) -> Self {
+        let (inputs_tx, inputs) = mpsc::channel(INPUT_QUEUE);
+        Shell {
+            shared,
+            core,
+            inputs_tx,
+            inputs,
+            pending: HashMap::new(),
+            next_command: 0,
+            stalled: HashMap::new(),
+            views: HashMap::new(),
+        }
+    }
+
+    pub(crate) async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<Request>,
+        mut net_events: mpsc::Receiver<net::Event>,
+    ) {
+        self.drain();
+        loop {
+            let deadline = self.core.poll_timeout();
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                input = self.inputs.recv() => match input {
+                    Some(i) => self.handle_input(i),
+                    None => break,
+                },
+                ev = net_events.recv() => match ev {
+                    Some(e) => {
+                        self.handle_net(e);
+                        // Take what else has arrived too, so that one turn answers them all.
+                        for _ in 0..NET_BATCH {
+                            match net_events.try_recv() {
+                                Ok(e) => self.handle_net(e),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => break,
+                },
+                req = commands.recv() => match req {
+                    Some(Request { command, reply }) => {
+                        self.next_command += 1;
+                        let id = CommandId(self.next_command);
+                        self.pending.insert(id, reply);
+                        self.core.handle_command(now(), id, command);
+                    }
+                    None => break,
+                },
+                () = sleep => self.core.handle_timeout(now()),
+            }
+            self.drain();
+        }
+        tracing::debug!("node shell stopped");
+    }
+
+    fn handle_input(&mut self, input: Input) {
+        match input {
+            Input::Loaded { doc, chunks } => self.core.handle_loaded(now(), &doc, chunks),
+            Input::Saved { id, result } => self.core.handle_saved(now(), id, result),
+            Input::RunEnded { id, result } => self.core.handle_run_ended(now(), id, result),
+        }
+    }
+
+    fn handle_net(&mut self, ev: net::Event) {
+        let t = now();
+        match ev {
+            net::Event::Listening(addr) => {
+                {
+                    let mut listen = self
+                        .shared
+                        .listen
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner());
+                    if !listen.contains(&addr) {
+                        listen.push(addr);
+                    }
+                }
+                let addrs = self.shared.advertised();
+                let _ = self.shared.events.send(NodeEvent::Listening(addrs.clone()));
+                self.core.handle_addresses(t, addrs);
+            }
+            net::Event::Connected(peer) => tracing::debug!(%peer, "connected"),
+            net::Event::Disconnected(peer) => tracing::debug!(%peer, "disconnected"),
+            net::Event::SyncOpened(peer) => {
+                self.stalled.remove(&peer);
+                self.core.handle_connected(t, peer_of(&peer));
+            }
+            net::Event::SyncClosed(peer) => {
+                self.stalled.remove(&peer);
+                self.core.handle_disconnected(t, &peer_of(&peer));
+            }
+            net::Event::SyncWritable(peer) => {
+                if self.flush_stalled(&peer) {
+                    self.core.handle_unblocked(t, &peer_of(&peer));
+                }
+            }
+            net::Event::SyncMessage { peer, data } => {
+                self.core.handle_sync(t, &peer_of(&peer), &data);
+            }
+            net::Event::Message {
+                topic,
+                source,
+                data,
+            } => self.core.handle_gossip(t, &topic, &peer_of(&source), &data),
+        }
+    }
+
+    /// Resends frames the transport refused; true once none is left.
+    fn flush_stalled(&mut self, peer: &net::PeerId) -> bool {
+        let Some(frames) = self.stalled.get_mut(peer) else {
+            return true;
+        };
+        while let Some(frame) = frames.pop_front() {
+            match self.shared.net.send_sync(peer, frame.clone()) {
+                net::sync::SendOutcome::Queued => {}
+                net::sync::SendOutcome::Blocked => {
+                    frames.push_front(frame);
+                    return false;
+                }
+                // The stream is gone or the frame can never fit: the stream's close resets the
+                // sync state, which repairs anything lost.
+                net::sync::SendOutcome::NoStream | net::sync::SendOutcome::TooLarge => {}
+            }
+        }
+        self.stalled.remove(peer);
+        true
+    }
+
+    /// Carries out everything the core asks for.
+    fn drain(&mut self) {
+        loop {
+            let mut any = false;
+            while let Some((peer, frame)) = self.core.poll_transmit() {
+                any = true;
+                self.send(&peer, frame);
+            }
+            while let Some(io) = self.core.poll_io() {
+                any = true;
+                self.perform(io);
+            }
+            // Events first: a reply's caller may look at a view the same turn published.
+            while let Some(ev) = self.core.poll_event() {
+                any = true;
+                self.event(ev);
+            }
+            while let Some((id, reply)) = self.core.poll_reply() {
+                any = true;
+                if let Some(tx) = self.pending.remove(&id) {
+                    let _ = tx.send(reply);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    fn send(&mut self, peer: &PeerId, frame: Vec<u8>) {
+        let Ok(p) = peer.as_str().parse::<net::PeerId>() else {
+            return;
+        };
+        if let Some(q) = self.stalled.get_mut(&p) {
+            q.push_back(frame);
+            return;
+        }
+        match self.shared.net.send_sync(&p, frame.clone()) {
+            net::sync::SendOutcome::Queued => {}
+            net::sync::SendOutcome::Blocked => {
+                self.stalled.entry(p).or_default().push_back(frame);
+                self.core.handle_blocked(peer);
+            }
+            net::sync::SendOutcome::NoStream => {
+                tracing::debug!(%peer, "sync message not sent: no stream");
+            }
+            net::sync::SendOutcome::TooLarge => {
+                tracing::warn!(%peer, "sync message larger than the transport's budget, dropped");
+            }
+        }
+    }
+
+    fn perform(&mut self, io: Io) {
+        match io {
+            Io::Load { doc } => {
+                let store = self.shared.store.clone();
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    let chunks = store
+                        .load_doc(doc.as_str())
+                        .await
+                        .map_err(|e| StorageFailure(e.to_string()));
+                    let _ = tx.send(Input::Loaded { doc, chunks }).await;
+                });
+            }
+            Io::Save(save) => {
+                let store = self.shared.store.clone();
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    let Save {
+                        id,
+                        doc,
+                        changes,
+                        compact,
+                    } = save;
+                    let mut result = store.append(doc.as_str(), changes).await;
+                    if let (Ok(()), Some(c)) = (&result, compact) {
+                        result = store.compact(doc.as_str(), c.snapshot, c.replaces).await;
+                    }
+                    if let Err(e) = &result {
+                        tracing::error!(%doc, "cannot save changes: {e}");
+                    }
+                    let result = result.map_err(|e| StorageFailure(e.to_string()));
+                    let _ = tx.send(Input::Saved { id, result }).await;
+                });
+            }
+            Io::Run(req) => self.run_handler(req),
+            Io::Dial { peer, addrs } => {
+                let Ok(peer) = peer.as_str().parse::<net::PeerId>() else {
+                    return;
+                };
+                let addrs: Vec<net::Multiaddr> =
+                    addrs.iter().filter_map(|a| a.parse().ok()).collect();
+                if addrs.is_empty() {
+                    return;
+                }
+                let net = self.shared.net.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = net.dial_peer(peer, addrs).await {
+                        tracing::trace!(%peer, "dial: {e}");
+                    }
+                });
+            }
+            Io::Publish { topic, data } => {
+                self.shared.net.publish(topic, data);
+            }
+            Io::Subscribe { topic } => {
+                let net = self.shared.net.clone();
+                tokio::spawn(async move {
+                    let _ = net.subscribe(topic).await;
+                });
+            }
+            Io::RememberQueue { id, name } => {
+                let store = self.shared.store.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.add_queue(id.as_str(), &name).await {
+                        tracing::error!(queue = %id, "cannot remember the queue: {e}");
+                    }
+                });
+            }
+        }
+    }
+
+    fn run_handler(&mut self, req: RunRequest) {
+        let registry = self.shared.registry.clone();
+        let tx = self.inputs_tx.clone();
+        let ctx = Context::new(req.task.clone(), req.attempt.clone(), req.worker.clone());
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            let outcome = execute(&registry, &req.kind, ctx, req.input).await;
+            let result = RunResult {
+                result: outcome.result,
+                logs: outcome.logs,
+            };
+            let _ = tx.send(Input::RunEnded { id: req.id, result }).await;
+        }));
+    }
+
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Router { queue, event } => {
+                tracing::info!(%queue, ?event, "router");
+                let _ = self.shared.events.send(NodeEvent::Router { queue, event });
+            }
+            Event::View { queue, view } => {
+                let tx = self.views.entry(queue.clone()).or_insert_with(|| {
+                    let (tx, rx) = watch::channel(view.clone());
+                    let mut views = self.shared.views.write().unwrap_or_else(|e| e.into_inner());
+                    views.insert(queue.clone(), rx);
+                    tx
+                });
+                tx.send_replace(view);
+            }
+            Event::RunStarted {
+                queue,
+                task,
+                worker,
+                ..
+            } => {
+                let _ = self.shared.events.send(NodeEvent::RunStarted {
+                    queue,
+                    task,
+                    worker: worker.to_string(),
+                });
+            }
+            Event::RunEnded { queue, task, ok } => {
+                let _ = self
+                    .shared
+                    .events
+                    .send(NodeEvent::RunEnded { queue, task, ok });
+            }
+            Event::NotRun {
+                task,
+                attempt,
+                outcome,
+                reason,
+            } => tracing::info!(%task, %attempt, ?outcome, reason, "attempt not run"),
+            Event::Rejected { peer, reason } => {
+                tracing::warn!(%peer, "rejected a peer's message: {reason}")
+            }
+            Event::SaveFailed {
+                doc,
+                failures,
+                error,
+            } => tracing::error!(%doc, failures, "writes keep failing: {error}"),
+            Event::LoadFailed { doc, error } => tracing::warn!(%doc, "cannot load: {error}"),
+            Event::FetchFailed { task } => {
+                tracing::warn!(%task, "no reachable member has the task's document")
+            }
+            Event::Resynced { peer } => tracing::debug!(%peer, "sync started over"),
+        }
+    }
+}

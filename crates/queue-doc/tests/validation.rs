@@ -1,0 +1,420 @@
+//! Values from peers are validated when read: a queue document written by a faulty or hostile
+//! peer (values written with automerge directly, bypassing the typed operations) reads as a
+//! configuration within its documented ranges, without unbeatable router claims, and with every
+//! replica computing the same.
+
+use automerge::transaction::Transactable;
+use automerge::{Automerge, AutomergeError, ObjId, ObjType, ROOT, ReadDoc, ScalarValue};
+use piecework_queue_doc::queue::{AssignError, WriteError};
+use piecework_queue_doc::{
+    Assignment, AttemptId, Claim, ConfigError, MAX_TERM, Order, PeerId, QueueConfig, QueueView,
+    Submission, TaskId, ViewCache, WorkerId, queue,
+};
+use proptest::prelude::*;
+
+/// The keys of the numeric configuration fields, as the queue document stores them.
+const FIELDS: [&str; 10] = [
+    "heartbeat_ms",
+    "takeover_after_ms",
+    "settle_ms",
+    "pool_heartbeat_ms",
+    "lease_ms",
+    "max_attempts",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "concurrency",
+    "rate_interval_ms",
+];
+
+fn me() -> PeerId {
+    PeerId::new("peer-a")
+}
+
+fn new_queue() -> Automerge {
+    let mut doc = Automerge::new();
+    queue::create(&mut doc, "q", &QueueConfig::default(), &me(), 0).unwrap();
+    doc
+}
+
+fn object(doc: &Automerge, obj: &ObjId, key: &str) -> ObjId {
+    match doc.get(obj, key).unwrap() {
+        Some((automerge::Value::Object(_), id)) => id,
+        other => panic!("{key} is not an object: {other:?}"),
+    }
+}
+
+/// Overwrites configuration values the way a hostile peer could: straight into the document.
+fn write_config(doc: &mut Automerge, values: &[(&str, u64)]) {
+    let config = object(doc, &ROOT, "config");
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        for (k, v) in values {
+            tx.put(&config, *k, *v)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Every field within its documented range, and the relations `validate` checks.
+fn assert_in_ranges(c: &QueueConfig) {
+    type C = QueueConfig;
+    assert!((C::MIN_HEARTBEAT_MS..=C::MAX_HEARTBEAT_MS).contains(&c.heartbeat_ms));
+    assert!((2 * c.heartbeat_ms..=C::MAX_TAKEOVER_AFTER_MS).contains(&c.takeover_after_ms));
+    assert!((C::MIN_SETTLE_MS..=C::MAX_SETTLE_MS).contains(&c.settle_ms));
+    assert!((C::MIN_POOL_HEARTBEAT_MS..=C::MAX_POOL_HEARTBEAT_MS).contains(&c.pool_heartbeat_ms));
+    assert!((2 * c.pool_heartbeat_ms..=C::MAX_LEASE_MS).contains(&c.lease_ms));
+    assert!((C::MIN_MAX_ATTEMPTS..=C::MAX_MAX_ATTEMPTS).contains(&c.max_attempts));
+    assert!((C::MIN_RETRY_BACKOFF_MS..=C::MAX_RETRY_BACKOFF_MS).contains(&c.retry_backoff_ms));
+    assert!((c.retry_backoff_ms..=C::MAX_RETRY_BACKOFF_MS).contains(&c.retry_backoff_max_ms));
+    assert!(c.concurrency <= C::MAX_CONCURRENCY);
+    assert!(c.rate_interval_ms <= C::MAX_RATE_INTERVAL_MS);
+    assert_eq!(c.validate(), Ok(()));
+}
+
+#[test]
+fn config_values_of_u64_max_read_clamped_to_the_maximums() {
+    let mut doc = new_queue();
+    let values: Vec<(&str, u64)> = FIELDS.iter().map(|k| (*k, u64::MAX)).collect();
+    write_config(&mut doc, &values);
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(
+        view.config,
+        QueueConfig {
+            heartbeat_ms: QueueConfig::MAX_HEARTBEAT_MS,
+            takeover_after_ms: QueueConfig::MAX_TAKEOVER_AFTER_MS,
+            settle_ms: QueueConfig::MAX_SETTLE_MS,
+            pool_heartbeat_ms: QueueConfig::MAX_POOL_HEARTBEAT_MS,
+            lease_ms: QueueConfig::MAX_LEASE_MS,
+            max_attempts: QueueConfig::MAX_MAX_ATTEMPTS,
+            retry_backoff_ms: QueueConfig::MAX_RETRY_BACKOFF_MS,
+            retry_backoff_max_ms: QueueConfig::MAX_RETRY_BACKOFF_MS,
+            concurrency: QueueConfig::MAX_CONCURRENCY,
+            rate_interval_ms: QueueConfig::MAX_RATE_INTERVAL_MS,
+            order: Order::Fifo,
+        }
+    );
+    assert_in_ranges(&view.config);
+    // The incremental view clamps the same way.
+    let mut cache = ViewCache::new();
+    assert_eq!(cache.refresh(&doc).unwrap().config, view.config);
+}
+
+#[test]
+fn a_zero_config_reads_clamped_to_the_minimums() {
+    let mut doc = new_queue();
+    let values: Vec<(&str, u64)> = FIELDS.iter().map(|k| (*k, 0)).collect();
+    write_config(&mut doc, &values);
+    let c = QueueView::read(&doc).unwrap().config;
+    assert_eq!(
+        c.heartbeat_ms,
+        QueueConfig::MIN_HEARTBEAT_MS,
+        "no busy loop"
+    );
+    assert_eq!(c.takeover_after_ms, 2 * QueueConfig::MIN_HEARTBEAT_MS);
+    assert_eq!(c.settle_ms, QueueConfig::MIN_SETTLE_MS);
+    assert_eq!(c.pool_heartbeat_ms, QueueConfig::MIN_POOL_HEARTBEAT_MS);
+    assert_eq!(c.lease_ms, 2 * QueueConfig::MIN_POOL_HEARTBEAT_MS);
+    assert_eq!(c.max_attempts, 1);
+    assert_eq!(
+        (c.retry_backoff_ms, c.retry_backoff_max_ms),
+        (
+            QueueConfig::MIN_RETRY_BACKOFF_MS,
+            QueueConfig::MIN_RETRY_BACKOFF_MS
+        )
+    );
+    assert_eq!(
+        (c.concurrency, c.rate_interval_ms),
+        (0, 0),
+        "0 means no limit"
+    );
+    assert_in_ranges(&c);
+}
+
+#[test]
+fn a_valid_config_reads_back_unchanged_and_an_out_of_range_one_is_refused() {
+    let mut doc = Automerge::new();
+    let config = QueueConfig {
+        heartbeat_ms: 20,
+        takeover_after_ms: 40,
+        settle_ms: 1,
+        pool_heartbeat_ms: 10,
+        lease_ms: 20,
+        max_attempts: 1_000,
+        retry_backoff_ms: 7,
+        retry_backoff_max_ms: 7,
+        concurrency: 1_000_000,
+        rate_interval_ms: 86_400_000,
+        order: Order::Lifo,
+    };
+    queue::create(&mut doc, "q", &config, &me(), 0).unwrap();
+    assert_eq!(QueueView::read(&doc).unwrap().config, config);
+    let too_fast = QueueConfig {
+        heartbeat_ms: 5,
+        ..QueueConfig::default()
+    };
+    assert!(matches!(
+        queue::create(&mut Automerge::new(), "q", &too_fast, &me(), 0),
+        Err(queue::CreateQueueError::Config(ConfigError::OutOfRange {
+            field: "heartbeat_ms",
+            ..
+        }))
+    ));
+}
+
+/// A fork of `doc` that wrote a raw router claim (merged back, it is concurrent with the
+/// claims of `doc` and of other such forks).
+fn raw_claim_fork(doc: &Automerge, term: u64, peer: &str) -> Automerge {
+    let mut fork = doc.fork();
+    fork.transact::<_, _, AutomergeError>(|tx| {
+        let r = tx.put_object(ROOT, "router", ObjType::Map)?;
+        tx.put(&r, "term", term)?;
+        tx.put(&r, "peer", peer)?;
+        tx.put(&r, "claimed_at", 0u64)?;
+        Ok(())
+    })
+    .unwrap();
+    fork
+}
+
+#[test]
+fn claims_above_max_term_are_ignored_and_counted() {
+    let mut doc = new_queue();
+    let mut cache = ViewCache::new();
+    cache.refresh(&doc);
+    let honest = Claim::new(3, PeerId::new("a"));
+    let mut forks = vec![
+        raw_claim_fork(&doc, u64::MAX, "z"),
+        raw_claim_fork(&doc, MAX_TERM + 1, "y"),
+    ];
+    queue::claim_router(&mut doc, &honest, 1).unwrap();
+    for fork in &mut forks {
+        doc.merge(fork).unwrap();
+    }
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.claims, vec![honest.clone()]);
+    assert_eq!(view.router, Some(honest.clone()));
+    assert_eq!(view.malformed, 2);
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view, "incremental");
+    assert_eq!(
+        ViewCache::new().refresh(&doc).unwrap().as_ref(),
+        &view,
+        "full"
+    );
+    // A later change elsewhere does not count the bad claims twice.
+    queue::set_paused(&mut doc, true).unwrap();
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.malformed, 2);
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
+    // A claim that has seen them all replaces them.
+    queue::claim_router(&mut doc, &Claim::new(MAX_TERM, PeerId::new("b")), 2).unwrap();
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.router, Some(Claim::new(MAX_TERM, PeerId::new("b"))));
+    assert_eq!(view.malformed, 0);
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
+    // The typed write refuses what readers would ignore.
+    assert!(matches!(
+        queue::claim_router(&mut doc, &Claim::new(MAX_TERM + 1, PeerId::new("c")), 3),
+        Err(WriteError::TermTooLarge(t)) if t == MAX_TERM + 1
+    ));
+}
+
+fn submit(doc: &mut Automerge, n: u32) -> TaskId {
+    let id = TaskId::new(format!("automerge:t{n}"));
+    queue::submit(
+        doc,
+        &Submission {
+            id: id.clone(),
+            kind: "k".into(),
+            submitter: me(),
+            submitted_at: u64::from(n),
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+        },
+    )
+    .unwrap();
+    id
+}
+
+/// Appends a raw attempt to a task's list, with the given extra fields.
+fn raw_attempt(doc: &mut Automerge, task: &TaskId, term: u64, extra: &[(&str, ScalarValue)]) {
+    let tasks = object(doc, &ROOT, "tasks");
+    let entry = object(doc, &tasks, task.as_str());
+    let list = object(doc, &entry, "attempts");
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        let len = tx.length(&list);
+        let a = tx.insert_object(&list, len, ObjType::Map)?;
+        tx.put(&a, "n", 1u64)?;
+        tx.put(&a, "term", term)?;
+        tx.put(&a, "router", "r")?;
+        tx.put(&a, "worker", "peer-a/0")?;
+        tx.put(&a, "assigned_at", 0u64)?;
+        for (k, v) in extra {
+            tx.put(&a, *k, v.clone())?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+#[test]
+fn attempts_name_the_pool_incarnation_they_are_addressed_to() {
+    let mut doc = new_queue();
+    let (t1, t2, t3) = (
+        submit(&mut doc, 1),
+        submit(&mut doc, 2),
+        submit(&mut doc, 3),
+    );
+    let claim = Claim::new(1, PeerId::new("r"));
+    queue::record_assignments(
+        &mut doc,
+        &[Assignment {
+            task: t1.clone(),
+            attempt: AttemptId {
+                n: 1,
+                claim: claim.clone(),
+            },
+            worker: WorkerId::new(me(), 0),
+            incarnation: 7,
+        }],
+        0,
+    )
+    .unwrap();
+    // Written before attempts named an incarnation: unknown, still readable.
+    raw_attempt(&mut doc, &t2, 1, &[]);
+    // A pool incarnation that is not a number: malformed.
+    raw_attempt(&mut doc, &t3, 1, &[("pool_incarnation", "seven".into())]);
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.tasks[&t1].attempts[0].pool_incarnation, Some(7));
+    assert_eq!(view.tasks[&t2].attempts[0].pool_incarnation, None);
+    assert!(view.tasks[&t3].attempts.is_empty());
+    assert_eq!(view.malformed, 1);
+    assert_eq!(ViewCache::new().refresh(&doc).unwrap().as_ref(), &view);
+}
+
+#[test]
+fn attempts_under_a_claim_above_max_term_are_malformed() {
+    let mut doc = new_queue();
+    let t = submit(&mut doc, 1);
+    let mut cache = ViewCache::new();
+    cache.refresh(&doc);
+    raw_attempt(&mut doc, &t, u64::MAX, &[("pool_incarnation", 1u64.into())]);
+    let view = QueueView::read(&doc).unwrap();
+    assert!(
+        view.tasks[&t].attempts.is_empty(),
+        "it would pass every fence"
+    );
+    assert_eq!(view.malformed, 1);
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
+    // Re-reading the task (another change to it) does not count it twice.
+    raw_attempt(&mut doc, &t, 1, &[]);
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!((view.tasks[&t].attempts.len(), view.malformed), (1, 1));
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
+    let too_large = Assignment {
+        task: t,
+        attempt: AttemptId {
+            n: 2,
+            claim: Claim::new(MAX_TERM + 1, PeerId::new("r")),
+        },
+        worker: WorkerId::new(me(), 0),
+        incarnation: 1,
+    };
+    assert!(matches!(
+        queue::record_assignments(&mut doc, &[too_large], 0),
+        Err(AssignError::TermTooLarge(_))
+    ));
+}
+
+#[test]
+fn task_limits_and_priorities_read_clamped() {
+    let mut doc = new_queue();
+    let t = submit(&mut doc, 1);
+    let tasks = object(&doc, &ROOT, "tasks");
+    let entry = object(&doc, &tasks, t.as_str());
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        tx.put(&entry, "max_attempts", u64::MAX)?;
+        tx.put(&entry, "priority", ScalarValue::Int(i64::MIN))?;
+        Ok(())
+    })
+    .unwrap();
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.tasks[&t].max_attempts, QueueConfig::MAX_MAX_ATTEMPTS);
+    assert_eq!(view.tasks[&t].priority, -queue::MAX_PRIORITY);
+}
+
+fn any_config() -> impl Strategy<Value = QueueConfig> {
+    (
+        (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
+        (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()),
+        (any::<u32>(), any::<u64>(), any::<bool>()),
+    )
+        .prop_map(
+            |((hb, to, settle, phb), (lease, ma, rb, rbm), (conc, rate, lifo))| QueueConfig {
+                heartbeat_ms: hb,
+                takeover_after_ms: to,
+                settle_ms: settle,
+                pool_heartbeat_ms: phb,
+                lease_ms: lease,
+                max_attempts: ma,
+                retry_backoff_ms: rb,
+                retry_backoff_max_ms: rbm,
+                concurrency: conc,
+                rate_interval_ms: rate,
+                order: if lifo { Order::Lifo } else { Order::Fifo },
+            },
+        )
+}
+
+/// Small values and values near the ends are where the ranges bite; mix them in.
+fn edgy_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        any::<u64>(),
+        0u64..200_000,
+        (u64::MAX - 10)..=u64::MAX,
+        Just(0),
+        Just(1),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+
+    /// Any values clamp into the ranges, the clamped config validates, clamping twice changes
+    /// nothing, and a config that validates is left as it is.
+    #[test]
+    fn clamped_configs_are_valid(c in any_config()) {
+        let clamped = c.clone().clamped();
+        assert_in_ranges(&clamped);
+        prop_assert_eq!(clamped.clone().clamped(), clamped.clone());
+        if c.validate().is_ok() {
+            prop_assert_eq!(clamped, c);
+        }
+    }
+
+    /// Any u64 for every field, written into the document: the view's config is the clamped
+    /// one.
+    #[test]
+    fn any_document_config_reads_valid(values in proptest::collection::vec(edgy_u64(), FIELDS.len())) {
+        let mut doc = new_queue();
+        let pairs: Vec<(&str, u64)> = FIELDS.iter().copied().zip(values.iter().copied()).collect();
+        write_config(&mut doc, &pairs);
+        let c = QueueView::read(&doc).unwrap().config;
+        assert_in_ranges(&c);
+        let small = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let raw = QueueConfig {
+            heartbeat_ms: values[0],
+            takeover_after_ms: values[1],
+            settle_ms: values[2],
+            pool_heartbeat_ms: values[3],
+            lease_ms: values[4],
+            max_attempts: small(values[5]),
+            retry_backoff_ms: values[6],
+            retry_backoff_max_ms: values[7],
+            concurrency: small(values[8]),
+            rate_interval_ms: values[9],
+            order: Order::Fifo,
+        };
+        prop_assert_eq!(c, raw.clamped());
+    }
+}

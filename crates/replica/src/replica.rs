@@ -1,0 +1,1227 @@
+//! The [`Replica`]: loaded documents, the accept policy, and the sync state per peer.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use automerge::sync::{self, SyncDoc};
+use automerge::{ActorId, Automerge, ChangeHash};
+
+use crate::{DocId, Message, PeerId};
+
+/// How long a fetch waits for a peer to send the document's changes, from the moment it asks
+/// peers. A fetch answered by nobody, or only by peers holding an empty shell (announced to them
+/// but without changes), ends in [`Event::Unavailable`] then.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most pushes of not-yet-accepted documents remembered (see [`Replica::set_scope`]): a
+/// peer pushing many unknown documents must not grow memory. When full, the oldest is forgotten;
+/// a forgotten push is recovered when its sender next syncs the document (its next change, or a
+/// reconnect).
+pub const MAX_HELD: usize = 1024;
+
+/// How long a refused push is remembered. A task document's index entry in its queue document
+/// normally follows the task document within a round trip; this is generous for that.
+pub const HELD_FOR: Duration = Duration::from_secs(30);
+
+/// The most loads from storage pending at once that peers' messages may start. Beyond it, a
+/// peer's message for a document not loaded is answered [`Message::Unavailable`] (its sender
+/// resets its sync state for the document, and pushes again at its next change or a reconnect);
+/// a push turned away is remembered
+/// like an unscoped one (up to [`MAX_HELD`]) and retried when a load ends. The driver's own loads
+/// ([`Replica::fetch`], [`Replica::set_scope`] retries) count toward this but are never refused:
+/// the driver bounds those itself.
+pub const MAX_PENDING_LOADS: usize = 256;
+
+/// The most messages kept for one document while it loads. A peer has at most one sync message
+/// in flight per document (automerge's sync protocol waits for an answer), plus a request, so
+/// this is room for dozens of peers; a message beyond it is answered like one beyond
+/// [`MAX_PENDING_LOADS`].
+pub const MAX_QUEUED_PER_LOAD: usize = 64;
+
+/// The most bytes of messages kept, over all documents, while they load. A message beyond it is
+/// answered like one beyond [`MAX_PENDING_LOADS`].
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+/// The most requests and "unavailable" answers waiting for one peer (sync messages are not
+/// counted: they are generated when polled, at most one per document). These wait while the peer
+/// is blocked; beyond this bound new ones are dropped: a dropped answer leaves the requester to
+/// its own timeout, a dropped request leaves the fetch to the other peers and its timeout.
+pub const MAX_QUEUED_PER_PEER: usize = 1024;
+
+/// The largest sync message accepted from a peer, in bytes: 16 MiB. A sync message carries the
+/// changes a peer lacks, so this bounds the document a peer can send at once (its changes plus a
+/// few hundred bytes of heads and filters). Larger ones are rejected ([`Event::Rejected`]) before
+/// decoding and not answered, so the peer's sync of that document stalls (it sends the same again,
+/// and is rejected again, at this replica's next change or a reconnect). The transport's
+/// frame bound (64 MiB) is larger, so such a message reaches this check. Documents this replica
+/// sends are not checked: a document that large is refused by the peers it is sent to.
+pub const MAX_DOC_BYTES: usize = 16 << 20;
+
+/// Where a document belongs: which group's members it is synced with, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// The group: a queue, identified by its queue document's id.
+    pub group: DocId,
+    /// Synced with every connected member of the group: announced on connect and after every
+    /// change. Without it the document is only sent to members that ask for it (a final task).
+    pub announce: bool,
+    /// Sent to, and accepted from, *any* peer that names it, member or not, and synced with it
+    /// while connected (a queue document: knowing its id is what lets a peer join, by writing
+    /// itself into it). Still announced only to members.
+    pub requestable: bool,
+}
+
+/// A document's changes not yet acknowledged as saved ([`Replica::unsaved`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsaved {
+    /// Each change's hash and raw bytes, oldest first.
+    pub changes: Vec<(ChangeHash, Vec<u8>)>,
+    /// The document's heads: once `changes` are written, pass these to
+    /// [`Replica::mark_saved`].
+    pub heads: Vec<ChangeHash>,
+}
+
+/// Something the driver must act on or may want to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Load this document from storage and answer with [`Replica::handle_loaded`].
+    Load(DocId),
+    /// A peer's message changed this document: write [`Replica::unsaved`], then
+    /// [`Replica::mark_saved`].
+    Changed(DocId),
+    /// A document not held before is now loaded with content (fetched, or pushed by a peer).
+    Arrived(DocId),
+    /// A fetch (or the re-request of a held push) ended without the document: no peer asked had
+    /// it, or none sent its changes within [`FETCH_TIMEOUT`].
+    Unavailable(DocId),
+    /// A peer sent a message about a document this replica does not sync with it (no scope, or
+    /// the peer is not a member of its group). It was answered [`Message::Unavailable`] and
+    /// nothing was stored or loaded. Data, not an error.
+    Refused {
+        /// The peer.
+        peer: PeerId,
+        /// The document.
+        doc: DocId,
+    },
+    /// A peer sent something this replica could not use (a malformed or oversized message).
+    /// Data, not a crash.
+    Rejected {
+        /// The peer.
+        peer: PeerId,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// A loaded document.
+#[derive(Debug)]
+struct Entry {
+    doc: Automerge,
+    /// Sync state per peer it is being synced with. Bounded by the connected peers (removed on
+    /// disconnect, and pruned when a peer stops being allowed).
+    peers: BTreeMap<PeerId, sync::State>,
+    /// Heads of what the driver acknowledged as written ([`Replica::mark_saved`]), sorted.
+    saved: Vec<ChangeHash>,
+}
+
+/// A document being loaded from storage.
+#[derive(Debug, Default)]
+struct Loading {
+    /// Peers' messages waiting for the load: at most [`MAX_QUEUED_PER_LOAD`].
+    queued: Vec<(PeerId, Message)>,
+    /// The driver fetches it.
+    fetch: bool,
+    /// Peers that pushed it before it was scoped: ask them once the load says it is not stored.
+    /// Bounded by [`MAX_HELD`] (it is taken from the held set).
+    retry: BTreeSet<PeerId>,
+}
+
+/// A fetch waiting on peers (storage did not have the document).
+#[derive(Debug)]
+struct Fetch {
+    /// The peers asked that have not said "unavailable". They may send the document although it
+    /// has no scope (yet), until the deadline.
+    asked: BTreeSet<PeerId>,
+    deadline: Instant,
+    /// The document arrived. The entry stays until the deadline so that the other peers asked
+    /// can still answer while the driver scopes the document.
+    arrived: bool,
+}
+
+/// What waits to be sent to one connected peer.
+#[derive(Debug, Default)]
+struct Link {
+    /// Its transport has no send credit: generate nothing for it.
+    blocked: bool,
+    /// Requests and "unavailable" answers, in order: at most [`MAX_QUEUED_PER_PEER`].
+    ready: VecDeque<Message>,
+    /// Documents to generate a sync message for, when polled and not blocked. A set: bounded by
+    /// the loaded documents (evicted ones are removed), and many changes in between become one
+    /// message.
+    sync: BTreeSet<DocId>,
+}
+
+/// A peer's documents and their sync state. See the crate docs for how to drive it.
+#[derive(Debug, Default)]
+pub struct Replica {
+    // Ordered maps throughout: the order of messages and events depends only on the inputs,
+    // so that a seeded simulation replays exactly.
+    /// Loaded documents. Not bounded here: the driver decides what to evict ([`Replica::loaded`],
+    /// [`Replica::evict`]). Peers add to it only documents it has scoped or fetches.
+    docs: BTreeMap<DocId, Entry>,
+    /// Scopes, loaded or not. Grows only by the driver's [`Replica::set_scope`] (one per document
+    /// of the queues it serves); [`Replica::clear_scope`] and [`Replica::remove_group`] shrink it.
+    scopes: BTreeMap<DocId, Scope>,
+    /// Groups and their members. Grows only by the driver's [`Replica::set_group`] (one per queue
+    /// it serves).
+    groups: BTreeMap<DocId, BTreeSet<PeerId>>,
+    /// Loads from storage under way: at most [`MAX_PENDING_LOADS`] started by peers, plus the
+    /// driver's own.
+    loading: BTreeMap<DocId, Loading>,
+    /// Bytes of the messages in `loading`: at most [`MAX_QUEUED_BYTES`].
+    queued_bytes: usize,
+    /// A peer's message was turned away because of [`MAX_PENDING_LOADS`]: when loads end, retry
+    /// the held pushes that are now acceptable.
+    loads_refused: bool,
+    /// Fetches waiting on peers. Started only by the driver's fetches and the retries of held
+    /// pushes (at most [`MAX_HELD`]), each after its load, and every entry ends by its deadline:
+    /// bounded by what the driver fetched in the last [`FETCH_TIMEOUT`] plus [`MAX_HELD`].
+    fetching: BTreeMap<DocId, Fetch>,
+    /// The fetches' deadlines, for [`Replica::poll_timeout`]: one per `fetching` entry.
+    deadlines: BTreeSet<(Instant, DocId)>,
+    /// Pushes of documents not accepted yet, and when: at most [`MAX_HELD`], each for at most
+    /// [`HELD_FOR`].
+    held: BTreeMap<(DocId, PeerId), Instant>,
+    /// The same pushes, oldest first.
+    held_order: BTreeSet<(Instant, DocId, PeerId)>,
+    /// The actor id given to every document this replica takes in, if set.
+    actor: Option<ActorId>,
+    /// The connected peers.
+    peers: BTreeSet<PeerId>,
+    /// What waits for each connected peer (one per entry of `peers`). Messages are generated
+    /// lazily from it in [`Replica::poll_transmit`]: there is no outbox of encoded sync messages
+    /// to grow.
+    links: BTreeMap<PeerId, Link>,
+    /// The peer last sent to: [`Replica::poll_transmit`] serves peers in turn from the next one.
+    cursor: Option<PeerId>,
+    /// Drained by the driver after every input; each input adds a bounded number (at most one
+    /// or two per document it concerns).
+    events: VecDeque<Event>,
+}
+
+impl Replica {
+    /// An empty replica with no peers.
+    pub fn new() -> Self {
+        Replica::default()
+    }
+
+    /// Writes made through this replica use `actor` from now on: every document loaded now and
+    /// every document it takes in later (created, inserted, loaded or received) gets it. Each
+    /// writer must have its own actor id (the driver derives a fresh one per node incarnation);
+    /// without this, documents keep automerge's random ids.
+    pub fn set_actor(&mut self, actor: ActorId) {
+        for e in self.docs.values_mut() {
+            e.doc.set_actor(actor.clone());
+        }
+        self.actor = Some(actor);
+    }
+
+    // ----- getters -----
+
+    /// A loaded document.
+    pub fn get(&self, id: &DocId) -> Option<&Automerge> {
+        self.docs.get(id).map(|e| &e.doc)
+    }
+
+    /// Whether the document is loaded.
+    pub fn is_loaded(&self, id: &DocId) -> bool {
+        self.docs.contains_key(id)
+    }
+
+    /// How many documents are loaded. The replica never evicts on its own: the driver watches
+    /// this and [`Replica::evict`]s documents it does not need (final tasks, once saved).
+    pub fn loaded(&self) -> usize {
+        self.docs.len()
+    }
+
+    /// The loaded documents' ids, in order.
+    pub fn loaded_ids(&self) -> impl Iterator<Item = &DocId> + '_ {
+        self.docs.keys()
+    }
+
+    /// The connected peers.
+    pub fn peers(&self) -> &BTreeSet<PeerId> {
+        &self.peers
+    }
+
+    /// Whether the transport to `peer` is blocked ([`Replica::handle_blocked`]).
+    pub fn is_blocked(&self, peer: &PeerId) -> bool {
+        self.links.get(peer).is_some_and(|l| l.blocked)
+    }
+
+    /// A document's scope.
+    pub fn scope(&self, doc: &DocId) -> Option<&Scope> {
+        self.scopes.get(doc)
+    }
+
+    /// A group's members.
+    pub fn group(&self, group: &DocId) -> Option<&BTreeSet<PeerId>> {
+        self.groups.get(group)
+    }
+
+    /// Whether some peer has said it has every change in `heads` of document `id`.
+    pub fn peer_has(&self, id: &DocId, heads: &[ChangeHash]) -> bool {
+        let Some(e) = self.docs.get(id) else {
+            return false;
+        };
+        e.peers.values().any(|s| {
+            let Some(theirs) = s.their_heads.as_ref() else {
+                return false;
+            };
+            if heads.iter().all(|h| theirs.contains(h)) {
+                return true;
+            }
+            // They have our heads if none is among the changes their heads lack.
+            theirs
+                .iter()
+                .all(|h| e.doc.get_change_meta_by_hash(h).is_some())
+                && !e
+                    .doc
+                    .get_changes_meta(theirs)
+                    .iter()
+                    .any(|c| heads.contains(&c.hash))
+        })
+    }
+
+    /// The changes of `id` since the last save acknowledged by [`Replica::mark_saved`], oldest
+    /// first, with the heads they lead to. `None` if there are none or the document is not
+    /// loaded. Calling it marks nothing: the same changes come back until marked saved.
+    pub fn unsaved(&self, id: &DocId) -> Option<Unsaved> {
+        let e = self.docs.get(id)?;
+        let changes: Vec<(ChangeHash, Vec<u8>)> = e
+            .doc
+            .get_changes(&e.saved)
+            .into_iter()
+            .map(|c| (c.hash(), c.raw_bytes().to_vec()))
+            .collect();
+        if changes.is_empty() {
+            return None;
+        }
+        Some(Unsaved {
+            changes,
+            heads: e.doc.get_heads(),
+        })
+    }
+
+    /// Whether every change of a loaded document is acknowledged as saved (false if not loaded).
+    pub fn is_saved(&self, id: &DocId) -> bool {
+        self.docs
+            .get(id)
+            .is_some_and(|e| sorted(e.doc.get_heads()) == e.saved)
+    }
+
+    // ----- commands -----
+
+    /// Sets a group's members (replacing them). Connected peers that became members are sent the
+    /// group's announced documents; peers that stopped being members are no longer synced with
+    /// its documents (unless a document is requestable and they asked for it).
+    pub fn set_group(&mut self, group: &DocId, members: BTreeSet<PeerId>) {
+        let old = self
+            .groups
+            .insert(group.clone(), members.clone())
+            .unwrap_or_default();
+        let added: Vec<PeerId> = members
+            .difference(&old)
+            .filter(|p| self.peers.contains(*p))
+            .cloned()
+            .collect();
+        let removed = old.difference(&members).next().is_some();
+        if added.is_empty() && !removed {
+            return;
+        }
+        for (doc, announce) in self.loaded_in(group) {
+            if removed {
+                self.prune(&doc);
+            }
+            if announce {
+                for p in &added {
+                    self.sync_one(&doc, p);
+                }
+            }
+        }
+    }
+
+    /// Forgets a group, and the scopes of its documents (see [`Replica::clear_scope`]): leaving a
+    /// queue. Its loaded documents stay loaded until evicted.
+    pub fn remove_group(&mut self, group: &DocId) {
+        self.groups.remove(group);
+        let docs: Vec<DocId> = self
+            .scopes
+            .iter()
+            .filter(|(_, s)| s.group == *group)
+            .map(|(d, _)| d.clone())
+            .collect();
+        for d in docs {
+            self.clear_scope(&d);
+        }
+    }
+
+    /// Puts a document in a group (replacing its scope): from now on it is accepted from, stored
+    /// for and synced with that group's members. Works whether or not it is loaded. If it is not
+    /// loaded and a peer pushed it before it had a scope (see [`MAX_HELD`]), it is asked for
+    /// again: [`Event::Load`] first, then, if storage does not have it, a request to those peers
+    /// (or, if none of them is connected and a member, the group's connected members).
+    pub fn set_scope(&mut self, doc: &DocId, scope: Scope) {
+        let prev = self.scopes.insert(doc.clone(), scope.clone());
+        if self.docs.contains_key(doc) {
+            self.prune(doc);
+            let newly = prev
+                .as_ref()
+                .is_none_or(|p| !p.announce || p.group != scope.group);
+            if scope.announce && newly {
+                self.announce(doc);
+            }
+            self.resume_held(doc);
+            return;
+        }
+        if self.fetching.contains_key(doc) {
+            // Already asking peers.
+            return;
+        }
+        let pushers = self.take_held(doc);
+        if !pushers.is_empty() {
+            self.load_for_retry(doc, pushers);
+        }
+    }
+
+    /// Takes a document out of every group: it is no longer synced with anyone, nor accepted
+    /// from peers (except while this replica fetches it). Stays loaded until evicted.
+    pub fn clear_scope(&mut self, doc: &DocId) {
+        if self.scopes.remove(doc).is_some() {
+            self.prune(doc);
+        }
+        self.take_held(doc);
+    }
+
+    /// Adds a document created here, or loaded by the driver unprompted. Replaces nothing: if
+    /// the id is already loaded, `doc` is merged into it. `scope`: as [`Replica::set_scope`];
+    /// `None` leaves the document's scope as it is (it may have one already).
+    pub fn insert(&mut self, id: DocId, doc: Automerge, scope: Option<Scope>) {
+        self.take_in(&id, doc);
+        if let Some(s) = scope {
+            self.set_scope(&id, s);
+        }
+    }
+
+    /// Adds a document created here that storage does not hold yet: [`Replica::unsaved`]
+    /// returns all of it.
+    pub fn create(&mut self, id: DocId, doc: Automerge, scope: Option<Scope>) {
+        self.insert(id.clone(), doc, scope);
+        if let Some(e) = self.docs.get_mut(&id) {
+            e.saved.clear();
+        }
+    }
+
+    /// Applies `f` to a loaded document, then syncs whatever changed. `None` if not loaded.
+    pub fn change<R>(&mut self, id: &DocId, f: impl FnOnce(&mut Automerge) -> R) -> Option<R> {
+        let e = self.docs.get_mut(id)?;
+        let before = e.doc.get_heads();
+        let r = f(&mut e.doc);
+        if e.doc.get_heads() != before {
+            self.sync_all(id);
+        }
+        Some(r)
+    }
+
+    /// Asks for a document. Loaded with content → [`Event::Arrived`] at once. Otherwise load it
+    /// from storage ([`Event::Load`]) and, failing that, request it from the connected peers (a
+    /// scoped document only from its group's connected members, an unscoped one from all) and
+    /// from peers connecting meanwhile. Ends in `Arrived`, or [`Event::Unavailable`] when every
+    /// peer asked said so, or none is connected, or [`FETCH_TIMEOUT`] passes without changes.
+    /// The peers asked may send it although it has no scope: set one when it arrives.
+    pub fn fetch(&mut self, id: &DocId, now: Instant) {
+        if let Some(e) = self.docs.get(id) {
+            if e.doc.get_heads().is_empty() {
+                // Announced by a peer but no change received yet: ask for it and wait.
+                if !self.fetching.contains_key(id) {
+                    self.request(id, None, now);
+                }
+            } else {
+                self.events.push_back(Event::Arrived(id.clone()));
+            }
+            return;
+        }
+        if self.fetching.contains_key(id) {
+            // Storage did not have it; peers were asked.
+            return;
+        }
+        if !self.loading.contains_key(id) {
+            self.events.push_back(Event::Load(id.clone()));
+        }
+        self.loading.entry(id.clone()).or_default().fetch = true;
+    }
+
+    /// Drops a loaded document from memory (storage keeps it). Refused (false) while it has
+    /// changes not marked saved, or a fetch of it still waits for its changes.
+    pub fn evict(&mut self, id: &DocId) -> bool {
+        if !self.is_saved(id) || self.fetching.get(id).is_some_and(|f| !f.arrived) {
+            return false;
+        }
+        self.end_fetch(id);
+        self.drop_entry(id);
+        true
+    }
+
+    /// The driver wrote a document's changes up to `heads` (from [`Replica::unsaved`]) to
+    /// storage. Changes made since stay unsaved. Acknowledgements may come in any order; unknown
+    /// heads (or a document not loaded) are ignored.
+    pub fn mark_saved(&mut self, id: &DocId, heads: &[ChangeHash]) {
+        let Some(e) = self.docs.get_mut(id) else {
+            return;
+        };
+        if heads
+            .iter()
+            .any(|h| e.doc.get_change_meta_by_hash(h).is_none())
+        {
+            return;
+        }
+        let heads = sorted(heads.to_vec());
+        let current = sorted(e.doc.get_heads());
+        if heads == current || e.saved.is_empty() {
+            // Everything up to the document's heads covers every earlier save.
+            e.saved = heads;
+            return;
+        }
+        // Keep the candidates that are not an ancestor of another: the heads of what is saved.
+        let mut candidates: Vec<ChangeHash> = e.saved.iter().chain(&heads).copied().collect();
+        candidates.sort();
+        candidates.dedup();
+        let after: Vec<BTreeSet<ChangeHash>> = candidates
+            .iter()
+            .map(|c| {
+                e.doc
+                    .get_changes_meta(&[*c])
+                    .iter()
+                    .map(|ch| ch.hash)
+                    .collect()
+            })
+            .collect();
+        let keep: Vec<ChangeHash> = candidates
+            .iter()
+            .filter(|h| {
+                candidates
+                    .iter()
+                    .zip(&after)
+                    .all(|(c, not_before)| c == *h || not_before.contains(*h))
+            })
+            .copied()
+            .collect();
+        e.saved = keep;
+    }
+
+    // ----- inputs -----
+
+    /// A sync connection to `peer` opened: announce the documents it is a member for, and ask
+    /// it for the documents still being fetched.
+    pub fn handle_connected(&mut self, peer: PeerId) {
+        if !self.peers.insert(peer.clone()) {
+            return;
+        }
+        self.links.insert(peer.clone(), Link::default());
+        let announced: Vec<DocId> = self
+            .docs
+            .keys()
+            .filter(|id| {
+                self.scopes
+                    .get(*id)
+                    .is_some_and(|s| s.announce && self.is_member(&s.group, &peer))
+            })
+            .cloned()
+            .collect();
+        for id in announced {
+            self.sync_one(&id, &peer);
+        }
+        // Fetches still waiting for an answer ask the newcomer too.
+        let waiting: Vec<DocId> = self
+            .fetching
+            .iter()
+            .filter(|(id, f)| !f.arrived && self.may_ask(id, &peer))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in waiting {
+            if self.send_control(&peer, Message::Request { doc: id.clone() })
+                && let Some(f) = self.fetching.get_mut(&id)
+            {
+                f.asked.insert(peer.clone());
+            }
+        }
+    }
+
+    /// The sync connection to `peer` closed: forget its sync states (a reconnect starts over),
+    /// and what waited to be sent to it.
+    pub fn handle_disconnected(&mut self, peer: &PeerId) {
+        if !self.peers.remove(peer) {
+            return;
+        }
+        self.links.remove(peer);
+        for e in self.docs.values_mut() {
+            e.peers.remove(peer);
+        }
+        let waiting: Vec<DocId> = self.fetching.keys().cloned().collect();
+        for id in waiting {
+            self.unavailable_from(&id, peer);
+        }
+    }
+
+    /// The transport to `peer` has no send credit: [`Replica::poll_transmit`] generates nothing
+    /// for it until [`Replica::handle_unblocked`]. What it owes the peer is kept (a set of
+    /// documents, and at most [`MAX_QUEUED_PER_PEER`] requests and answers).
+    pub fn handle_blocked(&mut self, peer: &PeerId) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.blocked = true;
+        }
+    }
+
+    /// The transport to `peer` can send again: what waited is generated when polled, the
+    /// changes made meanwhile in one message per document.
+    pub fn handle_unblocked(&mut self, peer: &PeerId) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.blocked = false;
+        }
+    }
+
+    /// A message from `peer` (authenticated by the transport). Messages from a peer that is not
+    /// connected ([`Replica::handle_connected`]) are ignored.
+    pub fn handle_message(&mut self, peer: &PeerId, msg: Message, now: Instant) {
+        if !self.peers.contains(peer) {
+            return;
+        }
+        let id = msg.doc().clone();
+        if let Message::Sync { data, .. } = &msg
+            && data.len() > MAX_DOC_BYTES
+        {
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!(
+                    "sync message for {id} of {} bytes, above the {MAX_DOC_BYTES} accepted",
+                    data.len()
+                ),
+            });
+            return;
+        }
+        if let Message::Unavailable { .. } = msg {
+            if let Some(e) = self.docs.get_mut(&id) {
+                e.peers.remove(peer);
+            }
+            self.unavailable_from(&id, peer);
+            return;
+        }
+        let push = matches!(msg, Message::Sync { .. });
+        if !self.admits(&id, peer) {
+            self.refuse(&id, peer, push, now);
+            return;
+        }
+        if self.docs.contains_key(&id) {
+            self.dispatch(&id, peer, msg);
+            return;
+        }
+        if self.loading.contains_key(&id) {
+            self.queue(&id, peer, msg, now);
+            return;
+        }
+        if self.fetching.contains_key(&id) {
+            // Storage did not have it and peers were asked: this is (likely) an answer.
+            self.take_from_peer(&id, peer, msg);
+            return;
+        }
+        if self.loading.len() >= MAX_PENDING_LOADS
+            || self.queued_bytes + bytes(&msg) > MAX_QUEUED_BYTES
+        {
+            self.loads_refused = true;
+            self.turn_away(&id, peer, push, now);
+            return;
+        }
+        self.loading.insert(id.clone(), Loading::default());
+        self.events.push_back(Event::Load(id.clone()));
+        self.queue(&id, peer, msg, now);
+    }
+
+    /// The driver's answer to [`Event::Load`]: the stored document, or `None`.
+    pub fn handle_loaded(&mut self, id: &DocId, doc: Option<Automerge>, now: Instant) {
+        let Some(loading) = self.loading.remove(id) else {
+            if let Some(doc) = doc {
+                self.take_in(id, doc);
+            }
+            return;
+        };
+        self.queued_bytes = self
+            .queued_bytes
+            .saturating_sub(loading.queued.iter().map(|(_, m)| bytes(m)).sum());
+        match doc {
+            Some(doc) => {
+                self.take_in(id, doc);
+                for p in &loading.retry {
+                    if self.peers.contains(p) && self.admits(id, p) {
+                        self.sync_one(id, p);
+                    }
+                }
+                if loading.fetch {
+                    self.fetch(id, now);
+                }
+                for (peer, msg) in loading.queued {
+                    self.handle_message(&peer, msg, now);
+                }
+            }
+            None => {
+                for (peer, msg) in loading.queued {
+                    if !self.peers.contains(&peer) {
+                        continue;
+                    }
+                    let push = matches!(msg, Message::Sync { .. });
+                    if !self.admits(id, &peer) {
+                        self.refuse(id, &peer, push, now);
+                        continue;
+                    }
+                    self.take_from_peer(id, &peer, msg);
+                }
+                let has_content = self
+                    .docs
+                    .get(id)
+                    .is_some_and(|e| !e.doc.get_heads().is_empty());
+                if !has_content && !self.fetching.contains_key(id) {
+                    if !loading.retry.is_empty() {
+                        let only: BTreeSet<PeerId> = loading
+                            .retry
+                            .into_iter()
+                            .filter(|p| self.admits(id, p))
+                            .collect();
+                        self.request(id, Some(only), now);
+                    } else if loading.fetch {
+                        self.request(id, None, now);
+                    }
+                }
+            }
+        }
+        self.retry_refused_loads();
+    }
+
+    /// Time passed: fetches past their deadline end, held pushes past [`HELD_FOR`] are
+    /// forgotten. Call it at [`Replica::poll_timeout`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.expire_held(now);
+        while let Some((at, id)) = self.deadlines.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(f) = self.fetching.remove(&id) else {
+                continue;
+            };
+            if !f.arrived && !self.has_content(&id) {
+                self.drop_empty(&id);
+                self.events.push_back(Event::Unavailable(id));
+            }
+        }
+    }
+
+    // ----- outputs -----
+
+    /// The next message to send, and to whom. Messages to one peer come in order; peers are
+    /// served in turn; nothing is generated for a blocked peer. Sync messages are generated
+    /// here, from the sync state, so the changes made between two polls travel together.
+    pub fn poll_transmit(&mut self) -> Option<(PeerId, Message)> {
+        let mut turn: Vec<PeerId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| !l.blocked && (!l.ready.is_empty() || !l.sync.is_empty()))
+            .map(|(p, _)| p.clone())
+            .collect();
+        if let Some(c) = &self.cursor {
+            // Start after the peer served last.
+            let split = turn.partition_point(|p| p <= c);
+            turn.rotate_left(split);
+        }
+        for peer in turn {
+            let link = self.links.get_mut(&peer)?;
+            if let Some(msg) = link.ready.pop_front() {
+                self.cursor = Some(peer.clone());
+                return Some((peer, msg));
+            }
+            while let Some(doc) = self.links.get_mut(&peer).and_then(|l| l.sync.pop_first()) {
+                if let Some(msg) = self.generate(&doc, &peer) {
+                    self.cursor = Some(peer.clone());
+                    return Some((peer, msg));
+                }
+            }
+        }
+        None
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Replica::handle_timeout`] should next be called, if anything waits on time.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let fetch = self.deadlines.first().map(|(at, _)| *at);
+        let held = self.held_order.first().map(|(at, _, _)| *at + HELD_FOR);
+        match (fetch, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ----- policy -----
+
+    fn is_member(&self, group: &DocId, peer: &PeerId) -> bool {
+        self.groups.get(group).is_some_and(|m| m.contains(peer))
+    }
+
+    /// Whether `peer` may send `doc` to this replica, and be sent it.
+    fn admits(&self, doc: &DocId, peer: &PeerId) -> bool {
+        if self
+            .fetching
+            .get(doc)
+            .is_some_and(|f| f.asked.contains(peer))
+        {
+            return true;
+        }
+        self.scopes
+            .get(doc)
+            .is_some_and(|s| s.requestable || self.is_member(&s.group, peer))
+    }
+
+    /// Whether a fetch of `doc` may ask `peer`: a scoped document only its group's members.
+    fn may_ask(&self, doc: &DocId, peer: &PeerId) -> bool {
+        self.scopes
+            .get(doc)
+            .is_none_or(|s| self.is_member(&s.group, peer))
+    }
+
+    /// Loaded documents of a group, and whether each is announced.
+    fn loaded_in(&self, group: &DocId) -> Vec<(DocId, bool)> {
+        self.scopes
+            .iter()
+            .filter(|(d, s)| s.group == *group && self.docs.contains_key(*d))
+            .map(|(d, s)| (d.clone(), s.announce))
+            .collect()
+    }
+
+    /// Stops syncing `doc` with the peers no longer admitted.
+    fn prune(&mut self, doc: &DocId) {
+        let Some(e) = self.docs.get(doc) else {
+            return;
+        };
+        let gone: Vec<PeerId> = e
+            .peers
+            .keys()
+            .filter(|p| !self.admits(doc, p))
+            .cloned()
+            .collect();
+        if let Some(e) = self.docs.get_mut(doc) {
+            for p in gone {
+                e.peers.remove(&p);
+            }
+        }
+    }
+
+    /// Answers a message this replica does not accept.
+    fn refuse(&mut self, doc: &DocId, peer: &PeerId, push: bool, now: Instant) {
+        self.send_control(peer, Message::Unavailable { doc: doc.clone() });
+        self.events.push_back(Event::Refused {
+            peer: peer.clone(),
+            doc: doc.clone(),
+        });
+        if push && !self.scopes.contains_key(doc) {
+            self.hold(doc, peer, now);
+        }
+    }
+
+    /// Answers a message this replica cannot take now (a bound is reached).
+    fn turn_away(&mut self, doc: &DocId, peer: &PeerId, push: bool, now: Instant) {
+        self.send_control(peer, Message::Unavailable { doc: doc.clone() });
+        if push {
+            self.hold(doc, peer, now);
+        }
+    }
+
+    // ----- held pushes -----
+
+    fn hold(&mut self, doc: &DocId, peer: &PeerId, now: Instant) {
+        self.expire_held(now);
+        let key = (doc.clone(), peer.clone());
+        if let Some(at) = self.held.insert(key, now) {
+            self.held_order.remove(&(at, doc.clone(), peer.clone()));
+        }
+        self.held_order.insert((now, doc.clone(), peer.clone()));
+        while self.held.len() > MAX_HELD {
+            let Some((_, d, p)) = self.held_order.pop_first() else {
+                break;
+            };
+            self.held.remove(&(d, p));
+        }
+    }
+
+    fn expire_held(&mut self, now: Instant) {
+        while let Some((at, d, p)) = self.held_order.first().cloned() {
+            if at + HELD_FOR > now {
+                break;
+            }
+            self.held_order.pop_first();
+            self.held.remove(&(d, p));
+        }
+    }
+
+    /// Forgets the held pushes of `doc`, returning who pushed it.
+    fn take_held(&mut self, doc: &DocId) -> BTreeSet<PeerId> {
+        let from = (doc.clone(), PeerId::new(""));
+        let keys: Vec<(DocId, PeerId)> = self
+            .held
+            .range(from..)
+            .take_while(|((d, _), _)| d == doc)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut peers = BTreeSet::new();
+        for (d, p) in keys {
+            if let Some(at) = self.held.remove(&(d.clone(), p.clone())) {
+                self.held_order.remove(&(at, d, p.clone()));
+            }
+            peers.insert(p);
+        }
+        peers
+    }
+
+    /// A loaded document: sync with the admitted peers that pushed it before.
+    fn resume_held(&mut self, doc: &DocId) {
+        if !self.scopes.contains_key(doc) {
+            return;
+        }
+        for p in self.take_held(doc) {
+            if self.peers.contains(&p) && self.admits(doc, &p) {
+                self.sync_one(doc, &p);
+            }
+        }
+    }
+
+    /// Loads `doc` to ask `pushers` for it (see [`Replica::set_scope`]).
+    fn load_for_retry(&mut self, doc: &DocId, pushers: BTreeSet<PeerId>) {
+        match self.loading.get_mut(doc) {
+            Some(l) => l.retry.extend(pushers),
+            None => {
+                self.loading.insert(
+                    doc.clone(),
+                    Loading {
+                        retry: pushers,
+                        ..Loading::default()
+                    },
+                );
+                self.events.push_back(Event::Load(doc.clone()));
+            }
+        }
+    }
+
+    /// Loads ended: retry pushes turned away by [`MAX_PENDING_LOADS`] that are now acceptable.
+    fn retry_refused_loads(&mut self) {
+        if !self.loads_refused {
+            return;
+        }
+        while self.loading.len() < MAX_PENDING_LOADS {
+            let next = self.held_order.iter().find_map(|(_, d, p)| {
+                let ready = self.admits(d, p)
+                    && !self.docs.contains_key(d)
+                    && !self.loading.contains_key(d)
+                    && !self.fetching.contains_key(d);
+                ready.then(|| d.clone())
+            });
+            let Some(doc) = next else {
+                self.loads_refused = false;
+                return;
+            };
+            let pushers = self.take_held(&doc);
+            self.load_for_retry(&doc, pushers);
+        }
+    }
+
+    // ----- messages -----
+
+    /// Keeps a message for a document being loaded, if there is room.
+    fn queue(&mut self, doc: &DocId, peer: &PeerId, msg: Message, now: Instant) {
+        let n = bytes(&msg);
+        let full = self.queued_bytes + n > MAX_QUEUED_BYTES
+            || self
+                .loading
+                .get(doc)
+                .is_none_or(|l| l.queued.len() >= MAX_QUEUED_PER_LOAD);
+        if full {
+            let push = matches!(msg, Message::Sync { .. });
+            self.loads_refused = true;
+            self.turn_away(doc, peer, push, now);
+            return;
+        }
+        if let Some(l) = self.loading.get_mut(doc) {
+            l.queued.push((peer.clone(), msg));
+            self.queued_bytes += n;
+        }
+    }
+
+    /// An admitted message for a loaded document.
+    fn dispatch(&mut self, id: &DocId, peer: &PeerId, msg: Message) {
+        match msg {
+            Message::Sync { data, .. } => self.receive(id, peer, &data),
+            Message::Request { .. } => {
+                if let Some(e) = self.docs.get_mut(id) {
+                    e.peers.insert(peer.clone(), sync::State::new());
+                }
+                self.sync_one(id, peer);
+            }
+            Message::Unavailable { .. } => {}
+        }
+    }
+
+    /// An admitted message for a document storage does not have: a push makes it (an empty
+    /// document to receive into), a request is answered "unavailable" unless that happened.
+    fn take_from_peer(&mut self, id: &DocId, peer: &PeerId, msg: Message) {
+        if let Message::Sync { .. } = msg
+            && !self.docs.contains_key(id)
+        {
+            self.take_in(id, Automerge::new());
+        }
+        if self.docs.contains_key(id) {
+            self.dispatch(id, peer, msg);
+        } else if let Message::Request { doc } = msg {
+            self.send_control(peer, Message::Unavailable { doc });
+        }
+    }
+
+    fn receive(&mut self, id: &DocId, peer: &PeerId, data: &[u8]) {
+        let msg = match sync::Message::decode(data) {
+            Ok(m) => m,
+            Err(e) => {
+                self.events.push_back(Event::Rejected {
+                    peer: peer.clone(),
+                    reason: format!("undecodable sync message for {id}: {e}"),
+                });
+                return;
+            }
+        };
+        let Some(e) = self.docs.get_mut(id) else {
+            return;
+        };
+        let before = e.doc.get_heads();
+        let state = e.peers.entry(peer.clone()).or_default();
+        if let Err(err) = e.doc.receive_sync_message(state, msg) {
+            // A hostile or broken peer; reset our state with it and carry on.
+            e.peers.remove(peer);
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("bad sync message for {id}: {err}"),
+            });
+            return;
+        }
+        if e.doc.get_heads() != before {
+            self.events.push_back(Event::Changed(id.clone()));
+            if before.is_empty() {
+                self.events.push_back(Event::Arrived(id.clone()));
+                if let Some(f) = self.fetching.get_mut(id) {
+                    f.arrived = true;
+                }
+            }
+            self.sync_all(id);
+        } else {
+            self.sync_one(id, peer);
+        }
+    }
+
+    /// Asks peers for `id`: `only` these (those connected), or else the connected peers a
+    /// fetch may ask.
+    fn request(&mut self, id: &DocId, only: Option<BTreeSet<PeerId>>, now: Instant) {
+        let targets: Vec<PeerId> = match only {
+            Some(only) if only.iter().any(|p| self.peers.contains(p)) => only
+                .into_iter()
+                .filter(|p| self.peers.contains(p))
+                .collect(),
+            _ => self
+                .peers
+                .iter()
+                .filter(|p| self.may_ask(id, p))
+                .cloned()
+                .collect(),
+        };
+        let mut asked = BTreeSet::new();
+        for p in targets {
+            if self.send_control(&p, Message::Request { doc: id.clone() }) {
+                asked.insert(p);
+            }
+        }
+        if asked.is_empty() {
+            self.drop_empty(id);
+            self.events.push_back(Event::Unavailable(id.clone()));
+            return;
+        }
+        let deadline = now + FETCH_TIMEOUT;
+        self.end_fetch(id);
+        self.deadlines.insert((deadline, id.clone()));
+        self.fetching.insert(
+            id.clone(),
+            Fetch {
+                asked,
+                deadline,
+                arrived: false,
+            },
+        );
+    }
+
+    fn unavailable_from(&mut self, id: &DocId, peer: &PeerId) {
+        let Some(f) = self.fetching.get_mut(id) else {
+            return;
+        };
+        f.asked.remove(peer);
+        if !f.asked.is_empty() {
+            return;
+        }
+        let arrived = f.arrived;
+        self.end_fetch(id);
+        if !arrived && !self.has_content(id) {
+            self.drop_empty(id);
+            self.events.push_back(Event::Unavailable(id.clone()));
+        }
+    }
+
+    fn end_fetch(&mut self, id: &DocId) -> Option<Fetch> {
+        let f = self.fetching.remove(id)?;
+        self.deadlines.remove(&(f.deadline, id.clone()));
+        Some(f)
+    }
+
+    // ----- documents -----
+
+    /// Adds a document (or merges it into the loaded one), with this replica's actor.
+    fn take_in(&mut self, id: &DocId, mut doc: Automerge) {
+        if let Some(e) = self.docs.get_mut(id) {
+            if e.doc.merge(&mut doc).is_ok_and(|c| !c.is_empty()) {
+                self.sync_all(id);
+            }
+            return;
+        }
+        if let Some(a) = &self.actor {
+            doc.set_actor(a.clone());
+        }
+        let saved = sorted(doc.get_heads());
+        self.docs.insert(
+            id.clone(),
+            Entry {
+                doc,
+                peers: BTreeMap::new(),
+                saved,
+            },
+        );
+        if self.scopes.get(id).is_some_and(|s| s.announce) {
+            self.announce(id);
+        }
+        self.resume_held(id);
+    }
+
+    fn has_content(&self, id: &DocId) -> bool {
+        self.docs
+            .get(id)
+            .is_some_and(|e| !e.doc.get_heads().is_empty())
+    }
+
+    /// Drops a loaded document that has no changes (a shell nobody filled).
+    fn drop_empty(&mut self, id: &DocId) {
+        if self
+            .docs
+            .get(id)
+            .is_some_and(|e| e.doc.get_heads().is_empty())
+        {
+            self.drop_entry(id);
+        }
+    }
+
+    fn drop_entry(&mut self, id: &DocId) {
+        self.docs.remove(id);
+        for l in self.links.values_mut() {
+            l.sync.remove(id);
+        }
+    }
+
+    // ----- sending -----
+
+    /// Announces a document to its group's connected members.
+    fn announce(&mut self, id: &DocId) {
+        let Some(s) = self.scopes.get(id) else {
+            return;
+        };
+        let members: Vec<PeerId> = self
+            .groups
+            .get(&s.group)
+            .map(|m| m.intersection(&self.peers).cloned().collect())
+            .unwrap_or_default();
+        for p in members {
+            self.sync_one(id, &p);
+        }
+    }
+
+    /// Schedules a message for every peer this document is being synced with (and, if
+    /// announced, every connected member of its group).
+    fn sync_all(&mut self, id: &DocId) {
+        let Some(e) = self.docs.get(id) else {
+            return;
+        };
+        let mut targets: BTreeSet<PeerId> = e.peers.keys().cloned().collect();
+        if let Some(s) = self.scopes.get(id)
+            && s.announce
+            && let Some(m) = self.groups.get(&s.group)
+        {
+            targets.extend(m.intersection(&self.peers).cloned());
+        }
+        for p in targets {
+            self.sync_one(id, &p);
+        }
+    }
+
+    /// Schedules a message for one peer.
+    fn sync_one(&mut self, id: &DocId, peer: &PeerId) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.sync.insert(id.clone());
+        }
+    }
+
+    /// Queues a request or an answer for a connected peer; false if it was dropped.
+    fn send_control(&mut self, peer: &PeerId, msg: Message) -> bool {
+        match self.links.get_mut(peer) {
+            Some(l) if l.ready.len() < MAX_QUEUED_PER_PEER => {
+                l.ready.push_back(msg);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn generate(&mut self, id: &DocId, peer: &PeerId) -> Option<Message> {
+        if !self.admits(id, peer) {
+            return None;
+        }
+        let e = self.docs.get_mut(id)?;
+        let state = e.peers.entry(peer.clone()).or_default();
+        let msg = e.doc.generate_sync_message(state)?;
+        Some(Message::Sync {
+            doc: id.clone(),
+            data: msg.encode(),
+        })
+    }
+}
+
+fn sorted(mut heads: Vec<ChangeHash>) -> Vec<ChangeHash> {
+    heads.sort();
+    heads
+}
+
+/// The bytes a message takes while queued.
+fn bytes(msg: &Message) -> usize {
+    match msg {
+        Message::Sync { data, .. } => data.len() + msg.doc().as_str().len(),
+        _ => msg.doc().as_str().len(),
+    }
+}
