@@ -353,6 +353,13 @@ impl Core {
             return;
         }
         match msg {
+            Wire::Router(beat) if beat.claim.term > piecework_queue_doc::MAX_TERM => {
+                self.events.push_back(reject(format!(
+                    "router heartbeat with term {} above the maximum {}",
+                    beat.claim.term,
+                    piecework_queue_doc::MAX_TERM
+                )));
+            }
             Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
                 q.router.handle_router_beat(now.mono, &beat);
                 self.pool.handle_router_beat(&beat);

@@ -283,7 +283,8 @@ impl Node {
         let handle = NodeHandle { shared };
         for (id, name) in handle.shared.store.queues().await? {
             let id = QueueId::new(id);
-            if let Err(e) = handle.open_queue(&id, false).await {
+            // From disk first; from peers if the queue document never reached the disk.
+            if let Err(e) = handle.open_queue(&id, true).await {
                 tracing::warn!(queue = %id, %name, "cannot reopen queue: {e}");
             }
         }

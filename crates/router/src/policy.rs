@@ -14,8 +14,9 @@
 //!   restarted pool does not start work addressed to its earlier life.
 //! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
 //!   peer) is not routed.
-//! - `concurrency` caps tasks assigned or running at once; `rate_interval` allows one
-//!   assignment per interval.
+//! - `concurrency` caps tasks assigned or running at once, counting runs that outlived their
+//!   task's outcome while their pool is alive; `rate_interval` allows one assignment per
+//!   interval.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -126,7 +127,19 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     None => {}
                 }
             }
-            TaskState::Succeeded | TaskState::Failed => {}
+            TaskState::Succeeded | TaskState::Failed => {
+                // A run that outlived its task's outcome (routers on both sides of a partition
+                // both ran the task) still holds its worker: it counts against the concurrency
+                // limit until it ends or its pool's lease runs out.
+                let zombie = t.attempts.iter().any(|a| {
+                    a.is_open()
+                        && a.started.is_some()
+                        && now < later(heard_at(&a.worker.peer), lease)
+                });
+                if zombie {
+                    active += 1;
+                }
+            }
         }
     }
     *input.retry_at = still_retrying;

@@ -6,8 +6,9 @@
 //!   queue's view, fences them against the effective router, and decides which to start, which
 //!   to refuse and which an earlier start of this node left interrupted. It also produces the
 //!   pool's heartbeat listing every worker's state.
-//! - [`runner`] holds the handler [`Registry`] and [`execute`], which runs a handler in its own
-//!   tokio task and turns errors and panics into failed outcomes.
+//! - `runner` (feature `runner`, on by default) holds the handler `Registry` and `execute`,
+//!   which runs a handler in its own tokio task and turns errors and panics into failed
+//!   outcomes. Without the feature the crate needs no tokio: `piecework-core` uses it so.
 //!
 //! # Driving a pool
 //!
@@ -37,7 +38,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod pool;
+#[cfg(feature = "runner")]
 pub mod runner;
 
 pub use pool::{Action, Config, Pool, Run, RunEnd};
+#[cfg(feature = "runner")]
 pub use runner::{Context, Handler, HandlerError, Outcome, Registry, execute};

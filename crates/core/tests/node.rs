@@ -1,0 +1,393 @@
+//! One core driven by hand: its saves, loads, runs and replies, at explicit instants. Each test
+//! is a story about one rule of the node (durability, eviction, bad input from peers).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use automerge::transaction::Transactable;
+use automerge::{Automerge, ObjType, ROOT, ReadDoc};
+use piecework_core::api::{StorageFailure, SubmitError, SubmitTask};
+use piecework_core::{
+    Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, RunResult,
+    SAVE_FAILURES_REPORTED, Save, Time, Wire,
+};
+use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, RouterBeat, TaskState, queue};
+use piecework_replica::DocId;
+
+/// A core and everything around it: a disk, a clock, and what it asked for.
+struct One {
+    core: Core,
+    t0: Instant,
+    now: Time,
+    disk: BTreeMap<DocId, Vec<Vec<u8>>>,
+    saves: Vec<Save>,
+    loads: Vec<DocId>,
+    runs: Vec<piecework_core::RunRequest>,
+    replies: Vec<(CommandId, Reply)>,
+    events: Vec<Event>,
+    next: u64,
+}
+
+impl One {
+    fn new() -> Self {
+        let t0 = Instant::now();
+        let now = Time {
+            mono: t0,
+            unix_ms: 1_800_000_000_000,
+        };
+        let core = Core::new(Config::new(PeerId::new("me"), 1, 2, 7), now);
+        let mut one = One {
+            core,
+            t0,
+            now,
+            disk: BTreeMap::new(),
+            saves: vec![],
+            loads: vec![],
+            runs: vec![],
+            replies: vec![],
+            events: vec![],
+            next: 0,
+        };
+        one.drain();
+        one
+    }
+
+    fn drain(&mut self) {
+        while self.core.poll_transmit().is_some() {}
+        while let Some(io) = self.core.poll_io() {
+            match io {
+                Io::Save(s) => self.saves.push(s),
+                Io::Load { doc } => self.loads.push(doc),
+                Io::Run(r) => self.runs.push(r),
+                _ => {}
+            }
+        }
+        while let Some(r) = self.core.poll_reply() {
+            self.replies.push(r);
+        }
+        while let Some(e) = self.core.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    fn at(&mut self, ms: u64) {
+        self.now = Time {
+            mono: self.t0 + Duration::from_millis(ms),
+            unix_ms: 1_800_000_000_000 + ms,
+        };
+        self.core.handle_timeout(self.now);
+        self.drain();
+    }
+
+    fn command(&mut self, c: Command) -> CommandId {
+        self.next += 1;
+        let id = CommandId(self.next);
+        self.core.handle_command(self.now, id, c);
+        self.drain();
+        id
+    }
+
+    fn reply(&mut self, id: CommandId) -> Option<Reply> {
+        let i = self.replies.iter().position(|(c, _)| *c == id)?;
+        Some(self.replies.remove(i).1)
+    }
+
+    /// Writes every pending save to disk and acknowledges it.
+    fn ack_saves(&mut self) {
+        for s in std::mem::take(&mut self.saves) {
+            let chunks = self.disk.entry(s.doc.clone()).or_default();
+            chunks.extend(s.changes.iter().map(|(_, b)| b.clone()));
+            if let Some(c) = &s.compact {
+                *chunks = vec![c.snapshot.clone()];
+            }
+            self.core.handle_saved(self.now, s.id, Ok(()));
+            self.drain();
+        }
+    }
+
+    fn fail_saves(&mut self) {
+        for s in std::mem::take(&mut self.saves) {
+            let e = StorageFailure("disk full".into());
+            self.core.handle_saved(self.now, s.id, Err(e));
+            self.drain();
+        }
+    }
+
+    fn answer_loads(&mut self) {
+        for doc in std::mem::take(&mut self.loads) {
+            let chunks = self.disk.get(&doc).cloned().unwrap_or_default();
+            self.core.handle_loaded(self.now, &doc, Ok(chunks));
+            self.drain();
+        }
+    }
+
+    fn create_queue(&mut self, config: QueueConfig) -> QueueId {
+        let id = self.command(Command::CreateQueue {
+            name: "q".into(),
+            config,
+        });
+        let Some(Reply::Created(Ok(q))) = self.reply(id) else {
+            panic!("created")
+        };
+        self.ack_saves();
+        q
+    }
+
+    fn submit(&mut self, q: &QueueId) -> CommandId {
+        self.command(Command::Submit {
+            queue: q.clone(),
+            task: SubmitTask {
+                kind: "noop".into(),
+                input: serde_json::json!({}),
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            },
+        })
+    }
+}
+
+fn submitted(r: Option<Reply>) -> Result<piecework_core::api::Submitted, SubmitError> {
+    match r {
+        Some(Reply::Submitted(r)) => r,
+        other => panic!("expected a submit's reply, got {other:?}"),
+    }
+}
+
+/// Fault 7: a submit is acknowledged only once its task document and its index entry are both
+/// on disk, and writes of one document never overlap.
+#[test]
+fn a_submit_is_acknowledged_only_when_both_documents_are_on_disk() {
+    let mut one = One::new();
+    let q = one.create_queue(QueueConfig::default());
+    let first = one.submit(&q);
+    assert_eq!(
+        one.saves.len(),
+        2,
+        "one write per document: {:?}",
+        one.saves
+    );
+    assert!(one.reply(first).is_none(), "nothing is on disk yet");
+    // A second submit while both writes are in flight starts no overlapping write.
+    let second = one.submit(&q);
+    let qdoc = DocId::parse(q.as_str()).unwrap();
+    let queue_writes = one.saves.iter().filter(|s| s.doc == qdoc).count();
+    assert_eq!(
+        queue_writes, 1,
+        "the queue document has one write in flight"
+    );
+    // The task document alone is not enough.
+    let task_save = one.saves.iter().position(|s| s.doc != qdoc).unwrap();
+    let s = one.saves.remove(task_save);
+    one.core.handle_saved(one.now, s.id, Ok(()));
+    one.drain();
+    assert!(one.reply(first).is_none());
+    // Acknowledge everything, including the follow-up write of the queue document.
+    for _ in 0..3 {
+        one.ack_saves();
+    }
+    let a = submitted(one.reply(first)).expect("acknowledged");
+    let b = submitted(one.reply(second)).expect("acknowledged");
+    assert!(!a.replicated && !b.replicated, "alone: durable here only");
+}
+
+/// Fault 7: a failed write is retried (with every change since the last good one), and a
+/// submit whose documents cannot be written gets an error instead of hanging or lying.
+#[test]
+fn a_failed_save_is_retried_and_a_submit_that_cannot_be_durable_gets_an_error() {
+    let mut one = One::new();
+    let q = one.create_queue(QueueConfig::default());
+    let cmd = one.submit(&q);
+    one.fail_saves();
+    assert!(one.saves.is_empty(), "the retry waits for its backoff");
+    assert!(one.reply(cmd).is_none(), "not yet reported");
+    // Retry, fail again until the failure is reported.
+    let mut t = 0;
+    for _ in 1..SAVE_FAILURES_REPORTED {
+        t += 10_000;
+        one.at(t);
+        assert_eq!(one.saves.len(), 2, "both documents are written again");
+        one.fail_saves();
+    }
+    t += 1;
+    one.at(t);
+    let err = submitted(one.reply(cmd)).expect_err("the submit cannot be made durable");
+    assert!(matches!(err, SubmitError::NotDurable(_)), "{err:?}");
+    assert!(
+        one.events
+            .iter()
+            .any(|e| matches!(e, Event::SaveFailed { .. })),
+        "the failure is reported upward"
+    );
+    // The disk recovers: the retry writes everything, and a new submit is acknowledged.
+    t += 10_000;
+    one.at(t);
+    assert!(!one.saves.is_empty(), "still retrying");
+    one.ack_saves();
+    let cmd = one.submit(&q);
+    one.ack_saves();
+    one.ack_saves();
+    submitted(one.reply(cmd)).expect("acknowledged once the disk works");
+    // Nothing was lost: the disk holds the first task too.
+    let qdoc = DocId::parse(q.as_str()).unwrap();
+    let mut d = Automerge::new();
+    for c in &one.disk[&qdoc] {
+        d.load_incremental(c).unwrap();
+    }
+    assert_eq!(
+        piecework_queue_doc::QueueView::read(&d)
+            .unwrap()
+            .tasks
+            .len(),
+        2
+    );
+}
+
+/// Fault 8: a task document loaded for a lookup leaves memory once idle and saved.
+#[test]
+fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
+    let mut one = One::new();
+    let q = one.create_queue(QueueConfig {
+        heartbeat_ms: 100,
+        takeover_after_ms: 300,
+        settle_ms: 50,
+        pool_heartbeat_ms: 100,
+        lease_ms: 1_000,
+        ..QueueConfig::default()
+    });
+    let cmd = one.submit(&q);
+    one.ack_saves();
+    one.ack_saves();
+    let task = submitted(one.reply(cmd)).unwrap().task_id;
+    // The lone node claims, becomes active, assigns to itself and runs the task.
+    let mut t = 0;
+    while one.runs.is_empty() && t < 5_000 {
+        t += 50;
+        one.at(t);
+        one.ack_saves();
+    }
+    let run = one.runs.pop().expect("the task runs");
+    one.core.handle_run_ended(
+        one.now,
+        run.id,
+        RunResult {
+            result: Ok(serde_json::json!(1)),
+            logs: vec![],
+        },
+    );
+    one.drain();
+    one.ack_saves();
+    let view = one.core.view(&q).unwrap().clone();
+    assert_eq!(view.tasks[&task].state(), TaskState::Succeeded);
+    let tdoc = DocId::parse(task.as_str()).unwrap();
+    assert!(one.core.is_loaded(&tdoc));
+    t += IDLE_EVICT.as_millis() as u64 + 100;
+    one.at(t);
+    one.ack_saves();
+    t += IDLE_EVICT.as_millis() as u64 + 100;
+    one.at(t);
+    assert!(
+        !one.core.is_loaded(&tdoc),
+        "a final task's document leaves memory"
+    );
+    // A lookup loads it again, and it leaves again once idle.
+    let cmd = one.command(Command::TaskStatus {
+        task: task.clone(),
+        wait: None,
+    });
+    one.answer_loads();
+    let Some(Reply::Task(r)) = one.reply(cmd) else {
+        panic!("answered")
+    };
+    assert_eq!(r.unwrap().state, TaskState::Succeeded);
+    assert!(one.core.is_loaded(&tdoc));
+    t += 2 * IDLE_EVICT.as_millis() as u64 + 100;
+    one.at(t);
+    assert!(
+        !one.core.is_loaded(&tdoc),
+        "loaded for a lookup, evicted when idle"
+    );
+    let sizes = one.core.sizes();
+    assert_eq!(sizes["to_evict"], 0, "{sizes:?}");
+    assert_eq!(sizes["runs"], 0, "{sizes:?}");
+}
+
+/// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written
+/// by a faulty or hostile member) neither panics the node nor makes it spin.
+#[test]
+fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
+    let mut one = One::new();
+    // A queue document written elsewhere, with every timing at u64::MAX.
+    let mut doc = Automerge::new();
+    queue::create(
+        &mut doc,
+        "hostile",
+        &QueueConfig::default(),
+        &PeerId::new("other"),
+        1,
+    )
+    .unwrap();
+    let config = match doc.get(ROOT, "config").unwrap() {
+        Some((automerge::Value::Object(ObjType::Map), id)) => id,
+        other => panic!("config map: {other:?}"),
+    };
+    let mut tx = doc.transaction();
+    for k in [
+        "heartbeat_ms",
+        "takeover_after_ms",
+        "settle_ms",
+        "pool_heartbeat_ms",
+        "lease_ms",
+        "retry_backoff_ms",
+        "retry_backoff_max_ms",
+        "rate_interval_ms",
+    ] {
+        tx.put(&config, k, u64::MAX).unwrap();
+    }
+    tx.put(&config, "heartbeat_ms", 0u64).unwrap();
+    tx.commit();
+    let id = DocId::generate(&mut rand::rng());
+    one.disk.insert(id.clone(), vec![doc.save()]);
+    let q = QueueId::new(id.as_str());
+    let cmd = one.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: false,
+    });
+    one.answer_loads();
+    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    // Time passes: every deadline the core asks for lies ahead of now, bounded.
+    for t in [0, 10, 1_000, 100_000, 10_000_000] {
+        one.at(t);
+        one.ack_saves();
+        let next = one.core.poll_timeout().expect("a deadline");
+        assert!(
+            next > one.now.mono,
+            "a deadline in the past would spin the node"
+        );
+    }
+    // Garbage on the gossip topic and the sync stream.
+    let topic = piecework_core::topic_for(&q);
+    let other = PeerId::new("other");
+    one.core
+        .handle_gossip(one.now, &topic, &other, b"\xff not json");
+    let beat = Wire::Router(RouterBeat {
+        queue: q.clone(),
+        claim: Claim::new(u64::MAX, other.clone()),
+        counter: u64::MAX,
+    });
+    one.core
+        .handle_gossip(one.now, &topic, &other, &beat.encode());
+    one.core.handle_sync(one.now, &other, &[9, 200, 1, 2, 3]);
+    one.drain();
+    let rejected = one
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::Rejected { .. }))
+        .count();
+    assert!(rejected >= 2, "{:?}", one.events);
+    one.at(20_000_000);
+    assert!(
+        one.core.fence(&q).is_none_or(|c| c.term < u64::MAX),
+        "a term of u64::MAX is not taken as the fence"
+    );
+}
