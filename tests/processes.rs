@@ -5,111 +5,12 @@
 //! Waits are on the processes' output and on the HTTP API's long-poll for a task's outcome, each
 //! with a generous timeout; nothing sleeps.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+mod support;
 
 use piecework::client::Client;
 use piecework::node::api;
 use piecework::queue_doc::{TaskId, TaskState};
-
-const BIN: &str = env!("CARGO_BIN_EXE_piecework");
-const GENEROUS: Duration = Duration::from_secs(120);
-
-/// A running `piecework node`; killed (SIGKILL) when dropped.
-struct NodeProcess {
-    child: Child,
-    peer: String,
-    listen: String,
-    http: String,
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_node(dir: &Path, bootstrap: Option<&NodeProcess>) -> NodeProcess {
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "node",
-        "--listen",
-        "/ip4/127.0.0.1/tcp/0",
-        "--http",
-        "127.0.0.1:0",
-        "--workers",
-        "2",
-    ])
-    .arg("--data-dir")
-    .arg(dir);
-    if let Some(b) = bootstrap {
-        cmd.args(["--bootstrap", &b.listen]);
-    }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("the binary runs");
-    let stdout = child.stdout.take().expect("piped");
-    // Read the banner on a thread, so that a node that never prints fails the test instead of
-    // hanging it.
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let (mut peer, mut listen, mut http) = (None, None, None);
-    while http.is_none() {
-        let line = rx
-            .recv_timeout(GENEROUS)
-            .expect("the node prints its banner");
-        if let Some(v) = line.strip_prefix("peer id: ") {
-            peer = Some(v.to_owned());
-        } else if let Some(v) = line.strip_prefix("listening on: ") {
-            listen.get_or_insert_with(|| v.to_owned());
-        } else if let Some(v) = line.strip_prefix("http api: ") {
-            http = Some(v.to_owned());
-        }
-    }
-    let peer = peer.expect("a peer id line");
-    let mut listen = listen.expect("a listen address line");
-    if !listen.contains("/p2p/") {
-        listen = format!("{listen}/p2p/{peer}");
-    }
-    NodeProcess {
-        child,
-        peer,
-        listen,
-        http: http.expect("checked"),
-    }
-}
-
-/// Runs the CLI against a node; returns its stdout, trimmed. Panics with stderr if it fails.
-fn cli(node: &NodeProcess, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .arg("--node")
-        .arg(&node.http)
-        .args(args)
-        .output()
-        .expect("the binary runs");
-    assert!(
-        out.status.success(),
-        "piecework {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .trim()
-        .to_owned()
-}
+use support::{GENEROUS, NodeProcess, cli, spawn_node};
 
 fn submit(node: &NodeProcess, queue: &str, i: usize) -> TaskId {
     let input = format!(r#"{{"data": "process task {i}", "rounds": 2000}}"#);

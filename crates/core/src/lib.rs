@@ -397,11 +397,6 @@ pub enum Event {
         /// The task.
         task: TaskId,
     },
-    /// A sync stream to a peer started over (sync state reset on both sides).
-    Resynced {
-        /// The peer.
-        peer: PeerId,
-    },
 }
 
 /// A run this node's pool started and has not ended.

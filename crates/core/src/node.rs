@@ -78,6 +78,10 @@ struct Queue {
 }
 
 /// One node's decisions. See the crate docs for how to drive it.
+///
+/// Bounds: every collection below is bounded by a named constant or by something the node
+/// controls, as each field's comment says; the output queues (`transmit`, `io`, `replies`,
+/// `events`) hold one input's worth of output and are drained after every input.
 #[derive(Debug)]
 pub struct Core {
     config: Config,
@@ -86,30 +90,39 @@ pub struct Core {
     actor: ActorId,
     replica: Replica,
     pool: Pool,
+    /// Joined queues: one per join command this node's user made.
     queues: BTreeMap<QueueId, Queue>,
+    /// One per joined queue.
     topics: BTreeMap<String, QueueId>,
-    /// Peers with an open sync stream.
+    /// Peers with an open sync stream (bounded by the transport's connections).
     connected: BTreeSet<PeerId>,
     advertised: Vec<String>,
     next_dial: Instant,
     saves: Saves,
-    /// Load attempts per document being loaded (retried on failure).
+    /// Load attempts per document being loaded (retried on failure). Bounded by the replica's
+    /// loads (`piecework_replica::MAX_PENDING_LOADS` for peers' messages, plus this node's own
+    /// fetches, which its waiters bound).
     loads: BTreeMap<DocId, u32>,
-    /// Failed loads to retry, by when.
+    /// Failed loads to retry, by when: a subset of `loads`.
     load_retries: BTreeSet<(Instant, DocId)>,
-    /// Queues whose document changed since their view was last refreshed.
+    /// Queues whose document changed since their view was last refreshed: at most `queues`.
     stale: BTreeSet<QueueId>,
+    /// Requests parked on a document: at most [`MAX_WAITERS`], plus one start per worker.
     doc_waiters: BTreeMap<DocId, Vec<DocWaiter>>,
-    /// Joins that found no peer with the queue yet: retried when a peer connects.
+    /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
+    /// their deadline. Counted in [`MAX_WAITERS`].
     join_retries: Vec<DocWaiter>,
+    /// `task status --wait` requests: counted in [`MAX_WAITERS`], each with a deadline.
     task_waiters: Vec<TaskWaiter>,
+    /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
     submit_waits: Vec<SubmitWait>,
-    /// Documents that may leave memory once saved and unused, and from when.
+    /// Documents that may leave memory once saved and unused, and from when: at most the
+    /// loaded documents (an entry whose document is gone is dropped).
     to_evict: BTreeMap<DocId, Instant>,
-    /// Runs in flight, by id.
+    /// Runs in flight, by id: at most one per worker.
     runs: BTreeMap<RunId, Running>,
     next_run: u64,
-    /// The greatest router claim seen per queue, in views or heartbeats.
+    /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
     transmit: VecDeque<(PeerId, Vec<u8>)>,
     io: VecDeque<Io>,
@@ -700,6 +713,16 @@ impl Core {
                 } => self.answer_status(now, cmd, task, wait_until),
                 DocWaiter::Start(run) => self.start_run(now, run),
             }
+        }
+        // A task's document loaded from disk may be behind: this node may have been down when
+        // the task ended, and a final task's document is no longer announced. Ask the members.
+        let task = TaskId::new(doc.as_str());
+        if self
+            .queues
+            .values()
+            .any(|q| q.view.tasks.contains_key(&task))
+        {
+            self.replica.refresh_from_members(doc);
         }
         if !self.is_live(doc) {
             self.to_evict.entry(doc.clone()).or_insert(now.mono);

@@ -1,5 +1,5 @@
 //! Document sync streams: one libp2p stream per pair of connected peers, carrying length-framed
-//! replica messages (`piecework_queue_doc::replica::Message`, encoded by the caller).
+//! replica messages (`piecework_replica::Message`, encoded by the caller).
 //!
 //! The stream belongs to a connection Noise authenticated, so every frame read from it comes from
 //! that connection's peer id, which is what [`crate::Event::SyncMessage`] reports.

@@ -223,7 +223,7 @@ impl std::fmt::Debug for NodeHandle {
 
 impl Node {
     /// Starts a node on the current tokio runtime: opens its store, starts the network and the
-    /// actor, and reopens the queues it had joined.
+    /// shell, and reopens the queues it had joined.
     pub async fn start(config: Config) -> Result<Node, StartError> {
         if config.workers > MAX_WORKERS {
             return Err(StartError::TooManyWorkers(config.workers));
@@ -321,7 +321,7 @@ impl NodeHandle {
             if let Some(a) = self.shared.advertised().first() {
                 return a.parse().expect("advertised addresses parse");
             }
-            // The actor records listen addresses as it learns them, then announces them.
+            // The shell records listen addresses as it learns them, then announces them.
             if let Ok(NodeEvent::Listening(addrs)) = events.recv().await
                 && let Some(a) = addrs.first()
             {

@@ -396,7 +396,6 @@ impl Shell {
             Event::FetchFailed { task } => {
                 tracing::warn!(%task, "no reachable member has the task's document")
             }
-            Event::Resynced { peer } => tracing::debug!(%peer, "sync started over"),
         }
     }
 }

@@ -1146,6 +1146,15 @@ impl Replica {
         }
     }
 
+    /// Syncs a loaded document once with every connected member of its group, whether it is
+    /// announced or not: a copy loaded from disk may be behind (its node was down while the
+    /// document changed), and a document that is no longer announced would otherwise stay so.
+    pub fn refresh_from_members(&mut self, id: &DocId) {
+        if self.docs.contains_key(id) {
+            self.announce(id);
+        }
+    }
+
     // ----- sending -----
 
     /// Announces a document to its group's connected members.

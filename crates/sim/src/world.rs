@@ -898,7 +898,7 @@ impl World {
                 self.count("rejected");
                 self.trace(|| format!("node{i} rejected {peer}: {reason}"));
             }
-            Event::Resynced { .. } | Event::RunStarted { .. } | Event::RunEnded { .. } => {}
+            Event::RunStarted { .. } | Event::RunEnded { .. } => {}
         }
     }
 
