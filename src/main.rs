@@ -293,7 +293,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             for q in &s.queues {
                 let t = &q.tasks;
                 println!(
-                    "queue {} ({})\n  router {} (this node: {})\n  tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed",
+                    "queue {} ({})\n  router {} (this node: {})\n  tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed, {} waiting for their input",
                     q.name,
                     q.id,
                     q.router
@@ -304,7 +304,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     t.assigned,
                     t.running,
                     t.succeeded,
-                    t.failed
+                    t.failed,
+                    t.input_unavailable
                 );
             }
             for w in &s.workers {

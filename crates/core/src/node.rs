@@ -44,6 +44,12 @@ enum DocWaiter {
         deadline: Instant,
     },
     Start(Run),
+    /// A task whose input was unavailable: if this node has its document, mark it available.
+    Revive {
+        queue: QueueId,
+        task: TaskId,
+        n: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -121,6 +127,9 @@ pub struct Core {
     to_evict: BTreeMap<DocId, Instant>,
     /// Runs in flight, by id: at most one per worker.
     runs: BTreeMap<RunId, Running>,
+    /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
+    /// most the tasks indexed in that state, drained every turn.
+    to_revive: BTreeSet<(QueueId, TaskId, u64)>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
@@ -174,6 +183,7 @@ impl Core {
             submit_waits: vec![],
             to_evict: BTreeMap::new(),
             runs: BTreeMap::new(),
+            to_revive: BTreeSet::new(),
             next_run: 0,
             seen: BTreeMap::new(),
             transmit: VecDeque::new(),
@@ -296,6 +306,15 @@ impl Core {
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
         self.connected.insert(peer.clone());
         self.replica.handle_connected(peer);
+        // A member that comes back may hold the documents of tasks whose input was unavailable.
+        for (qid, q) in &self.queues {
+            for t in q.view.tasks.values() {
+                if t.state() == TaskState::InputUnavailable {
+                    self.to_revive
+                        .insert((qid.clone(), t.id.clone(), t.last_n()));
+                }
+            }
+        }
         for w in std::mem::take(&mut self.join_retries) {
             if let DocWaiter::Join { id, .. } = &w
                 && let Some(doc) = queue_doc(id)
@@ -581,7 +600,7 @@ impl Core {
                     DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                         earliest(*deadline)
                     }
-                    DocWaiter::Start(_) => {}
+                    DocWaiter::Start(_) | DocWaiter::Revive { .. } => {}
                 }
             }
         }
@@ -613,6 +632,9 @@ impl Core {
             self.drain_replica(now);
             for id in std::mem::take(&mut self.stale) {
                 self.refresh(now, &id);
+            }
+            for (queue, task, n) in std::mem::take(&mut self.to_revive) {
+                self.revive(now, queue, task, n);
             }
             for q in self.queues.values_mut() {
                 q.router.handle_timeout(now.mono);
@@ -712,6 +734,7 @@ impl Core {
                     ..
                 } => self.answer_status(now, cmd, task, wait_until),
                 DocWaiter::Start(run) => self.start_run(now, run),
+                DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
             }
         }
         // A task's document loaded from disk may be behind: this node may have been down when
@@ -758,11 +781,13 @@ impl Core {
                     self.events.push_back(Event::FetchFailed {
                         task: run.task.clone(),
                     });
-                    self.pool.handle_start_failed(
+                    self.pool.handle_input_unavailable(
                         run.worker.index,
                         "the task document is unavailable: no reachable member has it".into(),
                     );
                 }
+                // Not here either: another member may have it.
+                DocWaiter::Revive { .. } => {}
             }
         }
     }
@@ -772,7 +797,7 @@ impl Core {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                 now.mono >= *deadline
             }
-            DocWaiter::Start(_) => false,
+            DocWaiter::Start(_) | DocWaiter::Revive { .. } => false,
         };
         let mut gone = vec![];
         for ws in self.doc_waiters.values_mut() {
@@ -794,7 +819,7 @@ impl Core {
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
-                DocWaiter::Start(_) => {}
+                DocWaiter::Start(_) | DocWaiter::Revive { .. } => {}
             }
         }
     }
@@ -1331,7 +1356,13 @@ impl Core {
         // Scope the task documents: live ones are announced to members, final ones travel on
         // request only and may leave memory.
         for (tid, t) in &view.tasks {
-            let final_now = t.state().is_final();
+            let state = t.state();
+            if state == TaskState::InputUnavailable
+                && old.tasks.get(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
+            {
+                self.to_revive.insert((id.clone(), tid.clone(), t.last_n()));
+            }
+            let final_now = state.is_final();
             let before = old.tasks.get(tid).map(|o| o.state().is_final());
             if before == Some(final_now) {
                 continue;
@@ -1528,7 +1559,7 @@ impl Core {
             }
             None => {
                 self.pool
-                    .handle_start_failed(index, "the task document is unavailable".into());
+                    .handle_input_unavailable(index, "the task document is unavailable".into());
                 return;
             }
         };
@@ -1588,6 +1619,38 @@ impl Core {
             input,
         }));
         self.runs.insert(id, Running { run, start });
+    }
+
+    /// A task's input was unavailable to its worker: if this node holds the task's document,
+    /// mark the input available so that it is routed again; if it is not in memory, look on
+    /// disk first (the fetch also asks members, which is harmless).
+    fn revive(&mut self, now: Time, queue: QueueId, task: TaskId, n: u64) {
+        let Some(doc) = task_doc(&task) else { return };
+        let still = self
+            .queues
+            .get(&queue)
+            .and_then(|q| q.view.tasks.get(&task))
+            .is_some_and(|t| t.state() == TaskState::InputUnavailable);
+        if !still {
+            return;
+        }
+        let held = self
+            .replica
+            .get(&doc)
+            .is_some_and(|d| !d.get_heads().is_empty());
+        if held {
+            self.write_queue(now, &queue, "a task's input as available", |d| {
+                queue::mark_input_available(d, &task, n)
+            });
+            return;
+        }
+        let waiting = self.doc_waiters.get(&doc).is_some_and(|ws| {
+            ws.iter()
+                .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start(_)))
+        });
+        if !waiting {
+            self.wait_for(now, &doc, DocWaiter::Revive { queue, task, n });
+        }
     }
 
     /// Dials every member of every queue this node has no sync stream with.

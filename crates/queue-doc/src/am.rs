@@ -34,6 +34,26 @@ pub(crate) fn uint<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> Option<u64> {
     }
 }
 
+/// The greatest of the concurrent unsigned values of `key` (0 if none).
+pub(crate) fn max_uint<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str) -> u64 {
+    doc.get_all(obj, key)
+        .map(|values| {
+            values
+                .into_iter()
+                .filter_map(|(v, _)| match v {
+                    Value::Scalar(s) => match s.as_ref() {
+                        ScalarValue::Uint(v) => Some(*v),
+                        ScalarValue::Int(v) => u64::try_from(*v).ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
 /// Every concurrent value of `key` that is an object of type `ty`.
 pub(crate) fn all_objects<R: ReadDoc>(doc: &R, obj: &ObjId, key: &str, ty: ObjType) -> Vec<ObjId> {
     doc.get_all(obj, key)

@@ -30,6 +30,7 @@ pub(crate) const PRIORITY: &str = "priority";
 pub(crate) const URGENT: &str = "urgent";
 pub(crate) const MAX_ATTEMPTS: &str = "max_attempts";
 pub(crate) const ATTEMPTS: &str = "attempts";
+pub(crate) const INPUT_SEEN: &str = "input_seen";
 
 pub(crate) const N: &str = "n";
 pub(crate) const WORKER: &str = "worker";

@@ -452,7 +452,7 @@ pub fn record_finish(
         }
         let started = read_started(tx, &obj).is_some();
         match outcome {
-            AttemptOutcome::Refused if started => {
+            AttemptOutcome::Refused | AttemptOutcome::Unavailable if started => {
                 return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
             }
             AttemptOutcome::Succeeded | AttemptOutcome::Failed if !started => {
@@ -466,6 +466,28 @@ pub fn record_finish(
         if let Some(e) = error {
             tx.put(&f, keys::ERROR, e)?;
         }
+        Ok(())
+    })
+}
+
+/// Marks a task's input available again: a member holding its task document says so after an
+/// attempt found no reachable member with it (the task is in
+/// [`crate::TaskState::InputUnavailable`] until an attempt number at least `n` is marked).
+/// Concurrent marks keep their greatest value. Does nothing if `n` is not above the mark.
+pub fn mark_input_available(
+    doc: &mut Automerge,
+    task: &TaskId,
+    n: u64,
+) -> Result<(), AttemptError> {
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(AttemptError::NotAQueue);
+        }
+        let entry = task_obj(tx, task).ok_or_else(|| AttemptError::UnknownTask(task.clone()))?;
+        if am::max_uint(tx, &entry, keys::INPUT_SEEN) >= n {
+            return Ok(());
+        }
+        tx.put(&entry, keys::INPUT_SEEN, n)?;
         Ok(())
     })
 }

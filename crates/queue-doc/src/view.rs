@@ -18,12 +18,15 @@ use crate::queue::MAX_PRIORITY;
 ///
 /// When concurrent writes leave an attempt with more than one ending (possible only after a
 /// node restarted from a copy that lacked its own last writes), the greatest by this order wins:
-/// `Succeeded > Failed > Interrupted > Refused`.
+/// `Succeeded > Failed > Interrupted > Unavailable > Refused`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttemptOutcome {
-    /// The worker did not start it: fenced, busy, or the task's document was unavailable.
+    /// The worker did not start it: fenced, busy, superseded, or the task already ran.
     Refused,
+    /// The worker could not get the task's input: no reachable member had its document. The
+    /// task waits in [`TaskState::InputUnavailable`] until a member that has it says so.
+    Unavailable,
     /// The worker's node restarted while the attempt ran.
     Interrupted,
     /// The handler returned an error, panicked or timed out.
@@ -36,6 +39,7 @@ impl AttemptOutcome {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             AttemptOutcome::Refused => "refused",
+            AttemptOutcome::Unavailable => "unavailable",
             AttemptOutcome::Interrupted => "interrupted",
             AttemptOutcome::Failed => "failed",
             AttemptOutcome::Succeeded => "succeeded",
@@ -45,6 +49,7 @@ impl AttemptOutcome {
     pub(crate) fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "refused" => AttemptOutcome::Refused,
+            "unavailable" => AttemptOutcome::Unavailable,
             "interrupted" => AttemptOutcome::Interrupted,
             "failed" => AttemptOutcome::Failed,
             "succeeded" => AttemptOutcome::Succeeded,
@@ -118,6 +123,11 @@ pub enum TaskState {
     Assigned,
     /// Running on a worker.
     Running,
+    /// Its last attempt found no reachable member holding the task's document. Not final and
+    /// not routed: it revives (turns pending) when a member that holds the document marks it
+    /// available ([`crate::queue::mark_input_available`]).
+    #[serde(rename = "input_unavailable")]
+    InputUnavailable,
     /// Failed `max_attempts` times: dead-lettered.
     Failed,
     /// Some attempt succeeded.
@@ -128,7 +138,10 @@ impl TaskState {
     /// The state's rank in the merge order (see the type's docs).
     pub fn rank(self) -> u8 {
         match self {
-            TaskState::Pending | TaskState::Assigned | TaskState::Running => 0,
+            TaskState::Pending
+            | TaskState::Assigned
+            | TaskState::Running
+            | TaskState::InputUnavailable => 0,
             TaskState::Failed => 1,
             TaskState::Succeeded => 2,
         }
@@ -145,6 +158,7 @@ impl TaskState {
             TaskState::Pending => "pending",
             TaskState::Assigned => "assigned",
             TaskState::Running => "running",
+            TaskState::InputUnavailable => "input_unavailable",
             TaskState::Failed => "failed",
             TaskState::Succeeded => "succeeded",
         }
@@ -170,6 +184,9 @@ pub struct TaskEntry {
     pub max_attempts: u32,
     /// Every attempt, in document order.
     pub attempts: Vec<Attempt>,
+    /// The greatest attempt number at which a member holding the task's document marked its
+    /// input available (0: never).
+    pub input_seen: u64,
 }
 
 impl TaskEntry {
@@ -183,15 +200,19 @@ impl TaskEntry {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The number of refused attempts (not run: fenced, busy worker, task document missing).
+    /// The number of attempts not run (refused: fenced, busy worker, superseded; or the task's
+    /// document unavailable).
     pub fn refusals(&self) -> u32 {
         let n = self
             .attempts
             .iter()
             .filter(|a| {
-                a.finished
-                    .as_ref()
-                    .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+                a.finished.as_ref().is_some_and(|f| {
+                    matches!(
+                        f.outcome,
+                        AttemptOutcome::Refused | AttemptOutcome::Unavailable
+                    )
+                })
             })
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
@@ -219,6 +240,16 @@ impl TaskEntry {
         }
         if self.failures() >= self.max_attempts {
             return TaskState::Failed;
+        }
+        let n = self.last_n();
+        let unavailable = n > self.input_seen
+            && self.current_attempts().all(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome == AttemptOutcome::Unavailable)
+            });
+        if n > 0 && unavailable {
+            return TaskState::InputUnavailable;
         }
         let mut state = TaskState::Pending;
         for a in self.current_attempts().filter(|a| a.is_open()) {
@@ -291,6 +322,9 @@ pub struct StateCounts {
     pub assigned: usize,
     /// Running.
     pub running: usize,
+    /// Waiting for a member that holds the task's document.
+    #[serde(default)]
+    pub input_unavailable: usize,
     /// Succeeded.
     pub succeeded: usize,
     /// Failed for good.
@@ -373,6 +407,7 @@ impl QueueView {
                 TaskState::Pending => c.pending += 1,
                 TaskState::Assigned => c.assigned += 1,
                 TaskState::Running => c.running += 1,
+                TaskState::InputUnavailable => c.input_unavailable += 1,
                 TaskState::Succeeded => c.succeeded += 1,
                 TaskState::Failed => c.failed += 1,
             }
@@ -493,6 +528,7 @@ pub(crate) fn read_task_entry(
     owned(obj);
     let (mut kind, mut submitted_at, mut submitter) = (None, None, None);
     let (mut priority, mut urgent, mut max_attempts, mut list) = (0, false, 1, None);
+    let mut input_seen = 0;
     for item in doc.map_range(obj, ..) {
         let v = &item.value;
         match item.key.as_ref() {
@@ -511,6 +547,8 @@ pub(crate) fn read_task_entry(
             keys::ATTEMPTS if matches!(v, ValueRef::Object(ObjType::List)) => {
                 list = Some(item.id())
             }
+            // Members write it concurrently: the greatest value counts.
+            keys::INPUT_SEEN => input_seen = am::max_uint(doc, obj, keys::INPUT_SEEN),
             _ => {}
         }
     }
@@ -537,6 +575,7 @@ pub(crate) fn read_task_entry(
         urgent,
         max_attempts,
         attempts,
+        input_seen,
     })
 }
 

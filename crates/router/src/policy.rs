@@ -12,6 +12,8 @@
 //!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load. Each
 //!   assignment names the incarnation of the pool in the heartbeat it was based on, so that a
 //!   restarted pool does not start work addressed to its earlier life.
+//! - A task whose input is unavailable (no reachable member had its document) is not routed
+//!   until a member marks it available; then it waits the refusal backoff like a refused one.
 //! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
 //!   peer) is not routed.
 //! - `concurrency` caps tasks assigned or running at once, counting runs that outlived their
@@ -127,6 +129,8 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     None => {}
                 }
             }
+            // Waits for a member holding its document to mark it available.
+            TaskState::InputUnavailable => {}
             TaskState::Succeeded | TaskState::Failed => {
                 // A run that outlived its task's outcome (routers on both sides of a partition
                 // both ran the task) still holds its worker: it counts against the concurrency

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use automerge::transaction::Transactable;
 use automerge::{ActorId, Automerge, AutomergeError, ROOT, ReadDoc};
 use piecework_queue_doc::{
-    Claim, MAX_TERM, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat, Submission,
-    TaskId, TaskState, WorkerReport, queue,
+    AttemptOutcome, Claim, MAX_TERM, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat,
+    Submission, TaskId, TaskState, WorkerReport, queue,
 };
 use piecework_router::{Action, Event, Rejection, Role, Router};
 
@@ -491,6 +491,65 @@ fn assignments_carry_the_incarnation_of_the_pool_beat() {
     let assigned = &c.peers[0].assigned;
     assert_eq!(assigned.len(), 2, "{assigned:?}");
     assert_eq!((&assigned[1].task, assigned[1].incarnation), (&t2, 8));
+}
+
+/// Story 8: the worker could not get a task's input (no reachable member had its document):
+/// the attempt ends `unavailable` and the task waits, visible and unrouted, instead of being
+/// refused and routed again every few seconds forever. When a member holding the document
+/// marks the input available, it is routed again.
+#[test]
+fn a_task_whose_input_is_unavailable_waits_unrouted_until_marked_available() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    let task = c.peers[0].submit(1);
+    let b = c.peers[1].pool_beat(1);
+    let t = c.at(150);
+    c.peers[0].router.handle_pool_beat(t, &b);
+    c.tick(0, 200);
+    assert_eq!(c.peers[0].assigned.len(), 1);
+    let a = c.peers[0].assigned[0].clone();
+    queue::record_finish(
+        &mut c.peers[0].doc,
+        &task,
+        &a.attempt,
+        &a.worker,
+        AttemptOutcome::Unavailable,
+        Some("no reachable member has the task document"),
+        0,
+    )
+    .unwrap();
+    let v = c.peers[0].view();
+    assert_eq!(v.tasks[&task].state(), TaskState::InputUnavailable);
+    assert_eq!(v.counts().input_unavailable, 1);
+    let now = c.at(250);
+    c.peers[0].router.handle_view(now, v);
+    // A minute of idle pools: nothing is routed.
+    for ms in (300..60_000).step_by(100) {
+        let b = c.peers[1].pool_beat(1);
+        let t = c.at(ms);
+        c.peers[0].router.handle_pool_beat(t, &b);
+        c.tick(0, ms);
+    }
+    assert_eq!(
+        c.peers[0].assigned.len(),
+        1,
+        "an unavailable input is not routed"
+    );
+    // The submitter, which holds the document, marks it available: routed again.
+    queue::mark_input_available(&mut c.peers[0].doc, &task, 1).unwrap();
+    let v = c.peers[0].view();
+    assert_eq!(v.tasks[&task].state(), TaskState::Pending);
+    let now = c.at(60_000);
+    c.peers[0].router.handle_view(now, v);
+    for ms in (60_100..70_000).step_by(100) {
+        let b = c.peers[1].pool_beat(1);
+        let t = c.at(ms);
+        c.peers[0].router.handle_pool_beat(t, &b);
+        c.tick(0, ms);
+    }
+    let assigned = &c.peers[0].assigned;
+    assert_eq!(assigned.len(), 2, "{assigned:?}");
+    assert_eq!(assigned[1].attempt.n, 2);
 }
 
 /// Overwrites every numeric configuration value with `v`, straight into the document.

@@ -251,6 +251,8 @@ pub(crate) struct World {
     submitted: BTreeMap<TaskId, QueueId>,
     to_submit: usize,
     seen_states: BTreeMap<(usize, TaskId), TaskState>,
+    /// Each node's last view of each task's state, for the situations it passes through.
+    last_state: BTreeMap<(usize, TaskId), TaskState>,
     runs: BTreeMap<TaskId, Vec<RunRec>>,
     crashes: Vec<(usize, u64)>,
     /// Assignments seen per claim (for the rate check), and when the claim last assigned.
@@ -363,6 +365,7 @@ impl World {
             submitted: BTreeMap::new(),
             to_submit: config.tasks,
             seen_states: BTreeMap::new(),
+            last_state: BTreeMap::new(),
             runs: BTreeMap::new(),
             crashes: vec![],
             assigned: BTreeSet::new(),
@@ -906,9 +909,17 @@ impl World {
     /// invariant 6, and the situations a restarted pool meets.
     fn watch_view(&mut self, i: usize, queue: &QueueId, view: &Arc<QueueView>) {
         let mut bad = vec![];
+        let mut situations = vec![];
         for (id, t) in &view.tasks {
             let s = t.state();
             let key = (i, id.clone());
+            let was = self.last_state.insert(key.clone(), s);
+            if s == TaskState::InputUnavailable && was != Some(s) {
+                situations.push("input_unavailable");
+            }
+            if was == Some(TaskState::InputUnavailable) && s != TaskState::InputUnavailable {
+                situations.push("input_revived");
+            }
             if let Some(prev) = self.seen_states.get(&key) {
                 let regressed = (prev.is_final() && !s.is_final())
                     || (*prev == TaskState::Succeeded && s != TaskState::Succeeded);
@@ -926,6 +937,9 @@ impl World {
         }
         for b in bad {
             self.violate(2, b);
+        }
+        for k in situations {
+            self.count(k);
         }
         // A restarted pool holding an attempt that was superseded while it was down.
         if self.nodes[i].restarted {

@@ -86,6 +86,8 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "long_downtime",
         "superseded_attempt_held",
         "fetch_failed",
+        "input_unavailable",
+        "input_revived",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,

@@ -382,6 +382,25 @@ impl Pool {
         true
     }
 
+    /// The run on worker `index` could not start because no reachable member has the task's
+    /// document: free the worker and end the attempt `Unavailable` (the task waits, unrouted,
+    /// until a member holding the document marks it available).
+    pub fn handle_input_unavailable(&mut self, index: u32, reason: String) -> bool {
+        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
+            return false;
+        };
+        self.actions.push_back(Action::Finish {
+            worker: run.worker,
+            queue: run.queue,
+            task: run.task,
+            attempt: run.attempt,
+            outcome: AttemptOutcome::Unavailable,
+            error: Some(reason),
+            started_by: None,
+        });
+        true
+    }
+
     /// A deadline from [`Pool::poll_timeout`] passed.
     pub fn handle_timeout(&mut self, now: Instant) {
         if now >= self.next_beat {
