@@ -1656,16 +1656,24 @@ impl World {
                 }
             }
         }
-        // The node outside queue 1 never stored any of its documents.
+        // The node outside queue 1 never stored any of its documents. A task document that no
+        // index names is allowed only if this node wrote it for a queue it joined: a submit
+        // whose index entry was lost with the node before it was acknowledged.
         let mut strays = vec![];
         for (i, n) in self.nodes.iter().enumerate() {
             for doc in n.disk.docs.keys() {
-                let ok = n.core.queues().any(|q| {
-                    q.as_str() == doc.as_str()
-                        || n.core
-                            .view(q)
-                            .is_some_and(|v| v.tasks.contains_key(&TaskId::new(doc.as_str())))
-                });
+                let ours = n
+                    .disk
+                    .load(doc)
+                    .and_then(|d| piecework_queue_doc::task::read(&d).ok())
+                    .is_some_and(|t| t.submitter == n.peer && n.core.view(&t.queue).is_some());
+                let ok = ours
+                    || n.core.queues().any(|q| {
+                        q.as_str() == doc.as_str()
+                            || n.core
+                                .view(q)
+                                .is_some_and(|v| v.tasks.contains_key(&TaskId::new(doc.as_str())))
+                    });
                 if !ok {
                     strays.push(format!("node{i} holds {doc} on disk"));
                 }

@@ -176,6 +176,16 @@ mod regressions {
         passes_with(11, FaultMix::crashes());
     }
 
+    /// Found by the 1,000-seed crashes hunt (also 764): node0 crashed during a submit with the
+    /// task document's write kept and the index entry's write lost, so the submit was never
+    /// acknowledged and no index names the task; the task document stayed on node0's disk.
+    /// Invariant 9 took it for a document of a queue node0 never joined. It is node0's own, for
+    /// a queue it joined: invariant 9 now allows exactly that.
+    #[test]
+    fn seed_395_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
+        passes_with(395, FaultMix::crashes());
+    }
+
     /// A partitioned router ran a task its side did not know was done; after the heal that
     /// run was still going while the router, now effective everywhere, assigned another task:
     /// two runs under one claim with a concurrency limit of 1 (invariant 6). Routers now count
