@@ -382,13 +382,30 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
     one.core
         .handle_gossip(one.now, &topic, &other, &beat.encode());
     one.core.handle_sync(one.now, &other, &[9, 200, 1, 2, 3]);
+    // Fault 8: a pool heartbeat from a peer that is not a member is dropped.
+    let stranger = PeerId::new("stranger");
+    let pool_beat = Wire::Pool(piecework_queue_doc::PoolBeat {
+        peer: stranger.clone(),
+        incarnation: 1,
+        counter: 1,
+        workers: vec![],
+    });
+    one.core
+        .handle_gossip(one.now, &topic, &stranger, &pool_beat.encode());
     one.drain();
-    let rejected = one
+    let rejected: Vec<&String> = one
         .events
         .iter()
-        .filter(|e| matches!(e, Event::Rejected { .. }))
-        .count();
-    assert!(rejected >= 2, "{:?}", one.events);
+        .filter_map(|e| match e {
+            Event::Rejected { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert!(rejected.len() >= 4, "{rejected:?}");
+    assert!(
+        rejected.iter().any(|r| r.contains("non-member")),
+        "{rejected:?}"
+    );
     one.at(20_000_000);
     assert!(
         one.core.fence(&q).is_none_or(|c| c.term < u64::MAX),
