@@ -33,22 +33,7 @@ use std::time::Instant;
 use piecework::node::api;
 use piecework::queue_doc::{AttemptOutcome, Claim, QueueId, TaskId, TaskState};
 use support::netns::Lab;
-use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, wait_final};
-
-async fn submit_sleep(node: &NodeProcess, queue: &QueueId, ms: u64) -> TaskId {
-    let req = api::SubmitTask {
-        kind: "sleep".into(),
-        input: serde_json::json!({ "ms": ms }),
-        priority: 0,
-        urgent: false,
-        max_attempts: None,
-    };
-    node.client()
-        .submit(queue, &req)
-        .await
-        .expect("submit")
-        .task_id
-}
+use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, submit_sleep, wait_final};
 
 /// The queue's status on each of `nodes` (by index into `all`), or why not.
 async fn queue_statuses(

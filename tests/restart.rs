@@ -41,29 +41,14 @@ use std::time::Instant;
 
 use piecework::client::Client;
 use piecework::node::api;
-use piecework::queue_doc::{AttemptId, AttemptOutcome, QueueId, TaskId, TaskState};
-use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, wait_final};
+use piecework::queue_doc::{AttemptId, AttemptOutcome, TaskId, TaskState};
+use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, submit_sleep, wait_final};
 
 /// How long each task of the first batch sleeps: long enough that a run seen started is still
 /// running when the node is killed right after.
 const SLEEP_MS: u64 = 5_000;
 /// Tasks submitted before the kill: one per worker.
 const FIRST_BATCH: usize = 6;
-
-async fn submit_sleep(node: &NodeProcess, queue: &QueueId, ms: u64) -> TaskId {
-    let req = api::SubmitTask {
-        kind: "sleep".into(),
-        input: serde_json::json!({ "ms": ms }),
-        priority: 0,
-        urgent: false,
-        max_attempts: None,
-    };
-    node.client()
-        .submit(queue, &req)
-        .await
-        .expect("submit")
-        .task_id
-}
 
 /// Waits through `via` until `id` is final; checks that it succeeded, with its result.
 async fn succeeded(urls: &[String], via: &str, id: &TaskId) -> api::TaskStatus {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use piecework::client::Client;
 use piecework::node::api;
-use piecework::queue_doc::{QueueConfig, TaskId};
+use piecework::queue_doc::{QueueConfig, QueueId, TaskId};
 
 /// The `piecework` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_piecework");
@@ -250,4 +250,20 @@ where
         }
         tokio::time::sleep(POLL_PAUSE).await;
     }
+}
+
+/// Submits a `sleep` task of `ms` milliseconds through `node`'s HTTP API.
+pub async fn submit_sleep(node: &NodeProcess, queue: &QueueId, ms: u64) -> TaskId {
+    let req = api::SubmitTask {
+        kind: "sleep".into(),
+        input: serde_json::json!({ "ms": ms }),
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+    };
+    node.client()
+        .submit(queue, &req)
+        .await
+        .expect("submit")
+        .task_id
 }

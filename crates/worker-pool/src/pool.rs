@@ -367,25 +367,18 @@ impl Pool {
     /// The run on worker `index` could not start (its task document is unavailable, or the
     /// start could not be recorded): free the worker and refuse the attempt with `reason`.
     pub fn handle_start_failed(&mut self, index: u32, reason: String) -> bool {
-        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
-            return false;
-        };
-        self.actions.push_back(Action::Finish {
-            worker: run.worker,
-            queue: run.queue,
-            task: run.task,
-            attempt: run.attempt,
-            outcome: AttemptOutcome::Refused,
-            error: Some(reason),
-            started_by: None,
-        });
-        true
+        self.not_started(index, AttemptOutcome::Refused, reason)
     }
 
     /// The run on worker `index` could not start because no reachable member has the task's
     /// document: free the worker and end the attempt `Unavailable` (the task waits, unrouted,
     /// until a member holding the document marks it available).
     pub fn handle_input_unavailable(&mut self, index: u32, reason: String) -> bool {
+        self.not_started(index, AttemptOutcome::Unavailable, reason)
+    }
+
+    /// Frees worker `index`, whose run never started, and ends its attempt with `outcome`.
+    fn not_started(&mut self, index: u32, outcome: AttemptOutcome, reason: String) -> bool {
         let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
             return false;
         };
@@ -394,7 +387,7 @@ impl Pool {
             queue: run.queue,
             task: run.task,
             attempt: run.attempt,
-            outcome: AttemptOutcome::Unavailable,
+            outcome,
             error: Some(reason),
             started_by: None,
         });
