@@ -392,10 +392,13 @@ pub enum Event {
         /// Why.
         error: String,
     },
-    /// A fetch of a task's document ended with no peer having it: its attempt was refused.
+    /// A fetch of a task's document for a run ended with no member having it: the attempt
+    /// ended `unavailable`.
     FetchFailed {
         /// The task.
         task: TaskId,
+        /// Whether it ended at the fetch's deadline (no answer) rather than on answers.
+        timed_out: bool,
     },
 }
 

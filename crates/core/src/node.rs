@@ -43,7 +43,8 @@ enum DocWaiter {
         wait_until: Option<Instant>,
         deadline: Instant,
     },
-    Start(Run),
+    /// A run waiting for its task's document, since when.
+    Start { run: Run, since: Instant },
     /// A task whose input was unavailable: if this node has its document, mark it available.
     Revive {
         queue: QueueId,
@@ -600,7 +601,7 @@ impl Core {
                     DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                         earliest(*deadline)
                     }
-                    DocWaiter::Start(_) | DocWaiter::Revive { .. } => {}
+                    DocWaiter::Start { .. } | DocWaiter::Revive { .. } => {}
                 }
             }
         }
@@ -733,7 +734,7 @@ impl Core {
                     wait_until,
                     ..
                 } => self.answer_status(now, cmd, task, wait_until),
-                DocWaiter::Start(run) => self.start_run(now, run),
+                DocWaiter::Start { run, .. } => self.start_run(now, run),
                 DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
             }
         }
@@ -777,9 +778,12 @@ impl Core {
                     self.replies
                         .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task))))));
                 }
-                DocWaiter::Start(run) => {
+                DocWaiter::Start { run, since } => {
+                    let timed_out = now.mono.saturating_duration_since(since)
+                        >= piecework_replica::FETCH_TIMEOUT;
                     self.events.push_back(Event::FetchFailed {
                         task: run.task.clone(),
+                        timed_out,
                     });
                     self.pool.handle_input_unavailable(
                         run.worker.index,
@@ -797,7 +801,7 @@ impl Core {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                 now.mono >= *deadline
             }
-            DocWaiter::Start(_) | DocWaiter::Revive { .. } => false,
+            DocWaiter::Start { .. } | DocWaiter::Revive { .. } => false,
         };
         let mut gone = vec![];
         for ws in self.doc_waiters.values_mut() {
@@ -819,7 +823,7 @@ impl Core {
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
-                DocWaiter::Start(_) | DocWaiter::Revive { .. } => {}
+                DocWaiter::Start { .. } | DocWaiter::Revive { .. } => {}
             }
         }
     }
@@ -1480,7 +1484,8 @@ impl Core {
                     );
                     return;
                 };
-                self.wait_for(now, &doc, DocWaiter::Start(run));
+                let since = now.mono;
+                self.wait_for(now, &doc, DocWaiter::Start { run, since });
             }
             PoolAction::Finish {
                 worker,
@@ -1646,7 +1651,7 @@ impl Core {
         }
         let waiting = self.doc_waiters.get(&doc).is_some_and(|ws| {
             ws.iter()
-                .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start(_)))
+                .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. }))
         });
         if !waiting {
             self.wait_for(now, &doc, DocWaiter::Revive { queue, task, n });

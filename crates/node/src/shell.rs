@@ -393,8 +393,8 @@ impl Shell {
                 error,
             } => tracing::error!(%doc, failures, "writes keep failing: {error}"),
             Event::LoadFailed { doc, error } => tracing::warn!(%doc, "cannot load: {error}"),
-            Event::FetchFailed { task } => {
-                tracing::warn!(%task, "no reachable member has the task's document")
+            Event::FetchFailed { task, timed_out } => {
+                tracing::warn!(%task, timed_out, "no reachable member has the task's document")
             }
         }
     }

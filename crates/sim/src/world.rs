@@ -110,6 +110,8 @@ enum Ev {
     },
     Background(Kind),
     CutsChanged,
+    /// Silent cuts that end now: their streams are reset (the transport's stall detection).
+    SilentEnds,
     HealAll,
     SettleCheck,
 }
@@ -237,6 +239,9 @@ pub(crate) struct World {
     /// Which nodes are members of which queue (by index).
     members: Vec<Vec<usize>>,
     cuts: Vec<Cut>,
+    /// Silent one-way cuts: the stream stays up but what the node sends is lost, as on a
+    /// half-open connection, until the transport's stall detection resets it when they end.
+    silent: Vec<Cut>,
     beat_delay: BTreeMap<usize, (u64, u64)>,
     /// Connected pairs (a < b) and their connection epochs.
     links: BTreeSet<(usize, usize)>,
@@ -354,6 +359,7 @@ impl World {
             queues: vec![None, None],
             members,
             cuts: vec![],
+            silent: vec![],
             beat_delay: BTreeMap::new(),
             links: BTreeSet::new(),
             epochs: BTreeMap::new(),
@@ -555,6 +561,10 @@ impl World {
                 {
                     return;
                 }
+                if self.silenced(from, to) {
+                    self.count("frame_lost_silently");
+                    return;
+                }
                 if self.faults_on && self.rng.random_bool(self.config.mix.reset) {
                     self.count("sync_reset");
                     self.disturbances.push((self.now_us, self.now_us, from, to));
@@ -575,6 +585,7 @@ impl World {
             } => {
                 if !self.nodes[to].up
                     || self.blocked(from, to)
+                    || self.silenced(from, to)
                     || !self.nodes[to].subscribed.contains(&topic)
                 {
                     return;
@@ -686,6 +697,23 @@ impl World {
                 let now = self.now_us;
                 self.cuts.retain(|c| c.until_us > now);
                 self.relink();
+            }
+            Ev::SilentEnds => {
+                let now = self.now_us;
+                let (ended, kept): (Vec<Cut>, Vec<Cut>) = std::mem::take(&mut self.silent)
+                    .into_iter()
+                    .partition(|c| c.until_us <= now);
+                self.silent = kept;
+                let pairs: BTreeSet<(usize, usize)> = ended
+                    .iter()
+                    .flat_map(|c| c.blocked.iter().map(|&(a, b)| pair(a, b)))
+                    .collect();
+                for p in pairs {
+                    if self.links.contains(&p) {
+                        self.trace(|| format!("stalled stream {}-{} reset", p.0, p.1));
+                        self.reset_link(p);
+                    }
+                }
             }
             Ev::HealAll => self.heal_all(),
             Ev::SettleCheck => {
@@ -886,8 +914,11 @@ impl World {
                     format!("node{i} did not run {task} {attempt}: {outcome:?} {reason}")
                 });
             }
-            Event::FetchFailed { task } => {
+            Event::FetchFailed { task, timed_out } => {
                 self.count("fetch_failed");
+                if timed_out {
+                    self.count("fetch_timeout");
+                }
                 self.trace(|| format!("node{i} found no member with {task}'s document"));
             }
             Event::SaveFailed { doc, failures, .. } => {
@@ -1066,6 +1097,19 @@ impl World {
         self.cuts.iter().any(|c| c.blocked.contains(&(from, to)))
     }
 
+    /// Ends every silent cut now (their streams are reset right after).
+    fn end_silent_cuts(&mut self) {
+        let now = self.now_us;
+        for c in &mut self.silent {
+            c.until_us = now;
+        }
+        self.schedule_at(now, Ev::SilentEnds);
+    }
+
+    fn silenced(&self, from: usize, to: usize) -> bool {
+        self.silent.iter().any(|c| c.blocked.contains(&(from, to)))
+    }
+
     fn delay(&mut self) -> u64 {
         let (lo, hi) = self.config.mix.delay_us;
         self.rng.random_range(lo..=hi.max(lo))
@@ -1098,7 +1142,8 @@ impl World {
             _ => 0,
         };
         for to in 0..self.nodes.len() {
-            if to == from || !self.nodes[to].up || self.blocked(from, to) {
+            if to == from || !self.nodes[to].up || self.blocked(from, to) || self.silenced(from, to)
+            {
                 continue;
             }
             if !self.nodes[to].subscribed.contains(&topic) {
@@ -1197,6 +1242,22 @@ impl World {
     }
 
     fn cut(&mut self, blocked: BTreeSet<(usize, usize)>, for_ms: u64) {
+        let until_us = self.taint(&blocked, for_ms);
+        self.cuts.push(Cut { blocked, until_us });
+        self.schedule_at(until_us, Ev::CutsChanged);
+        self.relink();
+    }
+
+    /// Like [`World::cut`], but the streams stay up and lose what crosses them.
+    fn silent_cut(&mut self, blocked: BTreeSet<(usize, usize)>, for_ms: u64) {
+        let until_us = self.taint(&blocked, for_ms);
+        self.silent.push(Cut { blocked, until_us });
+        self.schedule_at(until_us, Ev::SilentEnds);
+    }
+
+    /// Marks the runs a cut separates from their router, records the disturbance, and
+    /// returns when the cut ends.
+    fn taint(&mut self, blocked: &BTreeSet<(usize, usize)>, for_ms: u64) -> u64 {
         // Runs whose router is now out of reach may be routed again; they no longer count
         // against that router's concurrency limit.
         for n in 0..self.nodes.len() {
@@ -1212,12 +1273,10 @@ impl World {
             }
         }
         let until_us = self.now_us + for_ms * 1000;
-        for &(a, b) in &blocked {
+        for &(a, b) in blocked {
             self.disturbances.push((self.now_us, until_us, a, b));
         }
-        self.cuts.push(Cut { blocked, until_us });
-        self.schedule_at(until_us, Ev::CutsChanged);
-        self.relink();
+        until_us
     }
 
     // ----- faults -----
@@ -1264,9 +1323,19 @@ impl World {
                 let i = self.rng.random_range(0..n);
                 let (lo, hi) = self.config.mix.cut_ms;
                 let ms = self.rng.random_range(lo..=hi.max(lo));
-                self.count("one_way_cut");
-                self.trace(|| format!("node{i}'s outgoing messages lost for {ms} ms"));
-                self.cut((0..n).filter(|&b| b != i).map(|b| (i, b)).collect(), ms);
+                let blocked = (0..n).filter(|&b| b != i).map(|b| (i, b)).collect();
+                if self.rng.random_bool(0.5) {
+                    // A half-open stream lasts until the transport notices it stalled: longer
+                    // than a cut it sees at once.
+                    let ms = ms * 2;
+                    self.count("silent_cut");
+                    self.trace(|| format!("node{i}'s outgoing messages silently lost for {ms} ms"));
+                    self.silent_cut(blocked, ms);
+                } else {
+                    self.count("one_way_cut");
+                    self.trace(|| format!("node{i}'s outgoing messages lost for {ms} ms"));
+                    self.cut(blocked, ms);
+                }
             }
             Kind::WriteFailures | Kind::ReadFailures => {
                 let i = self.rng.random_range(0..n);
@@ -1344,6 +1413,7 @@ impl World {
             Fault::Heal => {
                 self.trace(|| "heal".into());
                 self.cuts.clear();
+                self.end_silent_cuts();
                 self.beat_delay.clear();
                 self.relink();
             }
@@ -1461,6 +1531,7 @@ impl World {
         self.trace(|| "faults stop: heal everything, restart every node".into());
         self.faults_on = false;
         self.cuts.clear();
+        self.end_silent_cuts();
         self.beat_delay.clear();
         for n in &mut self.nodes {
             n.disk.failing_reads_until = 0;

@@ -88,6 +88,8 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "fetch_failed",
         "input_unavailable",
         "input_revived",
+        "silent_cut",
+        "fetch_timeout",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,
