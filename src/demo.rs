@@ -284,7 +284,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             if let Some((_, kill_wall, old, _)) = &killed
                 && takeover_ms.is_none() {
                     let first_routed = view
-                        .tasks
+                        .tasks()
                         .values()
                         .flat_map(|t| t.attempts.iter())
                         .filter(|a| a.id.claim > *old)
@@ -337,7 +337,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let mut duplicates = 0;
     for id in &task_ids {
         let (mut ended, mut ok) = (0, 0);
-        if let Some(t) = final_view.tasks.get(id) {
+        if let Some(t) = final_view.task(id) {
             let ran = t.attempts.iter().filter(|a| a.started.is_some());
             let finished: Vec<_> = ran.filter_map(|a| a.finished.as_ref()).collect();
             ended = finished.len();
@@ -361,7 +361,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         }
     }
     let completed = final_view
-        .tasks
+        .tasks()
         .values()
         .filter(|t| t.state() == TaskState::Succeeded)
         .count();

@@ -137,7 +137,7 @@ async fn every_task_completes_after_the_active_router_is_killed() {
         .await;
         for id in &ids {
             assert_eq!(
-                v.tasks[id].state(),
+                v.tasks()[id].state(),
                 TaskState::Succeeded,
                 "{id} on node {i}"
             );

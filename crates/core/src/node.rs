@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport, Submission,
-    TaskId, TaskState, ViewCache, queue,
+    AttemptOutcome, Changed, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
+    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};
@@ -309,11 +309,9 @@ impl Core {
         self.replica.handle_connected(peer);
         // A member that comes back may hold the documents of tasks whose input was unavailable.
         for (qid, q) in &self.queues {
-            for t in q.view.tasks.values() {
-                if t.state() == TaskState::InputUnavailable {
-                    self.to_revive
-                        .insert((qid.clone(), t.id.clone(), t.last_n()));
-                }
+            for t in q.view.input_unavailable() {
+                self.to_revive
+                    .insert((qid.clone(), t.id.clone(), t.last_n()));
             }
         }
         for w in std::mem::take(&mut self.join_retries) {
@@ -744,7 +742,7 @@ impl Core {
         if self
             .queues
             .values()
-            .any(|q| q.view.tasks.contains_key(&task))
+            .any(|q| q.view.tasks().contains_key(&task))
         {
             self.replica.refresh_from_members(doc);
         }
@@ -843,7 +841,7 @@ impl Core {
         }
         self.queues.values().any(|q| {
             q.view
-                .tasks
+                .tasks()
                 .get(&task)
                 .is_some_and(|t| !t.state().is_final())
         })
@@ -1247,7 +1245,7 @@ impl Core {
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
         let entry = q
             .view
-            .tasks
+            .tasks()
             .get(task)
             .ok_or_else(|| TaskError::NotIndexed(task.clone(), t.queue.clone()))?;
         let error = entry
@@ -1358,16 +1356,22 @@ impl Core {
             see(&mut self.seen, id, r);
         }
         // Scope the task documents: live ones are announced to members, final ones travel on
-        // request only and may leave memory.
-        for (tid, t) in &view.tasks {
+        // request only and may leave memory. Only the tasks this refresh changed are looked at
+        // (all of them after a whole read).
+        let changed: Vec<&TaskEntry> = match q.cache.changed() {
+            Changed::Everything => view.tasks().values().collect(),
+            Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
+        };
+        for t in changed {
+            let tid = &t.id;
             let state = t.state();
             if state == TaskState::InputUnavailable
-                && old.tasks.get(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
+                && old.task(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
             {
                 self.to_revive.insert((id.clone(), tid.clone(), t.last_n()));
             }
             let final_now = state.is_final();
-            let before = old.tasks.get(tid).map(|o| o.state().is_final());
+            let before = old.task(tid).map(|o| o.state().is_final());
             if before == Some(final_now) {
                 continue;
             }
@@ -1634,7 +1638,7 @@ impl Core {
         let still = self
             .queues
             .get(&queue)
-            .and_then(|q| q.view.tasks.get(&task))
+            .and_then(|q| q.view.task(&task))
             .is_some_and(|t| t.state() == TaskState::InputUnavailable);
         if !still {
             return;

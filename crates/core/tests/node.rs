@@ -241,7 +241,7 @@ fn a_failed_save_is_retried_and_a_submit_that_cannot_be_durable_gets_an_error() 
     assert_eq!(
         piecework_queue_doc::QueueView::read(&d)
             .unwrap()
-            .tasks
+            .tasks()
             .len(),
         2
     );
@@ -282,7 +282,7 @@ fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
     one.drain();
     one.ack_saves();
     let view = one.core.view(&q).unwrap().clone();
-    assert_eq!(view.tasks[&task].state(), TaskState::Succeeded);
+    assert_eq!(view.tasks()[&task].state(), TaskState::Succeeded);
     let tdoc = DocId::parse(task.as_str()).unwrap();
     assert!(one.core.is_loaded(&tdoc));
     t += IDLE_EVICT.as_millis() as u64 + 100;

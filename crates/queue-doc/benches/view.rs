@@ -54,7 +54,7 @@ fn views(c: &mut Criterion) {
                         incarnation: 1,
                     };
                     queue::record_assignments(&mut doc, &[a], 1).expect("assign");
-                    cache.refresh(&doc).map(|v| v.tasks.len())
+                    cache.refresh(&doc).map(|v| v.tasks().len())
                 },
                 BatchSize::LargeInput,
             );

@@ -36,6 +36,17 @@ pub struct CacheStats {
     pub tasks_reread: u64,
 }
 
+/// Which tasks the last [`ViewCache::refresh`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Changed {
+    /// The view was read whole: any task may have changed.
+    #[default]
+    Everything,
+    /// Only these tasks' entries were re-read (added, changed or removed); the root records
+    /// (config, members, claims) may have changed too.
+    Tasks(Vec<TaskId>),
+}
+
 /// A [`QueueView`] of one queue document, refreshed from the changes since its last read.
 ///
 /// The view is shared as an `Arc`; a refresh that changes something replaces it with a new one,
@@ -55,6 +66,7 @@ pub struct ViewCache {
     /// any: the view's count is their sum plus `root_malformed`, so that re-reading a task
     /// replaces its share instead of adding to it.
     task_malformed: HashMap<TaskId, usize>,
+    changed: Changed,
     stats: CacheStats,
 }
 
@@ -74,10 +86,16 @@ impl ViewCache {
         self.stats
     }
 
+    /// Which tasks the last refresh changed.
+    pub fn changed(&self) -> &Changed {
+        &self.changed
+    }
+
     /// Brings the view up to date with `doc` and returns it; `None` if `doc` is not a queue.
     pub fn refresh(&mut self, doc: &Automerge) -> Option<&Arc<QueueView>> {
         let heads = doc.get_heads();
         if self.view.is_some() && heads == self.heads {
+            self.changed = Changed::Tasks(Vec::new());
             return self.view.as_ref();
         }
         let ok = match self.view.is_some() {
@@ -93,6 +111,7 @@ impl ViewCache {
 
     fn full(&mut self, doc: &Automerge) -> bool {
         self.stats.full_reads += 1;
+        self.changed = Changed::Everything;
         self.owners.clear();
         self.task_malformed.clear();
         let mut view = QueueView::default();
@@ -114,9 +133,7 @@ impl ViewCache {
                 };
                 let mut bad = 0;
                 match read_task_entry(doc, &item.id(), id.clone(), &mut bad, &mut own) {
-                    Some(entry) => {
-                        view.tasks.insert(id.clone(), entry);
-                    }
+                    Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => bad += 1,
                 }
                 if bad > 0 {
@@ -183,6 +200,7 @@ impl ViewCache {
             }
         }
         let tasks = self.tasks_exid.clone();
+        self.changed = Changed::Tasks(dirty.iter().cloned().collect());
         for id in dirty {
             self.stats.tasks_reread += 1;
             // As in a full read: a key whose value is no readable task entry is malformed.
@@ -198,17 +216,13 @@ impl ViewCache {
             let mut bad = 0;
             match value {
                 Some((_, o)) => match read_task_entry(doc, &o, id.clone(), &mut bad, &mut own) {
-                    Some(entry) => {
-                        view.tasks.insert(id.clone(), entry);
-                    }
+                    Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => {
                         bad += 1;
-                        view.tasks.remove(&id);
+                        view.set_task(id.clone(), None);
                     }
                 },
-                None => {
-                    view.tasks.remove(&id);
-                }
+                None => view.set_task(id.clone(), None),
             }
             match bad {
                 0 => self.task_malformed.remove(&id),

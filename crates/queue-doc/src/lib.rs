@@ -77,7 +77,7 @@ pub mod task;
 mod view;
 
 pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
-pub use cache::{CacheStats, ViewCache};
+pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use queue::{Assignment, Submission};

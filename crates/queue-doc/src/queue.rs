@@ -290,7 +290,7 @@ pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
     }
     let max_attempts = s
         .max_attempts
-        .unwrap_or_else(|| crate::QueueView::read(doc).map_or(1, |v| v.config.max_attempts))
+        .unwrap_or_else(|| crate::view::read_config_of(doc).map_or(1, |c| c.max_attempts))
         .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
     commit(doc, |tx| {
         if !is_queue(tx) {

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use imbl::{OrdMap, OrdSet};
+
 use automerge::{Automerge, ObjId, ObjType, ROOT, ReadDoc, ValueRef};
 use serde::{Deserialize, Serialize};
 
@@ -291,7 +293,12 @@ pub struct Member {
 }
 
 /// Everything a queue document says, read at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The tasks live in a persistent map (cloning a view costs O(1), changing one task
+/// O(log n)), and the view keeps indexes over them that every change updates: pending tasks in
+/// routing order, tasks with open attempts by worker peer, tasks waiting for their input, and
+/// counts by state. Reading them costs what they hold, never the queue's history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueView {
     /// The queue's name.
     pub name: String,
@@ -307,10 +314,114 @@ pub struct QueueView {
     /// Whether routing is paused.
     pub paused: bool,
     /// Every indexed task by id.
-    pub tasks: BTreeMap<TaskId, TaskEntry>,
+    tasks: OrdMap<TaskId, TaskEntry>,
+    /// Derived from `tasks` (and `config.order`); updated by [`QueueView::set_task`].
+    index: TaskIndex,
     /// Task entries, attempts and router claims that could not be read or were ignored (written
     /// by a faulty or hostile peer).
     pub malformed: usize,
+}
+
+/// A pending task's place in the routing order: urgent first, then greater priority, then
+/// submit time (per the queue's [`Order`]), then id.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct RouteKey {
+    not_urgent: bool,
+    priority: std::cmp::Reverse<i64>,
+    /// `submitted_at` for FIFO, its complement for LIFO.
+    time: u64,
+    id: TaskId,
+}
+
+impl RouteKey {
+    fn of(t: &TaskEntry, order: Order) -> Self {
+        RouteKey {
+            not_urgent: !t.urgent,
+            priority: std::cmp::Reverse(t.priority),
+            time: match order {
+                Order::Fifo => t.submitted_at,
+                Order::Lifo => u64::MAX - t.submitted_at,
+            },
+            id: t.id.clone(),
+        }
+    }
+}
+
+/// The view's indexes over its tasks. Every field is a function of the tasks and the order;
+/// [`TaskIndex::add`] and [`TaskIndex::remove`] keep it so one task at a time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TaskIndex {
+    order: Order,
+    /// Pending tasks in routing order.
+    routable: OrdSet<RouteKey>,
+    /// Pending tasks that failed or were refused before (they wait a retry delay).
+    retrying: OrdSet<TaskId>,
+    /// Tasks with at least one open attempt, by the peer of each open attempt's worker.
+    open: OrdMap<PeerId, OrdSet<TaskId>>,
+    /// Tasks in [`TaskState::InputUnavailable`].
+    unavailable: OrdSet<TaskId>,
+    counts: StateCounts,
+}
+
+impl TaskIndex {
+    fn counter(&mut self, state: TaskState) -> &mut usize {
+        let c = &mut self.counts;
+        match state {
+            TaskState::Pending => &mut c.pending,
+            TaskState::Assigned => &mut c.assigned,
+            TaskState::Running => &mut c.running,
+            TaskState::InputUnavailable => &mut c.input_unavailable,
+            TaskState::Succeeded => &mut c.succeeded,
+            TaskState::Failed => &mut c.failed,
+        }
+    }
+
+    fn add(&mut self, t: &TaskEntry) {
+        let state = t.state();
+        *self.counter(state) += 1;
+        match state {
+            TaskState::Pending => {
+                self.routable.insert(RouteKey::of(t, self.order));
+                if t.failures() + t.refusals() > 0 {
+                    self.retrying.insert(t.id.clone());
+                }
+            }
+            TaskState::InputUnavailable => {
+                self.unavailable.insert(t.id.clone());
+            }
+            _ => {}
+        }
+        for a in t.attempts.iter().filter(|a| a.is_open()) {
+            self.open
+                .entry(a.worker.peer.clone())
+                .or_default()
+                .insert(t.id.clone());
+        }
+    }
+
+    fn remove(&mut self, t: &TaskEntry) {
+        let state = t.state();
+        let n = self.counter(state);
+        *n = n.saturating_sub(1);
+        match state {
+            TaskState::Pending => {
+                self.routable.remove(&RouteKey::of(t, self.order));
+                self.retrying.remove(&t.id);
+            }
+            TaskState::InputUnavailable => {
+                self.unavailable.remove(&t.id);
+            }
+            _ => {}
+        }
+        for a in t.attempts.iter().filter(|a| a.is_open()) {
+            if let Some(set) = self.open.get_mut(&a.worker.peer) {
+                set.remove(&t.id);
+                if set.is_empty() {
+                    self.open.remove(&a.worker.peer);
+                }
+            }
+        }
+    }
 }
 
 /// Task counts by state.
@@ -352,9 +463,7 @@ impl QueueView {
                     &mut view.malformed,
                     &mut |_| {},
                 ) {
-                    Some(entry) => {
-                        view.tasks.insert(id, entry);
-                    }
+                    Some(entry) => view.set_task(id, Some(entry)),
                     None => view.malformed += 1,
                 }
             }
@@ -362,23 +471,99 @@ impl QueueView {
         Some(view)
     }
 
+    /// Every indexed task by id.
+    pub fn tasks(&self) -> &OrdMap<TaskId, TaskEntry> {
+        &self.tasks
+    }
+
+    /// One task's entry.
+    pub fn task(&self, id: &TaskId) -> Option<&TaskEntry> {
+        self.tasks.get(id)
+    }
+
+    /// Replaces (or, with `None`, removes) one task's entry and updates the indexes:
+    /// O(log n + the entry's attempts).
+    pub(crate) fn set_task(&mut self, id: TaskId, entry: Option<TaskEntry>) {
+        if let Some(old) = self.tasks.get(&id) {
+            self.index.remove(old);
+        }
+        match entry {
+            Some(e) => {
+                self.index.add(&e);
+                self.tasks.insert(id, e);
+            }
+            None => {
+                self.tasks.remove(&id);
+            }
+        }
+    }
+
+    /// Re-sorts the routing index if the configured order changed (a switch between FIFO and
+    /// LIFO rebuilds it: O(pending), off the hot path).
+    pub(crate) fn reorder(&mut self) {
+        let order = self.config.order;
+        if self.index.order == order {
+            return;
+        }
+        self.index.order = order;
+        let pending: Vec<RouteKey> = self
+            .index
+            .routable
+            .iter()
+            .filter_map(|k| self.tasks.get(&k.id))
+            .map(|t| RouteKey::of(t, order))
+            .collect();
+        self.index.routable = pending.into_iter().collect();
+    }
+
+    /// Pending tasks in routing order, lazily: taking the first k costs O(k log n).
+    pub fn routable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
+        self.index
+            .routable
+            .iter()
+            .filter_map(|k| self.tasks.get(&k.id))
+    }
+
+    /// Pending tasks that failed or were refused before, so wait a retry delay.
+    pub fn retrying(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
+        self.index
+            .retrying
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+    }
+
+    /// Tasks waiting for a member that holds their document.
+    pub fn input_unavailable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
+        self.index
+            .unavailable
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+    }
+
+    /// Tasks with an open attempt (of any state: a task with an outcome can still have a run
+    /// in flight that another router started), once each.
+    pub fn with_open_attempts(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
+        let mut ids: Vec<&TaskId> = self.index.open.values().flat_map(|s| s.iter()).collect();
+        ids.sort();
+        ids.dedup();
+        ids.into_iter().filter_map(|id| self.tasks.get(id))
+    }
+
+    /// Peers whose workers hold open attempts, with how many tasks each.
+    pub fn open_peers(&self) -> impl Iterator<Item = (&PeerId, usize)> + '_ {
+        self.index.open.iter().map(|(p, s)| (p, s.len()))
+    }
+
     /// Pending tasks in the order the router should take them: urgent first, then by priority
     /// (greater first), then by submit time (per the queue's [`Order`]), then by id.
     pub fn pending(&self) -> Vec<&TaskEntry> {
-        let mut pending: Vec<&TaskEntry> = self
-            .tasks
-            .values()
-            .filter(|t| t.state() == TaskState::Pending)
-            .collect();
-        let order = self.config.order;
-        pending.sort_by(|a, b| a.route_cmp(b, order));
-        pending
+        self.routable().collect()
     }
 
-    /// Open (not ended) attempts by worker.
+    /// Open (not ended) attempts by worker: O(open attempts).
     pub fn open_attempts(&self) -> BTreeMap<&WorkerId, Vec<(&TaskEntry, &Attempt)>> {
         let mut open: BTreeMap<&WorkerId, Vec<(&TaskEntry, &Attempt)>> = BTreeMap::new();
-        for task in self.tasks.values() {
+        for task in self.with_open_attempts() {
             for a in task.attempts.iter().filter(|a| a.is_open()) {
                 open.entry(&a.worker).or_default().push((task, a));
             }
@@ -386,33 +571,28 @@ impl QueueView {
         open
     }
 
-    /// Open attempts assigned to the workers of `peer`.
+    /// Open attempts assigned to the workers of `peer`: O(its open attempts).
     pub fn open_attempts_of<'a>(
         &'a self,
         peer: &'a PeerId,
     ) -> impl Iterator<Item = (&'a TaskEntry, &'a Attempt)> + 'a {
-        self.tasks.values().flat_map(move |t| {
-            t.attempts
-                .iter()
-                .filter(move |a| a.is_open() && &a.worker.peer == peer)
-                .map(move |a| (t, a))
-        })
+        self.index
+            .open
+            .get(peer)
+            .into_iter()
+            .flat_map(|s| s.iter())
+            .filter_map(|id| self.tasks.get(id))
+            .flat_map(move |t| {
+                t.attempts
+                    .iter()
+                    .filter(move |a| a.is_open() && &a.worker.peer == peer)
+                    .map(move |a| (t, a))
+            })
     }
 
-    /// Task counts by state.
+    /// Task counts by state: O(1), kept by every change.
     pub fn counts(&self) -> StateCounts {
-        let mut c = StateCounts::default();
-        for t in self.tasks.values() {
-            match t.state() {
-                TaskState::Pending => c.pending += 1,
-                TaskState::Assigned => c.assigned += 1,
-                TaskState::Running => c.running += 1,
-                TaskState::InputUnavailable => c.input_unavailable += 1,
-                TaskState::Succeeded => c.succeeded += 1,
-                TaskState::Failed => c.failed += 1,
-            }
-        }
-        c
+        self.index.counts.clone()
     }
 }
 
@@ -441,6 +621,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
         return None;
     }
     view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
+    view.reorder();
     let (claims, bad_claims) = read_claims(doc);
     view.claims = claims;
     view.router = view.claims.iter().max().cloned();
@@ -468,6 +649,12 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
         }
     }
     Some((tasks, bad_claims))
+}
+
+/// The configuration of a queue document, read alone (without the tasks): `None` if the
+/// document has no config map.
+pub(crate) fn read_config_of(doc: &Automerge) -> Option<QueueConfig> {
+    am::object(doc, &ROOT, keys::CONFIG, ObjType::Map).map(|c| read_config(doc, &c))
 }
 
 /// The configuration as written, [clamped](QueueConfig::clamped) into its ranges: every replica

@@ -40,7 +40,7 @@ fn unavailable(doc: &mut Automerge, task: &TaskId, n: u64, worker: &WorkerId) {
 }
 
 fn state(doc: &Automerge, task: &TaskId) -> TaskState {
-    QueueView::read(doc).unwrap().tasks[task].state()
+    QueueView::read(doc).unwrap().tasks()[task].state()
 }
 
 #[test]
@@ -67,7 +67,7 @@ fn an_unavailable_input_parks_the_task_until_a_member_marks_it() {
     assert_eq!(state(&doc, &task), TaskState::InputUnavailable);
     assert!(!TaskState::InputUnavailable.is_final());
     // Not a failure: it does not count towards max_attempts.
-    assert_eq!(QueueView::read(&doc).unwrap().tasks[&task].failures(), 0);
+    assert_eq!(QueueView::read(&doc).unwrap().tasks()[&task].failures(), 0);
 
     // Two members mark it concurrently, at different attempt numbers: the greatest counts.
     let mut other = doc.fork().with_actor(ActorId::from(vec![2u8; 16]));
@@ -75,7 +75,7 @@ fn an_unavailable_input_parks_the_task_until_a_member_marks_it() {
     queue::mark_input_available(&mut other, &task, 0).unwrap();
     doc.merge(&mut other).unwrap();
     assert_eq!(state(&doc, &task), TaskState::Pending);
-    assert_eq!(QueueView::read(&doc).unwrap().tasks[&task].input_seen, 1);
+    assert_eq!(QueueView::read(&doc).unwrap().tasks()[&task].input_seen, 1);
 
     // Unavailable again at the next attempt: parked again until marked at that attempt.
     unavailable(&mut doc, &task, 2, &worker);

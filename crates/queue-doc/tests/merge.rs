@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use automerge::sync::{State as SyncState, SyncDoc};
 use automerge::{ActorId, Automerge};
 use piecework_queue_doc::{
-    AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, Submission, TaskId,
-    TaskState, ViewCache, WorkerId, queue,
+    AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, StateCounts, Submission,
+    TaskEntry, TaskId, TaskState, ViewCache, WorkerId, queue,
 };
 use proptest::prelude::*;
 
@@ -231,7 +231,7 @@ impl Cluster {
                 i
             );
             for (id, before) in &self.seen[i] {
-                let entry = view.tasks.get(id);
+                let entry = view.task(id);
                 prop_assert!(entry.is_some(), "task {id} vanished from replica {i}");
                 let now = entry.unwrap().state();
                 prop_assert!(
@@ -242,13 +242,66 @@ impl Cluster {
                     prop_assert_eq!(now, TaskState::Succeeded);
                 }
             }
-            for (id, t) in &view.tasks {
+            for (id, t) in view.tasks() {
                 self.seen[i].insert(id.clone(), t.state());
             }
+            check_indexes(cached)?;
             prop_assert_eq!(view.router.as_ref(), view.claims.iter().max());
         }
         Ok(())
     }
+}
+
+/// The view's indexes agree with a scan of every task.
+fn check_indexes(view: &QueueView) -> Result<(), TestCaseError> {
+    let mut pending: Vec<&TaskEntry> = view
+        .tasks()
+        .values()
+        .filter(|t| t.state() == TaskState::Pending)
+        .collect();
+    pending.sort_by(|a, b| a.route_cmp(b, view.config.order));
+    let ids = |v: Vec<&TaskEntry>| v.into_iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+    prop_assert_eq!(ids(view.pending()), ids(pending));
+    let mut counts = StateCounts::default();
+    for t in view.tasks().values() {
+        match t.state() {
+            TaskState::Pending => counts.pending += 1,
+            TaskState::Assigned => counts.assigned += 1,
+            TaskState::Running => counts.running += 1,
+            TaskState::InputUnavailable => counts.input_unavailable += 1,
+            TaskState::Succeeded => counts.succeeded += 1,
+            TaskState::Failed => counts.failed += 1,
+        }
+    }
+    prop_assert_eq!(view.counts(), counts);
+    let open: Vec<(TaskId, AttemptId)> = view
+        .tasks()
+        .values()
+        .flat_map(|t| {
+            t.attempts
+                .iter()
+                .filter(|a| a.is_open())
+                .map(|a| (t.id.clone(), a.id.clone()))
+        })
+        .collect();
+    let mut indexed: Vec<(TaskId, AttemptId)> = view
+        .open_attempts()
+        .values()
+        .flatten()
+        .map(|(t, a)| (t.id.clone(), a.id.clone()))
+        .collect();
+    indexed.sort();
+    let mut open = open;
+    open.sort();
+    prop_assert_eq!(indexed, open);
+    let unavailable: Vec<_> = view
+        .tasks()
+        .values()
+        .filter(|t| t.state() == TaskState::InputUnavailable)
+        .map(|t| t.id.clone())
+        .collect();
+    prop_assert_eq!(ids(view.input_unavailable().collect()), unavailable);
+    Ok(())
 }
 
 fn run(n: usize, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -358,9 +411,9 @@ fn success_beats_a_concurrent_dead_letter() {
         6,
     )
     .unwrap();
-    assert_eq!(c.view(0).tasks[&task].state(), TaskState::Failed);
-    assert_eq!(c.view(1).tasks[&task].state(), TaskState::Succeeded);
+    assert_eq!(c.view(0).tasks()[&task].state(), TaskState::Failed);
+    assert_eq!(c.view(1).tasks()[&task].state(), TaskState::Succeeded);
     c.sync_all();
-    assert_eq!(c.view(0).tasks[&task].state(), TaskState::Succeeded);
-    assert_eq!(c.view(1).tasks[&task].state(), TaskState::Succeeded);
+    assert_eq!(c.view(0).tasks()[&task].state(), TaskState::Succeeded);
+    assert_eq!(c.view(1).tasks()[&task].state(), TaskState::Succeeded);
 }

@@ -285,9 +285,9 @@ fn attempts_name_the_pool_incarnation_they_are_addressed_to() {
     // A pool incarnation that is not a number: malformed.
     raw_attempt(&mut doc, &t3, 1, &[("pool_incarnation", "seven".into())]);
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!(view.tasks[&t1].attempts[0].pool_incarnation, Some(7));
-    assert_eq!(view.tasks[&t2].attempts[0].pool_incarnation, None);
-    assert!(view.tasks[&t3].attempts.is_empty());
+    assert_eq!(view.tasks()[&t1].attempts[0].pool_incarnation, Some(7));
+    assert_eq!(view.tasks()[&t2].attempts[0].pool_incarnation, None);
+    assert!(view.tasks()[&t3].attempts.is_empty());
     assert_eq!(view.malformed, 1);
     assert_eq!(ViewCache::new().refresh(&doc).unwrap().as_ref(), &view);
 }
@@ -301,7 +301,7 @@ fn attempts_under_a_claim_above_max_term_are_malformed() {
     raw_attempt(&mut doc, &t, u64::MAX, &[("pool_incarnation", 1u64.into())]);
     let view = QueueView::read(&doc).unwrap();
     assert!(
-        view.tasks[&t].attempts.is_empty(),
+        view.tasks()[&t].attempts.is_empty(),
         "it would pass every fence"
     );
     assert_eq!(view.malformed, 1);
@@ -309,7 +309,7 @@ fn attempts_under_a_claim_above_max_term_are_malformed() {
     // Re-reading the task (another change to it) does not count it twice.
     raw_attempt(&mut doc, &t, 1, &[]);
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!((view.tasks[&t].attempts.len(), view.malformed), (1, 1));
+    assert_eq!((view.tasks()[&t].attempts.len(), view.malformed), (1, 1));
     assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
     let too_large = Assignment {
         task: t,
@@ -339,8 +339,8 @@ fn task_limits_and_priorities_read_clamped() {
     })
     .unwrap();
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!(view.tasks[&t].max_attempts, QueueConfig::MAX_MAX_ATTEMPTS);
-    assert_eq!(view.tasks[&t].priority, -queue::MAX_PRIORITY);
+    assert_eq!(view.tasks()[&t].max_attempts, QueueConfig::MAX_MAX_ATTEMPTS);
+    assert_eq!(view.tasks()[&t].priority, -queue::MAX_PRIORITY);
 }
 
 fn any_config() -> impl Strategy<Value = QueueConfig> {

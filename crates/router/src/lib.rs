@@ -170,6 +170,8 @@ pub struct Router {
     /// Local retry schedule: task → ((failures, refusals) seen, not before).
     retry_at: HashMap<TaskId, policy::RetryAt>,
     last_assign: Option<Instant>,
+    /// Task entries and workers the last routing plan looked at.
+    plan_visits: usize,
     /// Set when routing must be re-evaluated.
     dirty: bool,
     /// An `Assign` was emitted; wait for the view that contains it before routing again.
@@ -209,6 +211,7 @@ impl Router {
             pools: BTreeMap::new(),
             retry_at: HashMap::new(),
             last_assign: None,
+            plan_visits: 0,
             dirty: true,
             awaiting_view: false,
             next_check: None,
@@ -219,6 +222,13 @@ impl Router {
     }
 
     // ----- getters -----
+
+    /// How many task entries and workers the last routing plan looked at: a work counter that
+    /// grows with the tasks it can route and the runs in flight, never with the queue's
+    /// history (for tests and metrics; no timing involved).
+    pub fn plan_visits(&self) -> usize {
+        self.plan_visits
+    }
 
     /// The queue this router serves.
     pub fn queue(&self) -> &QueueId {
@@ -443,6 +453,7 @@ impl Router {
             last_assign: self.last_assign,
         });
         self.next_check = plan.next_check;
+        self.plan_visits = plan.visited;
         if !plan.assignments.is_empty() {
             self.last_assign = Some(now);
             self.awaiting_view = true;

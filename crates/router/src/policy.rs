@@ -20,7 +20,7 @@
 //!   task's outcome while their pool is alive; `rate_interval` allows one assignment per
 //!   interval.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
@@ -60,6 +60,9 @@ pub(crate) struct Plan {
     pub(crate) assignments: Vec<Assignment>,
     /// When a timer could make more work routable (a retry, a lease, the rate interval).
     pub(crate) next_check: Option<Instant>,
+    /// Task entries and workers this plan looked at (a work counter for tests: it depends on
+    /// the live work, never on the queue's history).
+    pub(crate) visited: usize,
 }
 
 fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
@@ -84,36 +87,40 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
             .max(input.started_at)
     };
 
-    // Tasks to route: pending ones past their retry delay, and lease-expired ones.
-    let mut active = 0u32;
-    let mut candidates: Vec<&TaskEntry> = Vec::new();
+    // The retry schedule: only pending tasks that failed or were refused before.
     let mut still_retrying = HashMap::new();
-    for t in view.tasks.values() {
+    let mut waiting: HashSet<&TaskId> = HashSet::new();
+    for t in view.retrying() {
+        plan.visited += 1;
+        let (failures, refusals) = (t.failures(), t.refusals());
+        let last_refused = t.current_attempts().all(|a| {
+            a.finished
+                .as_ref()
+                .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+        });
+        let delay = match last_refused {
+            true => refusal_delay(refusals),
+            false => Duration::from_millis(c.retry_delay_ms(failures)),
+        };
+        let entry = match input.retry_at.get(&t.id) {
+            Some(e) if e.0 == (failures, refusals) => *e,
+            _ => ((failures, refusals), later(now, delay)),
+        };
+        still_retrying.insert(t.id.clone(), entry);
+        if now < entry.1 {
+            plan.next_check = earliest(plan.next_check, entry.1);
+            waiting.insert(&t.id);
+        }
+    }
+    *input.retry_at = still_retrying;
+
+    // Tasks with open attempts: lease-expired ones are routed again, the others count against
+    // the concurrency limit.
+    let mut active = 0u32;
+    let mut expired: Vec<&TaskEntry> = Vec::new();
+    for t in view.with_open_attempts() {
+        plan.visited += 1;
         match t.state() {
-            TaskState::Pending => {
-                let (failures, refusals) = (t.failures(), t.refusals());
-                if failures + refusals > 0 {
-                    let last_refused = t.current_attempts().all(|a| {
-                        a.finished
-                            .as_ref()
-                            .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
-                    });
-                    let delay = match last_refused {
-                        true => refusal_delay(refusals),
-                        false => Duration::from_millis(c.retry_delay_ms(failures)),
-                    };
-                    let entry = match input.retry_at.get(&t.id) {
-                        Some(e) if e.0 == (failures, refusals) => *e,
-                        _ => ((failures, refusals), later(now, delay)),
-                    };
-                    still_retrying.insert(t.id.clone(), entry);
-                    if now < entry.1 {
-                        plan.next_check = earliest(plan.next_check, entry.1);
-                        continue;
-                    }
-                }
-                candidates.push(t);
-            }
             TaskState::Assigned | TaskState::Running => {
                 let expires = t
                     .current_attempts()
@@ -121,7 +128,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     .map(|a| later(heard_at(&a.worker.peer), lease))
                     .max();
                 match expires {
-                    Some(e) if now >= e => candidates.push(t),
+                    Some(e) if now >= e => expired.push(t),
                     Some(e) => {
                         active += 1;
                         plan.next_check = earliest(plan.next_check, e);
@@ -129,8 +136,6 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     None => {}
                 }
             }
-            // Waits for a member holding its document to mark it available.
-            TaskState::InputUnavailable => {}
             TaskState::Succeeded | TaskState::Failed => {
                 // A run that outlived its task's outcome (routers on both sides of a partition
                 // both ran the task) still holds its worker: it counts against the concurrency
@@ -144,46 +149,71 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                     active += 1;
                 }
             }
+            // Pending: routed below. Waiting for its input: a member must mark it available.
+            TaskState::Pending | TaskState::InputUnavailable => {}
         }
     }
-    *input.retry_at = still_retrying;
-    if candidates.is_empty() {
-        return plan;
-    }
+
+    // Candidates in routing order: the lease-expired tasks merged into the pending index,
+    // taken lazily so that a plan visits only as many pending tasks as it can assign (plus
+    // those still waiting out a retry delay).
     let order = c.order;
-    candidates.sort_by(|a, b| a.route_cmp(b, order));
-
-    let mut budget = candidates.len();
-    if c.concurrency > 0 {
-        budget = budget.min(c.concurrency.saturating_sub(active) as usize);
-    }
-    if c.rate_interval_ms > 0 {
-        let interval = Duration::from_millis(c.rate_interval_ms);
-        if let Some(last) = input.last_assign.filter(|t| now < later(*t, interval)) {
-            plan.next_check = earliest(plan.next_check, later(last, interval));
-            return plan;
+    expired.sort_by(|a, b| a.route_cmp(b, order));
+    let mut expired = expired.into_iter().peekable();
+    let visited = std::cell::Cell::new(0usize);
+    let mut pending = view
+        .routable()
+        .inspect(|_| visited.set(visited.get() + 1))
+        .filter(|t| !waiting.contains(&t.id))
+        .peekable();
+    let mut candidates = std::iter::from_fn(|| {
+        let take_expired = match (expired.peek(), pending.peek()) {
+            (Some(a), Some(b)) => a.route_cmp(b, order).is_le(),
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        match take_expired {
+            true => expired.next(),
+            false => pending.next(),
         }
-        budget = budget.min(1);
+    })
+    .peekable();
+    if candidates.peek().is_some() {
+        let mut budget = usize::MAX;
+        if c.concurrency > 0 {
+            budget = budget.min(c.concurrency.saturating_sub(active) as usize);
+        }
+        if c.rate_interval_ms > 0 {
+            let interval = Duration::from_millis(c.rate_interval_ms);
+            match input.last_assign.filter(|t| now < later(*t, interval)) {
+                Some(last) => {
+                    plan.next_check = earliest(plan.next_check, later(last, interval));
+                    budget = 0;
+                }
+                None => budget = budget.min(1),
+            }
+        }
+        if budget > 0 {
+            let workers = idle_workers(input, view, fresh);
+            plan.visited += workers.len();
+            let numbered = candidates
+                .by_ref()
+                .filter_map(|t| Some((t, t.last_n().checked_add(1)?)));
+            for ((task, n), (worker, incarnation)) in numbered.zip(workers).take(budget) {
+                plan.assignments.push(Assignment {
+                    task: task.id.clone(),
+                    attempt: AttemptId {
+                        n,
+                        claim: input.me.clone(),
+                    },
+                    worker,
+                    incarnation,
+                });
+            }
+        }
     }
-    if budget == 0 {
-        return plan;
-    }
-
-    let workers = idle_workers(input, view, fresh);
-    let numbered = candidates
-        .into_iter()
-        .filter_map(|t| Some((t, t.last_n().checked_add(1)?)));
-    for ((task, n), (worker, incarnation)) in numbered.zip(workers).take(budget) {
-        plan.assignments.push(Assignment {
-            task: task.id.clone(),
-            attempt: AttemptId {
-                n,
-                claim: input.me.clone(),
-            },
-            worker,
-            incarnation,
-        });
-    }
+    drop(candidates);
+    plan.visited += visited.get();
     plan
 }
 
@@ -206,7 +236,7 @@ fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<(Wo
                 // A run the document does not show finished yet keeps the worker busy.
                 &r.queue != input.queue
                     || view
-                        .tasks
+                        .tasks()
                         .get(&r.task)
                         .and_then(|t| t.attempt(&r.attempt))
                         .is_none_or(|a| a.is_open())

@@ -261,18 +261,22 @@ fn first_election() {
     p.tick(c.t0 + ms(150));
     assert!(
         p.view()
-            .tasks
+            .tasks()
             .values()
             .all(|t| t.state() == TaskState::Pending),
         "waits one pool heartbeat"
     );
     p.tick(c.t0 + ms(200));
     let view = p.view();
-    assert_eq!(view.tasks[&t1].state(), TaskState::Assigned, "oldest first");
-    assert_eq!(view.tasks[&t2].state(), TaskState::Assigned);
+    assert_eq!(
+        view.tasks()[&t1].state(),
+        TaskState::Assigned,
+        "oldest first"
+    );
+    assert_eq!(view.tasks()[&t2].state(), TaskState::Assigned);
     assert_eq!(view.counts().pending, 1, "two workers, two assignments");
     assert_eq!(
-        view.tasks[&t1].attempts[0].id.claim,
+        view.tasks()[&t1].attempts[0].id.claim,
         Claim::new(1, p.id.clone())
     );
 }
@@ -447,7 +451,8 @@ fn lease_expiry_routes_again() {
     let t = c.at(150);
     c.peers[0].router.handle_pool_beat(t, &b1);
     c.tick(0, 200);
-    let a = &c.peers[0].view().tasks[&task].attempts[0];
+    let v = c.peers[0].view();
+    let a = &v.tasks()[&task].attempts[0];
     assert_eq!((a.id.n, a.worker.peer.clone()), (1, c.peers[1].id.clone()));
     // Peer 1 falls silent; peer 0's own pool keeps beating.
     for k in 0..12 {
@@ -457,7 +462,7 @@ fn lease_expiry_routes_again() {
         c.peers[0].tick(now);
     }
     let view = c.peers[0].view();
-    let t = &view.tasks[&task];
+    let t = &view.tasks()[&task];
     assert_eq!(t.last_n(), 2, "routed again after the lease");
     let again = t.current_attempts().next().unwrap();
     assert_eq!(again.worker.peer, c.peers[0].id);
@@ -480,7 +485,7 @@ fn assignments_carry_the_incarnation_of_the_pool_beat() {
     assert_eq!(assigned.len(), 1, "{assigned:?}");
     assert_eq!((&assigned[0].task, assigned[0].incarnation), (&t1, 7));
     let view = c.peers[0].view();
-    assert_eq!(view.tasks[&t1].attempts[0].pool_incarnation, Some(7));
+    assert_eq!(view.tasks()[&t1].attempts[0].pool_incarnation, Some(7));
     // The pool restarts: the next assignment is addressed to its new incarnation.
     c.peers[1].pool_incarnation = 8;
     c.peers[1].pool_counter = 0;
@@ -519,7 +524,7 @@ fn a_task_whose_input_is_unavailable_waits_unrouted_until_marked_available() {
     )
     .unwrap();
     let v = c.peers[0].view();
-    assert_eq!(v.tasks[&task].state(), TaskState::InputUnavailable);
+    assert_eq!(v.tasks()[&task].state(), TaskState::InputUnavailable);
     assert_eq!(v.counts().input_unavailable, 1);
     let now = c.at(250);
     c.peers[0].router.handle_view(now, v);
@@ -538,7 +543,7 @@ fn a_task_whose_input_is_unavailable_waits_unrouted_until_marked_available() {
     // The submitter, which holds the document, marks it available: routed again.
     queue::mark_input_available(&mut c.peers[0].doc, &task, 1).unwrap();
     let v = c.peers[0].view();
-    assert_eq!(v.tasks[&task].state(), TaskState::Pending);
+    assert_eq!(v.tasks()[&task].state(), TaskState::Pending);
     let now = c.at(60_000);
     c.peers[0].router.handle_view(now, v);
     for ms in (60_100..70_000).step_by(100) {
@@ -611,7 +616,7 @@ fn a_config_of_u64_max_everywhere_does_not_panic() {
         }
     }
     assert_eq!(now, recheck + ms(QueueConfig::MAX_RATE_INTERVAL_MS));
-    assert_eq!(p.view().tasks[&task].state(), TaskState::Assigned);
+    assert_eq!(p.view().tasks()[&task].state(), TaskState::Assigned);
     // A follower that learns of the claim waits the clamped takeover delay.
     c.sync(0, 1, now);
     assert_eq!(

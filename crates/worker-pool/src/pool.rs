@@ -204,7 +204,7 @@ impl Pool {
         self.answered.retain(|(q, t, a)| {
             q != queue
                 || view
-                    .tasks
+                    .tasks()
                     .get(t)
                     .and_then(|e| e.attempt(a))
                     .is_none_or(|a| a.is_open())

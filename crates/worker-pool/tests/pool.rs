@@ -81,7 +81,7 @@ impl Fixture {
     ) -> AttemptId {
         let view = QueueView::read(&self.doc).unwrap();
         let attempt = AttemptId {
-            n: view.tasks[task].last_n() + 1,
+            n: view.tasks()[task].last_n() + 1,
             claim: claim.clone(),
         };
         queue::record_assignments(
@@ -184,7 +184,7 @@ fn starts_an_assignment_on_an_idle_worker_and_records_its_end() {
     );
     f.apply();
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t].state(), TaskState::Succeeded);
+    assert_eq!(view.tasks()[&t].state(), TaskState::Succeeded);
     assert_eq!(f.pool.idle(), 2);
 }
 
@@ -223,7 +223,7 @@ fn fences_assignments_from_a_superseded_router() {
     assert_eq!(f.pool.idle(), 2);
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(
-        view.tasks[&t1].state(),
+        view.tasks()[&t1].state(),
         TaskState::Pending,
         "a refusal hands the task back"
     );
@@ -290,8 +290,8 @@ fn a_restarted_node_marks_its_earlier_runs_interrupted() {
         "{actions:?}"
     );
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t].failures(), 1);
-    assert_eq!(view.tasks[&t].state(), TaskState::Pending);
+    assert_eq!(view.tasks()[&t].failures(), 1);
+    assert_eq!(view.tasks()[&t].state(), TaskState::Pending);
 }
 
 #[test]
@@ -315,8 +315,8 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     );
     assert_eq!(f.pool.idle(), 2);
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t].state(), TaskState::Succeeded);
-    assert_eq!(view.tasks[&t].refusals(), 1);
+    assert_eq!(view.tasks()[&t].state(), TaskState::Succeeded);
+    assert_eq!(view.tasks()[&t].refusals(), 1);
 }
 
 fn other_worker() -> WorkerId {
@@ -359,7 +359,7 @@ fn a_restarted_pool_refuses_an_assignment_addressed_to_its_earlier_incarnation()
         "{actions:?}"
     );
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t].state(), TaskState::Pending, "routed again");
+    assert_eq!(view.tasks()[&t].state(), TaskState::Pending, "routed again");
     // An assignment addressed to the new incarnation runs.
     f.assign(&t, &router(1, "r"), 0);
     assert_eq!(starts(&f.step()), 1);
@@ -384,7 +384,7 @@ fn a_restarted_pool_never_runs_a_task_that_was_routed_again() {
     assert_eq!(f.pool.idle(), 1);
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(
-        view.tasks[&t].state(),
+        view.tasks()[&t].state(),
         TaskState::Running,
         "on the other pool"
     );
@@ -493,7 +493,7 @@ fn assignments_written_before_incarnations_were_recorded_still_run() {
         .transact::<_, _, AutomergeError>(|tx| tx.delete(&attempt, "pool_incarnation"))
         .unwrap();
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks[&t].attempts[0].pool_incarnation, None);
+    assert_eq!(view.tasks()[&t].attempts[0].pool_incarnation, None);
     assert_eq!(starts(&f.step()), 1);
 }
 
