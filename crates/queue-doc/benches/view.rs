@@ -1,67 +1,125 @@
-//! What a queue view costs: reading the whole document against refreshing the incremental cache
-//! after one assignment. `cargo bench -p piecework-queue-doc --bench view`.
+//! What the queue document's hot paths cost as history grows: a queue holding 1k, 10k or 100k
+//! finished tasks (history) or pending ones (live), and per iteration one operation followed by
+//! the incremental view refresh a node does after every change.
+//!
+//! `cargo bench -p piecework-queue-doc --bench view` (all sizes; building the 100k queues takes
+//! a while). `PIECEWORK_BENCH_SIZES=1000,10000` picks the sizes.
+//!
+//! - `submit`: index one new task.
+//! - `task_life`: one task's whole life on one replica: submit, assign, start, succeed.
+//! - `full_read`: reading the whole view (what a node does once, when it opens a queue), for
+//!   comparison.
+
+use std::time::Duration;
 
 use automerge::Automerge;
-use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use piecework_queue_doc::{
-    Assignment, AttemptId, Claim, PeerId, QueueConfig, QueueView, Submission, TaskId, ViewCache,
-    WorkerId, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, Submission,
+    TaskId, ViewCache, WorkerId, queue,
 };
 
-fn queue_with(n: u64) -> (Automerge, PeerId) {
-    let me = PeerId::new("12D3KooWQQBxbWrSXaDyidDrDBf9ZbUT1tasngy2Q3SonNMdWt2W");
-    let mut doc = Automerge::new();
-    queue::create(&mut doc, "q", &QueueConfig::default(), &me, 0).expect("create");
-    for i in 0..n {
-        let s = Submission {
-            id: TaskId::new(format!("automerge:task{i:05}")),
-            kind: "sha256".into(),
-            submitter: me.clone(),
-            submitted_at: i,
-            priority: 0,
-            urgent: false,
-            max_attempts: None,
-        };
-        queue::submit(&mut doc, &s).expect("submit");
-    }
-    (doc, me)
+fn me() -> PeerId {
+    PeerId::new("12D3KooWQQBxbWrSXaDyidDrDBf9ZbUT1tasngy2Q3SonNMdWt2W")
 }
 
-fn views(c: &mut Criterion) {
-    let mut g = c.benchmark_group("queue_view");
-    for n in [100u64, 500, 2000] {
-        let (doc, me) = queue_with(n);
-        g.bench_with_input(BenchmarkId::new("full_read", n), &doc, |b, doc| {
-            b.iter(|| QueueView::read(doc));
-        });
-        let worker = WorkerId::new(me.clone(), 0);
-        let claim = Claim::new(1, me.clone());
-        g.bench_function(BenchmarkId::new("assign_and_refresh", n), |b| {
-            b.iter_batched(
-                || {
-                    let mut cache = ViewCache::new();
-                    cache.refresh(&doc);
-                    (doc.clone(), cache)
-                },
-                |(mut doc, mut cache)| {
-                    let a = Assignment {
-                        task: TaskId::new("automerge:task00000"),
-                        attempt: AttemptId {
-                            n: 1,
-                            claim: claim.clone(),
-                        },
-                        worker: worker.clone(),
-                        incarnation: 1,
-                    };
-                    queue::record_assignments(&mut doc, &[a], 1).expect("assign");
+fn submit(doc: &mut Automerge, i: u64) -> TaskId {
+    let id = TaskId::new(format!("automerge:task{i:08}"));
+    let s = Submission {
+        id: id.clone(),
+        kind: "noop".into(),
+        submitter: me(),
+        submitted_at: i,
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+    };
+    queue::submit(doc, &s).expect("submit");
+    id
+}
+
+/// Assigns, starts and finishes `task` as attempt 1.
+fn run(doc: &mut Automerge, task: &TaskId) {
+    let worker = WorkerId::new(me(), 0);
+    let attempt = AttemptId {
+        n: 1,
+        claim: Claim::new(1, me()),
+    };
+    let a = Assignment {
+        task: task.clone(),
+        attempt: attempt.clone(),
+        worker: worker.clone(),
+        incarnation: 1,
+    };
+    queue::record_assignments(doc, &[a], 1).expect("assign");
+    queue::record_start(doc, task, &attempt, &worker, 1, 2).expect("start");
+    queue::record_finish(
+        doc,
+        task,
+        &attempt,
+        &worker,
+        AttemptOutcome::Succeeded,
+        None,
+        3,
+    )
+    .expect("finish");
+}
+
+/// A queue with `n` tasks, finished (history) or pending (live).
+fn queue_with(n: u64, finished: bool) -> Automerge {
+    let mut doc = Automerge::new();
+    queue::create(&mut doc, "q", &QueueConfig::default(), &me(), 0).expect("create");
+    for i in 0..n {
+        let t = submit(&mut doc, i);
+        if finished {
+            run(&mut doc, &t);
+        }
+    }
+    doc
+}
+
+fn sizes() -> Vec<u64> {
+    std::env::var("PIECEWORK_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000, 10_000, 100_000])
+}
+
+fn hot_paths(c: &mut Criterion) {
+    let mut g = c.benchmark_group("queue_doc");
+    g.sample_size(20);
+    g.measurement_time(Duration::from_secs(3));
+    for n in sizes() {
+        for (what, finished) in [("history", true), ("live", false)] {
+            let mut doc = queue_with(n, finished);
+            let mut cache = ViewCache::new();
+            cache.refresh(&doc);
+            let mut next = n;
+            g.bench_function(BenchmarkId::new(format!("submit/{what}"), n), |b| {
+                b.iter(|| {
+                    submit(&mut doc, next);
+                    next += 1;
                     cache.refresh(&doc).map(|v| v.tasks().len())
-                },
-                BatchSize::LargeInput,
-            );
-        });
+                });
+            });
+            g.bench_function(BenchmarkId::new(format!("task_life/{what}"), n), |b| {
+                b.iter(|| {
+                    let t = submit(&mut doc, next);
+                    next += 1;
+                    cache.refresh(&doc);
+                    run(&mut doc, &t);
+                    cache.refresh(&doc).map(|v| v.counts().pending)
+                });
+            });
+            if n <= 10_000 {
+                g.bench_function(BenchmarkId::new(format!("full_read/{what}"), n), |b| {
+                    b.iter(|| QueueView::read(&doc).map(|v| v.tasks().len()));
+                });
+            }
+        }
     }
     g.finish();
 }
 
-criterion_group!(benches, views);
+criterion_group!(benches, hot_paths);
 criterion_main!(benches);
