@@ -6,15 +6,17 @@
 //! operation's object to the task that owns it (a table of object ids filled while reading),
 //! and re-reads those tasks, plus the small root records if an operation touched anything else.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use automerge::legacy::{Key, ObjectId, OpId};
 use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc};
 
+use crate::am;
 use crate::ids::TaskId;
 use crate::keys;
-use crate::view::{QueueView, read_root, read_task_entry};
+use crate::packed;
+use crate::view::{EntryValue, QueueView, read_root, read_task_entry};
 
 type ObjKey = (u64, ActorId);
 
@@ -57,6 +59,9 @@ pub struct ViewCache {
     heads: Vec<ChangeHash>,
     tasks_obj: Option<ObjKey>,
     tasks_exid: Option<ObjId>,
+    /// The layout-2 root maps (every concurrent copy): an operation in one names its task in
+    /// its key.
+    layout_objs: HashSet<ObjKey>,
     /// Every object inside a task entry (the entry, its attempts list, attempts, their start
     /// and end records) → the task.
     owners: HashMap<ObjKey, TaskId>,
@@ -122,6 +127,11 @@ impl ViewCache {
         self.root_malformed = bad_claims;
         self.tasks_obj = tasks.as_ref().and_then(key_of);
         self.tasks_exid = tasks.clone();
+        self.layout_objs = packed::MAPS
+            .iter()
+            .flat_map(|k| am::all_objects(doc, &automerge::ROOT, k, automerge::ObjType::Map))
+            .filter_map(|o| key_of(&o))
+            .collect();
         if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
@@ -132,7 +142,8 @@ impl ViewCache {
                     }
                 };
                 let mut bad = 0;
-                match read_task_entry(doc, &item.id(), id.clone(), &mut bad, &mut own) {
+                let value = EntryValue::of(&item.value, item.id());
+                match read_task_entry(doc, value, id.clone(), &mut bad, &mut own) {
                     Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => bad += 1,
                 }
@@ -159,7 +170,8 @@ impl ViewCache {
             for (i, op) in (0u64..).zip(expanded.operations.iter()) {
                 let owner = match &op.obj {
                     ObjectId::Root => {
-                        if matches!(&op.key, Key::Map(k) if k == keys::TASKS || k == keys::SCHEMA) {
+                        if matches!(&op.key, Key::Map(k) if k == keys::TASKS || k == keys::SCHEMA || packed::MAPS.contains(&k.as_str()))
+                        {
                             // The task index itself was replaced: start over.
                             return self.full(doc);
                         }
@@ -171,6 +183,11 @@ impl ViewCache {
                         if Some(&k) == self.tasks_obj.as_ref() {
                             match &op.key {
                                 Key::Map(task) => Some(TaskId::new(task.as_str())),
+                                Key::Seq(_) => None,
+                            }
+                        } else if self.layout_objs.contains(&k) {
+                            match &op.key {
+                                Key::Map(key) => Some(TaskId::new(packed::task_of(key))),
                                 Key::Seq(_) => None,
                             }
                         } else if let Some(t) = self.owners.get(&k) {
@@ -204,9 +221,17 @@ impl ViewCache {
         for id in dirty {
             self.stats.tasks_reread += 1;
             // As in a full read: a key whose value is no readable task entry is malformed.
-            let value = tasks
-                .as_ref()
-                .and_then(|t| doc.get(t, id.as_str()).ok().flatten());
+            let value = tasks.as_ref().and_then(|t| {
+                let (v, o) = doc.get(t, id.as_str()).ok().flatten()?;
+                Some(match v {
+                    automerge::Value::Object(automerge::ObjType::Map) => EntryValue::Map(o),
+                    automerge::Value::Scalar(s) => match s.as_ref() {
+                        automerge::ScalarValue::Str(s) => EntryValue::Packed(s.to_string()),
+                        _ => EntryValue::Other,
+                    },
+                    _ => EntryValue::Other,
+                })
+            });
             let owners = &mut self.owners;
             let mut own = |o: &ObjId| {
                 if let Some(k) = key_of(o) {
@@ -215,7 +240,7 @@ impl ViewCache {
             };
             let mut bad = 0;
             match value {
-                Some((_, o)) => match read_task_entry(doc, &o, id.clone(), &mut bad, &mut own) {
+                Some(value) => match read_task_entry(doc, value, id.clone(), &mut bad, &mut own) {
                     Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => {
                         bad += 1;

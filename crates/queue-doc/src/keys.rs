@@ -5,6 +5,8 @@ pub(crate) const VERSION: &str = "version";
 pub(crate) const QUEUE_SCHEMA: &str = "piecework/queue";
 pub(crate) const TASK_SCHEMA: &str = "piecework/task";
 pub(crate) const SCHEMA_VERSION: u64 = 1;
+/// The queue document's schema version: 2 writes the packed layout (`packed.rs`).
+pub(crate) const QUEUE_VERSION: u64 = 2;
 
 pub(crate) const NAME: &str = "name";
 pub(crate) const CONFIG: &str = "config";

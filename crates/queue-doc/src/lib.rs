@@ -72,6 +72,7 @@ mod cache;
 mod config;
 mod ids;
 mod keys;
+mod packed;
 pub mod queue;
 pub mod task;
 mod view;

@@ -2,14 +2,18 @@
 //! not at all.
 
 use automerge::transaction::{Transactable, Transaction};
-use automerge::{Automerge, AutomergeError, ObjId, ObjType, ROOT, ReadDoc, ScalarValue};
+use automerge::{Automerge, AutomergeError, ObjId, ObjType, ROOT, ReadDoc};
 use serde::{Deserialize, Serialize};
 
 use crate::am;
 use crate::config::QueueConfig;
 use crate::ids::{AttemptId, Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
-use crate::view::{AttemptOutcome, read_finished, read_started};
+use crate::packed;
+use crate::view::{
+    AttemptOutcome, Started, input_seen, packed_finished, packed_started, read_finished,
+    read_started,
+};
 
 /// A task to index in a queue document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,7 +184,7 @@ pub fn create(
     }
     commit(doc, |tx| {
         tx.put(ROOT, keys::SCHEMA, keys::QUEUE_SCHEMA)?;
-        tx.put(ROOT, keys::VERSION, keys::SCHEMA_VERSION)?;
+        tx.put(ROOT, keys::VERSION, keys::QUEUE_VERSION)?;
         tx.put(ROOT, keys::NAME, name)?;
         tx.put(ROOT, keys::CREATED_AT, now_ms)?;
         tx.put(ROOT, keys::CREATOR, creator.as_str())?;
@@ -189,6 +193,9 @@ pub fn create(
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         write_member(tx, &members, creator, &[], now_ms)?;
         tx.put_object(ROOT, keys::TASKS, ObjType::Map)?;
+        for key in packed::MAPS {
+            tx.put_object(ROOT, key, ObjType::Map)?;
+        }
         Ok::<_, CreateQueueError>(())
     })
 }
@@ -303,32 +310,81 @@ pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
         if tx.get(&tasks, s.id.as_str())?.is_some() {
             return Err(SubmitError::Duplicate(s.id.clone()));
         }
-        let e = tx.put_object(&tasks, s.id.as_str(), ObjType::Map)?;
-        tx.put(&e, keys::KIND, s.kind.as_str())?;
-        tx.put(&e, keys::SUBMITTED_AT, s.submitted_at)?;
-        tx.put(&e, keys::SUBMITTER, s.submitter.as_str())?;
-        tx.put(
-            &e,
-            keys::PRIORITY,
-            ScalarValue::Int(s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY)),
-        )?;
-        tx.put(&e, keys::URGENT, s.urgent)?;
-        tx.put(&e, keys::MAX_ATTEMPTS, u64::from(max_attempts))?;
-        tx.put_object(&e, keys::ATTEMPTS, ObjType::List)?;
+        let entry = packed::Entry {
+            k: s.kind.clone(),
+            t: s.submitted_at,
+            s: s.submitter.to_string(),
+            p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+            u: s.urgent,
+            m: u64::from(max_attempts),
+        };
+        tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         Ok(())
     })
+}
+
+/// A layout-2 root map ([`packed`]), created (and the document's version raised) at the first
+/// layout-2 write into a layout-1 document.
+fn layout_map(tx: &mut Transaction<'_>, key: &str) -> Result<ObjId, AutomergeError> {
+    if let Some(m) = am::object(tx, &ROOT, key, ObjType::Map) {
+        return Ok(m);
+    }
+    if am::uint(tx, &ROOT, keys::VERSION).unwrap_or(0) < keys::QUEUE_VERSION {
+        tx.put(ROOT, keys::VERSION, keys::QUEUE_VERSION)?;
+    }
+    tx.put_object(ROOT, key, ObjType::Map)
+}
+
+/// Whether the task is indexed (in either layout).
+fn task_exists(tx: &Transaction<'_>, task: &TaskId) -> bool {
+    am::object(tx, &ROOT, keys::TASKS, ObjType::Map)
+        .and_then(|t| tx.get(&t, task.as_str()).ok().flatten())
+        .is_some()
+}
+
+/// Where an attempt is recorded, and the worker it was assigned to.
+enum Found {
+    /// A layout-1 attempt map.
+    Map(ObjId, Option<WorkerId>),
+    /// A layout-2 key.
+    Key(Option<WorkerId>),
+}
+
+fn find(tx: &Transaction<'_>, task: &TaskId, id: &AttemptId) -> Option<Found> {
+    let key = packed::attempt_key(task, id);
+    for m in am::all_objects(tx, &ROOT, packed::ASSIGNED, ObjType::Map) {
+        if let Some(v) = am::string(tx, &m, &key) {
+            let worker = packed::decode::<packed::Assigned>(&v).and_then(|a| a.w.parse().ok());
+            return Some(Found::Key(worker));
+        }
+    }
+    let entry = task_obj(tx, task)?;
+    let obj = find_attempt(tx, &entry, id)?;
+    let worker = am::string(tx, &obj, keys::WORKER).and_then(|w| w.parse().ok());
+    Some(Found::Map(obj, worker))
+}
+
+/// The attempt's start, from either layout; among concurrent ones the greatest.
+fn started(tx: &Transaction<'_>, task: &TaskId, id: &AttemptId, found: &Found) -> Option<Started> {
+    let key = packed::attempt_key(task, id);
+    let v1 = match found {
+        Found::Map(obj, _) => read_started(tx, obj),
+        Found::Key(_) => None,
+    };
+    v1.into_iter()
+        .chain(packed_started(tx, &key))
+        .max_by_key(|s| (s.incarnation, s.at))
+}
+
+fn finished(tx: &Transaction<'_>, task: &TaskId, id: &AttemptId, found: &Found) -> bool {
+    let key = packed::attempt_key(task, id);
+    matches!(found, Found::Map(obj, _) if read_finished(tx, obj).is_some())
+        || packed_finished(tx, &key).is_some()
 }
 
 fn task_obj(tx: &Transaction<'_>, task: &TaskId) -> Option<ObjId> {
     let tasks = am::object(tx, &ROOT, keys::TASKS, ObjType::Map)?;
     am::object(tx, &tasks, task.as_str(), ObjType::Map)
-}
-
-fn attempts_list(tx: &mut Transaction<'_>, entry: &ObjId) -> Result<ObjId, AutomergeError> {
-    match am::object(tx, entry, keys::ATTEMPTS, ObjType::List) {
-        Some(l) => Ok(l),
-        None => tx.put_object(entry, keys::ATTEMPTS, ObjType::List),
-    }
 }
 
 fn find_attempt(tx: &Transaction<'_>, entry: &ObjId, id: &AttemptId) -> Option<ObjId> {
@@ -359,24 +415,27 @@ pub fn record_assignments(
         if !is_queue(tx) {
             return Err(AssignError::NotAQueue);
         }
+        let assigned = layout_map(tx, packed::ASSIGNED)?;
         for a in assignments {
-            let entry =
-                task_obj(tx, &a.task).ok_or_else(|| AssignError::UnknownTask(a.task.clone()))?;
-            if find_attempt(tx, &entry, &a.attempt).is_some() {
+            if !task_exists(tx, &a.task) {
+                return Err(AssignError::UnknownTask(a.task.clone()));
+            }
+            if find(tx, &a.task, &a.attempt).is_some() {
                 return Err(AssignError::DuplicateAttempt(
                     a.task.clone(),
                     a.attempt.clone(),
                 ));
             }
-            let list = attempts_list(tx, &entry)?;
-            let len = tx.length(&list);
-            let obj = tx.insert_object(&list, len, ObjType::Map)?;
-            tx.put(&obj, keys::N, a.attempt.n)?;
-            tx.put(&obj, keys::TERM, a.attempt.claim.term)?;
-            tx.put(&obj, keys::ROUTER, a.attempt.claim.peer.as_str())?;
-            tx.put(&obj, keys::WORKER, a.worker.to_string())?;
-            tx.put(&obj, keys::POOL_INCARNATION, a.incarnation)?;
-            tx.put(&obj, keys::ASSIGNED_AT, now_ms)?;
+            let record = packed::Assigned {
+                w: a.worker.to_string(),
+                i: a.incarnation,
+                a: now_ms,
+            };
+            tx.put(
+                &assigned,
+                packed::attempt_key(&a.task, &a.attempt),
+                packed::encode(&record),
+            )?;
         }
         Ok(())
     })
@@ -387,13 +446,17 @@ fn owned_attempt(
     task: &TaskId,
     attempt: &AttemptId,
     worker: &WorkerId,
-) -> Result<ObjId, AttemptError> {
-    let entry = task_obj(tx, task).ok_or_else(|| AttemptError::UnknownTask(task.clone()))?;
-    let obj = find_attempt(tx, &entry, attempt)
+) -> Result<Found, AttemptError> {
+    if !task_exists(tx, task) {
+        return Err(AttemptError::UnknownTask(task.clone()));
+    }
+    let found = find(tx, task, attempt)
         .ok_or_else(|| AttemptError::UnknownAttempt(task.clone(), attempt.clone()))?;
-    let owner: Option<WorkerId> = am::string(tx, &obj, keys::WORKER).and_then(|w| w.parse().ok());
+    let owner = match &found {
+        Found::Map(_, w) | Found::Key(w) => w.clone(),
+    };
     match owner {
-        Some(o) if &o == worker => Ok(obj),
+        Some(o) if &o == worker => Ok(found),
         Some(o) => Err(AttemptError::WrongWorker {
             task: task.clone(),
             attempt: attempt.clone(),
@@ -417,16 +480,23 @@ pub fn record_start(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        let obj = owned_attempt(tx, task, attempt, worker)?;
-        if read_finished(tx, &obj).is_some() {
+        let found = owned_attempt(tx, task, attempt, worker)?;
+        if finished(tx, task, attempt, &found) {
             return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
         }
-        if read_started(tx, &obj).is_some() {
+        if started(tx, task, attempt, &found).is_some() {
             return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
         }
-        let s = tx.put_object(&obj, keys::START, ObjType::Map)?;
-        tx.put(&s, keys::AT, now_ms)?;
-        tx.put(&s, keys::INCARNATION, incarnation)?;
+        let map = layout_map(tx, packed::STARTED)?;
+        let record = packed::Start {
+            a: now_ms,
+            i: incarnation,
+        };
+        tx.put(
+            &map,
+            packed::attempt_key(task, attempt),
+            packed::encode(&record),
+        )?;
         Ok(())
     })
 }
@@ -446,11 +516,11 @@ pub fn record_finish(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        let obj = owned_attempt(tx, task, attempt, worker)?;
-        if read_finished(tx, &obj).is_some() {
+        let found = owned_attempt(tx, task, attempt, worker)?;
+        if finished(tx, task, attempt, &found) {
             return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
         }
-        let started = read_started(tx, &obj).is_some();
+        let started = started(tx, task, attempt, &found).is_some();
         match outcome {
             AttemptOutcome::Refused | AttemptOutcome::Unavailable if started => {
                 return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
@@ -460,12 +530,17 @@ pub fn record_finish(
             }
             _ => {}
         }
-        let f = tx.put_object(&obj, keys::FINISH, ObjType::Map)?;
-        tx.put(&f, keys::AT, now_ms)?;
-        tx.put(&f, keys::OUTCOME, outcome.as_str())?;
-        if let Some(e) = error {
-            tx.put(&f, keys::ERROR, e)?;
-        }
+        let map = layout_map(tx, packed::ENDED)?;
+        let record = packed::End {
+            a: now_ms,
+            o: outcome.as_str().to_owned(),
+            e: error.map(str::to_owned),
+        };
+        tx.put(
+            &map,
+            packed::attempt_key(task, attempt),
+            packed::encode(&record),
+        )?;
         Ok(())
     })
 }
@@ -483,11 +558,14 @@ pub fn mark_input_available(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        let entry = task_obj(tx, task).ok_or_else(|| AttemptError::UnknownTask(task.clone()))?;
-        if am::max_uint(tx, &entry, keys::INPUT_SEEN) >= n {
+        if !task_exists(tx, task) {
+            return Err(AttemptError::UnknownTask(task.clone()));
+        }
+        if input_seen(tx, task) >= n {
             return Ok(());
         }
-        tx.put(&entry, keys::INPUT_SEEN, n)?;
+        let map = layout_map(tx, packed::SEEN)?;
+        tx.put(&map, task.as_str(), n)?;
         Ok(())
     })
 }

@@ -14,6 +14,7 @@ use crate::am;
 use crate::config::{Order, QueueConfig};
 use crate::ids::{AttemptId, Claim, PeerId, TaskId, WorkerId};
 use crate::keys;
+use crate::packed;
 use crate::queue::MAX_PRIORITY;
 
 /// How an attempt ended.
@@ -313,6 +314,9 @@ pub struct QueueView {
     pub members: BTreeMap<PeerId, Member>,
     /// Whether routing is paused.
     pub paused: bool,
+    /// The document's schema version. A node does not route a queue whose version is above
+    /// the one it knows ([`QueueView::routable_version`]).
+    pub version: u64,
     /// Every indexed task by id.
     tasks: OrdMap<TaskId, TaskEntry>,
     /// Derived from `tasks` (and `config.order`); updated by [`QueueView::set_task`].
@@ -456,19 +460,20 @@ impl QueueView {
         if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
-                match read_task_entry(
-                    doc,
-                    &item.id(),
-                    id.clone(),
-                    &mut view.malformed,
-                    &mut |_| {},
-                ) {
+                let value = EntryValue::of(&item.value, item.id());
+                match read_task_entry(doc, value, id.clone(), &mut view.malformed, &mut |_| {}) {
                     Some(entry) => view.set_task(id, Some(entry)),
                     None => view.malformed += 1,
                 }
             }
         }
         Some(view)
+    }
+
+    /// Whether this node knows the document's schema version, so may route it and run its
+    /// tasks.
+    pub fn routable_version(&self) -> bool {
+        self.version <= keys::QUEUE_VERSION
     }
 
     /// Every indexed task by id.
@@ -606,9 +611,11 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     let mut members = None;
     view.name.clear();
     view.paused = false;
+    view.version = 1;
     for item in doc.map_range(ROOT, ..) {
         match (item.key.as_ref(), &item.value) {
             (keys::SCHEMA, v) => schema_ok = am::as_str(v) == Some(keys::QUEUE_SCHEMA),
+            (keys::VERSION, v) => view.version = am::as_uint(v).unwrap_or(u64::MAX),
             (keys::NAME, v) => view.name = am::as_str(v).unwrap_or_default().to_owned(),
             (keys::PAUSED, v) => view.paused = am::as_bool(v).unwrap_or(false),
             (keys::TASKS, ValueRef::Object(ObjType::Map)) => tasks = Some(item.id()),
@@ -703,9 +710,170 @@ pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
     (claims, bad)
 }
 
-/// Reads one task entry in a single pass over each of its objects, reporting every object id
-/// that belongs to it to `owned` (for [`crate::ViewCache`]'s object table).
+/// A task's value in the `tasks` map: a layout-1 entry map, or a layout-2 packed entry.
+pub(crate) enum EntryValue {
+    /// Layout 1.
+    Map(ObjId),
+    /// Layout 2 ([`packed::Entry`] as JSON).
+    Packed(String),
+    /// Anything else (malformed).
+    Other,
+}
+
+impl EntryValue {
+    pub(crate) fn of(value: &ValueRef<'_>, id: ObjId) -> Self {
+        match value {
+            ValueRef::Object(ObjType::Map) => EntryValue::Map(id),
+            v => am::as_str(v).map_or(EntryValue::Other, |s| EntryValue::Packed(s.to_owned())),
+        }
+    }
+}
+
+/// Reads one task entry, in either layout, with its attempts from both, reporting every
+/// layout-1 object id that belongs to it to `owned` (for [`crate::ViewCache`]'s object table).
 pub(crate) fn read_task_entry(
+    doc: &Automerge,
+    value: EntryValue,
+    id: TaskId,
+    malformed: &mut usize,
+    owned: &mut dyn FnMut(&ObjId),
+) -> Option<TaskEntry> {
+    let mut entry = match value {
+        EntryValue::Map(obj) => read_map_entry(doc, &obj, id.clone(), malformed, owned)?,
+        EntryValue::Packed(s) => {
+            let e: packed::Entry = packed::decode(&s)?;
+            TaskEntry {
+                id: id.clone(),
+                kind: e.k,
+                submitted_at: e.t,
+                submitter: PeerId::new(e.s),
+                priority: e.p.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                urgent: e.u,
+                max_attempts: u32::try_from(e.m)
+                    .unwrap_or(u32::MAX)
+                    .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS),
+                attempts: Vec::new(),
+                input_seen: 0,
+            }
+        }
+        EntryValue::Other => return None,
+    };
+    // Layout-2 records: attempts, and the starts and ends of attempts of either layout.
+    for a in &mut entry.attempts {
+        let key = packed::attempt_key(&id, &a.id);
+        a.started = a
+            .started
+            .take()
+            .into_iter()
+            .chain(packed_started(doc, &key))
+            .max_by_key(|s| (s.incarnation, s.at));
+        a.finished = a
+            .finished
+            .take()
+            .into_iter()
+            .chain(packed_finished(doc, &key))
+            .max_by(later_finish);
+    }
+    for m in am::all_objects(doc, &ROOT, packed::ASSIGNED, ObjType::Map) {
+        for item in doc.map_range(&m, packed::attempts_of(&id)) {
+            match read_packed_attempt(doc, item.key.as_ref(), &item.value) {
+                Some(a) => entry.attempts.push(a),
+                None => *malformed += 1,
+            }
+        }
+    }
+    entry.attempts.sort_by(|a, b| a.id.cmp(&b.id));
+    entry.attempts.dedup_by(|a, b| a.id == b.id);
+    entry.input_seen = entry.input_seen.max(packed_seen(doc, &id));
+    Some(entry)
+}
+
+fn read_packed_attempt(doc: &Automerge, key: &str, value: &ValueRef<'_>) -> Option<Attempt> {
+    let (_, id) = packed::parse_attempt_key(key)?;
+    if !id.claim.is_valid() {
+        return None;
+    }
+    let rec: packed::Assigned = packed::decode(am::as_str(value)?)?;
+    Some(Attempt {
+        id,
+        worker: rec.w.parse().ok()?,
+        pool_incarnation: Some(rec.i),
+        assigned_at: rec.a,
+        started: packed_started(doc, key),
+        finished: packed_finished(doc, key),
+    })
+}
+
+/// An attempt's layout-2 start; among concurrent ones, the greatest `(incarnation, at)`.
+pub(crate) fn packed_started<R: ReadDoc>(doc: &R, key: &str) -> Option<Started> {
+    packed_values(doc, packed::STARTED, key)
+        .filter_map(|s| packed::decode::<packed::Start>(&s))
+        .map(|s| Started {
+            at: s.a,
+            incarnation: s.i,
+        })
+        .max_by_key(|s| (s.incarnation, s.at))
+}
+
+/// An attempt's layout-2 end; among concurrent ones, the greatest (see [`AttemptOutcome`]).
+pub(crate) fn packed_finished<R: ReadDoc>(doc: &R, key: &str) -> Option<Finished> {
+    packed_values(doc, packed::ENDED, key)
+        .filter_map(|s| {
+            let e: packed::End = packed::decode(&s)?;
+            Some(Finished {
+                at: e.a,
+                outcome: AttemptOutcome::parse(&e.o)?,
+                error: e.e,
+            })
+        })
+        .max_by(later_finish)
+}
+
+/// The layout-2 mark of a task's input (0 if none); concurrent marks keep the greatest.
+fn packed_seen<R: ReadDoc>(doc: &R, task: &TaskId) -> u64 {
+    am::all_objects(doc, &ROOT, packed::SEEN, ObjType::Map)
+        .iter()
+        .map(|m| am::max_uint(doc, m, task.as_str()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The greatest attempt number at which a task's input was marked available, in either layout.
+pub(crate) fn input_seen<R: ReadDoc>(doc: &R, task: &TaskId) -> u64 {
+    let v1 = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)
+        .and_then(|t| am::object(doc, &t, task.as_str(), ObjType::Map))
+        .map_or(0, |e| am::max_uint(doc, &e, keys::INPUT_SEEN));
+    v1.max(packed_seen(doc, task))
+}
+
+/// Every concurrent string value of `key` in every concurrent copy of the root map `map`.
+fn packed_values<'a, R: ReadDoc>(
+    doc: &'a R,
+    map: &str,
+    key: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    am::all_objects(doc, &ROOT, map, ObjType::Map)
+        .into_iter()
+        .flat_map(move |m| doc.get_all(&m, key).unwrap_or_default())
+        .filter_map(|(v, _)| match v {
+            automerge::Value::Scalar(s) => match s.as_ref() {
+                automerge::ScalarValue::Str(s) => Some(s.to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+}
+
+/// The order among concurrent ends: outcome, then time, then error text.
+fn later_finish(a: &Finished, b: &Finished) -> std::cmp::Ordering {
+    a.outcome
+        .cmp(&b.outcome)
+        .then(a.at.cmp(&b.at))
+        .then(a.error.cmp(&b.error))
+}
+
+/// Reads a layout-1 task entry in a single pass over each of its objects.
+fn read_map_entry(
     doc: &Automerge,
     obj: &ObjId,
     id: TaskId,
@@ -854,10 +1022,5 @@ fn resolve_finished<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Finished> {
                 error: am::string(doc, o, keys::ERROR),
             })
         })
-        .max_by(|a, b| {
-            a.outcome
-                .cmp(&b.outcome)
-                .then(a.at.cmp(&b.at))
-                .then(a.error.cmp(&b.error))
-        })
+        .max_by(later_finish)
 }

@@ -7,8 +7,8 @@ use automerge::transaction::Transactable;
 use automerge::{Automerge, AutomergeError, ObjId, ObjType, ROOT, ReadDoc, ScalarValue};
 use piecework_queue_doc::queue::{AssignError, WriteError};
 use piecework_queue_doc::{
-    Assignment, AttemptId, Claim, ConfigError, MAX_TERM, Order, PeerId, QueueConfig, QueueView,
-    Submission, TaskId, ViewCache, WorkerId, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, ConfigError, MAX_TERM, Order, PeerId,
+    QueueConfig, QueueView, Submission, TaskId, ViewCache, WorkerId, queue,
 };
 use proptest::prelude::*;
 
@@ -236,7 +236,37 @@ fn submit(doc: &mut Automerge, n: u32) -> TaskId {
     id
 }
 
-/// Appends a raw attempt to a task's list, with the given extra fields.
+/// Indexes a task the way layout 1 wrote it (a map of fields with a list of attempts), as a
+/// document written by an earlier version holds it.
+fn v1_task(doc: &mut Automerge, n: u32) -> TaskId {
+    let id = TaskId::new(format!("automerge:v1task{n}"));
+    let tasks = object(doc, &ROOT, "tasks");
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        let e = tx.put_object(&tasks, id.as_str(), ObjType::Map)?;
+        tx.put(&e, "kind", "k")?;
+        tx.put(&e, "submitted_at", u64::from(n))?;
+        tx.put(&e, "submitter", me().as_str())?;
+        tx.put(&e, "priority", ScalarValue::Int(0))?;
+        tx.put(&e, "urgent", false)?;
+        tx.put(&e, "max_attempts", 3u64)?;
+        tx.put_object(&e, "attempts", ObjType::List)?;
+        Ok(())
+    })
+    .unwrap();
+    id
+}
+
+/// Writes a raw layout-2 record, as a hostile peer could.
+fn raw_packed(doc: &mut Automerge, map: &str, key: &str, value: &str) {
+    let m = object(doc, &ROOT, map);
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        tx.put(&m, key, value)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Appends a raw attempt to a layout-1 task's list, with the given extra fields.
 fn raw_attempt(doc: &mut Automerge, task: &TaskId, term: u64, extra: &[(&str, ScalarValue)]) {
     let tasks = object(doc, &ROOT, "tasks");
     let entry = object(doc, &tasks, task.as_str());
@@ -262,8 +292,8 @@ fn attempts_name_the_pool_incarnation_they_are_addressed_to() {
     let mut doc = new_queue();
     let (t1, t2, t3) = (
         submit(&mut doc, 1),
-        submit(&mut doc, 2),
-        submit(&mut doc, 3),
+        v1_task(&mut doc, 2),
+        v1_task(&mut doc, 3),
     );
     let claim = Claim::new(1, PeerId::new("r"));
     queue::record_assignments(
@@ -295,7 +325,7 @@ fn attempts_name_the_pool_incarnation_they_are_addressed_to() {
 #[test]
 fn attempts_under_a_claim_above_max_term_are_malformed() {
     let mut doc = new_queue();
-    let t = submit(&mut doc, 1);
+    let t = v1_task(&mut doc, 1);
     let mut cache = ViewCache::new();
     cache.refresh(&doc);
     raw_attempt(&mut doc, &t, u64::MAX, &[("pool_incarnation", 1u64.into())]);
@@ -324,12 +354,29 @@ fn attempts_under_a_claim_above_max_term_are_malformed() {
         queue::record_assignments(&mut doc, &[too_large], 0),
         Err(AssignError::TermTooLarge(_))
     ));
+    // The same in layout 2: a key under a term above MAX_TERM, a value that does not parse,
+    // a key that names no attempt.
+    let t2 = submit(&mut doc, 2);
+    let assigned = r#"{"w":"peer-a/0","i":1,"a":0}"#;
+    raw_packed(
+        &mut doc,
+        "assigned",
+        &format!("{t2}/1/{}/r", u64::MAX),
+        assigned,
+    );
+    raw_packed(&mut doc, "assigned", &format!("{t2}/2/1/r"), "not json");
+    raw_packed(&mut doc, "assigned", &format!("{t2}/x"), assigned);
+    raw_packed(&mut doc, "assigned", &format!("{t2}/3/1/r"), assigned);
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(view.tasks()[&t2].attempts.len(), 1);
+    assert_eq!(view.malformed, 1 + 3);
+    assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
 }
 
 #[test]
 fn task_limits_and_priorities_read_clamped() {
     let mut doc = new_queue();
-    let t = submit(&mut doc, 1);
+    let t = v1_task(&mut doc, 1);
     let tasks = object(&doc, &ROOT, "tasks");
     let entry = object(&doc, &tasks, t.as_str());
     doc.transact::<_, _, AutomergeError>(|tx| {
@@ -341,6 +388,20 @@ fn task_limits_and_priorities_read_clamped() {
     let view = QueueView::read(&doc).unwrap();
     assert_eq!(view.tasks()[&t].max_attempts, QueueConfig::MAX_MAX_ATTEMPTS);
     assert_eq!(view.tasks()[&t].priority, -queue::MAX_PRIORITY);
+    // Layout 2: the packed entry's values are clamped the same way.
+    let id = TaskId::new("automerge:packed");
+    let entry = format!(
+        r#"{{"k":"k","t":1,"s":"peer-a","p":{},"u":false,"m":{}}}"#,
+        i64::MIN,
+        u64::MAX
+    );
+    raw_packed(&mut doc, "tasks", id.as_str(), &entry);
+    let view = QueueView::read(&doc).unwrap();
+    assert_eq!(
+        view.tasks()[&id].max_attempts,
+        QueueConfig::MAX_MAX_ATTEMPTS
+    );
+    assert_eq!(view.tasks()[&id].priority, -queue::MAX_PRIORITY);
 }
 
 fn any_config() -> impl Strategy<Value = QueueConfig> {
@@ -417,4 +478,76 @@ proptest! {
         };
         prop_assert_eq!(c, raw.clamped());
     }
+}
+
+/// A document written by the previous version: layout 1, version 1, no layout-2 maps.
+fn v1_queue() -> Automerge {
+    let mut doc = new_queue();
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        for key in ["assigned", "started", "ended", "seen"] {
+            tx.delete(ROOT, key)?;
+        }
+        tx.put(ROOT, "version", 1u64)?;
+        Ok(())
+    })
+    .unwrap();
+    doc
+}
+
+#[test]
+fn two_replicas_that_upgrade_a_layout_1_queue_concurrently_keep_both_writes() {
+    let mut a = v1_queue();
+    let (t1, t2) = (v1_task(&mut a, 1), v1_task(&mut a, 2));
+    assert_eq!(QueueView::read(&a).unwrap().version, 1);
+    let mut b = a.fork();
+    let assign = |task: &TaskId, peer: &str| Assignment {
+        task: task.clone(),
+        attempt: AttemptId {
+            n: 1,
+            claim: Claim::new(1, PeerId::new(peer)),
+        },
+        worker: WorkerId::new(me(), 0),
+        incarnation: 1,
+    };
+    // Each replica creates the layout-2 maps on its own: two concurrent `assigned` maps.
+    queue::record_assignments(&mut a, &[assign(&t1, "ra")], 5).unwrap();
+    queue::record_assignments(&mut b, &[assign(&t2, "rb")], 6).unwrap();
+    let mut cache = ViewCache::new();
+    cache.refresh(&a);
+    a.merge(&mut b).unwrap();
+    let view = QueueView::read(&a).unwrap();
+    assert_eq!(view.version, 2);
+    assert_eq!(
+        view.tasks()[&t1].attempts.len(),
+        1,
+        "the loser's map is read too"
+    );
+    assert_eq!(
+        view.tasks()[&t2].attempts.len(),
+        1,
+        "the winner's map is read"
+    );
+    assert_eq!(cache.refresh(&a).unwrap().as_ref(), &view);
+    // Later writes to either attempt land and are read, whichever map holds it.
+    let w = WorkerId::new(me(), 0);
+    for (t, peer) in [(&t1, "ra"), (&t2, "rb")] {
+        let id = assign(t, peer).attempt;
+        queue::record_start(&mut a, t, &id, &w, 1, 7).unwrap();
+        queue::record_finish(&mut a, t, &id, &w, AttemptOutcome::Succeeded, None, 8).unwrap();
+    }
+    let view = QueueView::read(&a).unwrap();
+    assert_eq!(view.counts().succeeded, 2);
+    assert_eq!(cache.refresh(&a).unwrap().as_ref(), &view);
+}
+
+#[test]
+fn a_queue_of_an_unknown_version_is_not_routable() {
+    let mut doc = new_queue();
+    assert!(QueueView::read(&doc).unwrap().routable_version());
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        tx.put(ROOT, "version", 99u64)?;
+        Ok(())
+    })
+    .unwrap();
+    assert!(!QueueView::read(&doc).unwrap().routable_version());
 }

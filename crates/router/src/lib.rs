@@ -59,7 +59,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Assignment, Claim, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat, TaskId,
+    Assignment, AttemptId, Claim, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
+    TaskId,
 };
 
 /// Something the driver must do for the router.
@@ -93,6 +94,12 @@ pub enum Event {
         claim: Claim,
         /// The greater claim it saw.
         by: Claim,
+    },
+    /// An active router heard a pool again after a silence longer than `takeover_after` and
+    /// holds its assignments for `heartbeat + settle`.
+    Reunited {
+        /// The pool's peer.
+        peer: PeerId,
     },
     /// A router heartbeat was ignored because its content cannot be valid.
     RejectedBeat {
@@ -169,6 +176,8 @@ pub struct Router {
     pools: BTreeMap<PeerId, PoolState>,
     /// Local retry schedule: task → ((failures, refusals) seen, not before).
     retry_at: HashMap<TaskId, policy::RetryAt>,
+    /// When this router first saw each open attempt (pruned to the open ones at every plan).
+    attempt_seen: HashMap<(TaskId, AttemptId), Instant>,
     last_assign: Option<Instant>,
     /// Task entries and workers the last routing plan looked at.
     plan_visits: usize,
@@ -210,6 +219,7 @@ impl Router {
             beat_counter: 0,
             pools: BTreeMap::new(),
             retry_at: HashMap::new(),
+            attempt_seen: HashMap::new(),
             last_assign: None,
             plan_visits: 0,
             dirty: true,
@@ -326,11 +336,30 @@ impl Router {
     }
 
     /// A pool heartbeat was heard (including this node's own pool's).
+    ///
+    /// A pool heard again after a silence longer than `takeover_after` was cut off from this
+    /// router long enough for its side to elect another one. An active router then holds its
+    /// assignments for `heartbeat + settle`: time for that side's router heartbeat or claim to
+    /// arrive, so that a router deposed while apart does not assign work the other side's
+    /// router is assigning too.
     pub fn handle_pool_beat(&mut self, now: Instant, beat: &PoolBeat) {
         if let Some(p) = self.pools.get(&beat.peer) {
             let old = (p.beat.incarnation, p.beat.counter);
             if (beat.incarnation, beat.counter) <= old {
                 return; // stale or replayed
+            }
+            if let (Some(view), Role::Active { claim, route_from }) = (&self.view, &self.role) {
+                let c = &view.config;
+                if now.saturating_duration_since(p.heard_at) > ms(c.takeover_after_ms) {
+                    let hold = later(now, ms(c.heartbeat_ms.saturating_add(c.settle_ms)));
+                    self.role = Role::Active {
+                        claim: claim.clone(),
+                        route_from: (*route_from).max(hold),
+                    };
+                    self.events.push_back(Event::Reunited {
+                        peer: beat.peer.clone(),
+                    });
+                }
             }
         }
         self.pools.insert(
@@ -450,6 +479,7 @@ impl Router {
                 .collect(),
             started_at: self.started_at,
             retry_at: &mut self.retry_at,
+            attempt_seen: &mut self.attempt_seen,
             last_assign: self.last_assign,
         });
         self.next_check = plan.next_check;

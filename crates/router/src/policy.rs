@@ -52,6 +52,8 @@ pub(crate) struct Input<'a> {
     pub(crate) pools: &'a BTreeMap<PeerId, (Instant, &'a PoolBeat)>,
     pub(crate) started_at: Instant,
     pub(crate) retry_at: &'a mut HashMap<TaskId, RetryAt>,
+    /// When this router first saw each open attempt (its lease runs from then at the earliest).
+    pub(crate) attempt_seen: &'a mut HashMap<(TaskId, AttemptId), Instant>,
     pub(crate) last_assign: Option<Instant>,
 }
 
@@ -72,7 +74,9 @@ fn earliest(a: Option<Instant>, b: Instant) -> Option<Instant> {
 pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     let mut plan = Plan::default();
     let view = input.view;
-    if view.paused {
+    // A queue of a schema version this node does not know is not routed: its records may mean
+    // something else.
+    if view.paused || !view.routable_version() {
         return plan;
     }
     let c = &view.config;
@@ -115,9 +119,20 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     *input.retry_at = still_retrying;
 
     // Tasks with open attempts: lease-expired ones are routed again, the others count against
-    // the concurrency limit.
+    // the concurrency limit. An attempt's lease runs from the later of its pool's last
+    // heartbeat and the moment this router first saw the attempt: an attempt that arrives
+    // with a healed partition, assigned to a pool this router has not heard from while they
+    // were apart, gets a whole lease for its pool's heartbeats to arrive too, instead of
+    // being routed again at once while it runs.
     let mut active = 0u32;
     let mut expired: Vec<&TaskEntry> = Vec::new();
+    let mut seen = HashMap::new();
+    let mut lease_end = |t: &TaskEntry, a: &piecework_queue_doc::Attempt| {
+        let key = (t.id.clone(), a.id.clone());
+        let first = input.attempt_seen.get(&key).copied().unwrap_or(now);
+        seen.insert(key, first);
+        later(heard_at(&a.worker.peer).max(first), lease)
+    };
     for t in view.with_open_attempts() {
         plan.visited += 1;
         match t.state() {
@@ -125,7 +140,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                 let expires = t
                     .current_attempts()
                     .filter(|a| a.is_open())
-                    .map(|a| later(heard_at(&a.worker.peer), lease))
+                    .map(|a| lease_end(t, a))
                     .max();
                 match expires {
                     Some(e) if now >= e => expired.push(t),
@@ -140,11 +155,11 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                 // A run that outlived its task's outcome (routers on both sides of a partition
                 // both ran the task) still holds its worker: it counts against the concurrency
                 // limit until it ends or its pool's lease runs out.
-                let zombie = t.attempts.iter().any(|a| {
-                    a.is_open()
-                        && a.started.is_some()
-                        && now < later(heard_at(&a.worker.peer), lease)
-                });
+                let zombie = t
+                    .attempts
+                    .iter()
+                    .filter(|a| a.is_open() && a.started.is_some())
+                    .any(|a| now < lease_end(t, a));
                 if zombie {
                     active += 1;
                 }
@@ -153,6 +168,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
             TaskState::Pending | TaskState::InputUnavailable => {}
         }
     }
+    *input.attempt_seen = seen;
 
     // Candidates in routing order: the lease-expired tasks merged into the pending index,
     // taken lazily so that a plan visits only as many pending tasks as it can assign (plus

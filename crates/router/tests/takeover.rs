@@ -702,3 +702,94 @@ fn no_claim_beyond_max_term() {
         "no busy loop"
     );
 }
+
+/// Story 11: An attempt this router learns of late (it arrives with a healed partition),
+/// assigned to a pool it has not heard from while they were apart, is not routed again at
+/// once: its lease runs from when the router first saw it. Found by simulator seed 28, where
+/// the router re-ran a task the pool on the other side had just started.
+#[test]
+fn an_attempt_learned_late_gets_a_whole_lease_before_it_is_routed_again() {
+    let mut c = Cluster::new(3);
+    c.elect_first(0);
+    let task = c.peers[0].submit(1);
+    let t = c.at(200);
+    c.sync(0, 2, t);
+    // On peer 2's side of a partition, the task is assigned to peer 2's worker.
+    let attempt = piecework_queue_doc::AttemptId {
+        n: 1,
+        claim: Claim::new(1, c.peers[0].id.clone()),
+    };
+    let a = piecework_queue_doc::Assignment {
+        task: task.clone(),
+        attempt,
+        worker: piecework_queue_doc::WorkerId::new(c.peers[2].id.clone(), 0),
+        incarnation: 1,
+    };
+    queue::record_assignments(&mut c.peers[2].doc, &[a], 4_900).unwrap();
+    // The partition heals at 5 s: peer 0 has not heard peer 2's pool for longer than a lease.
+    let heal = c.at(5_000);
+    c.sync(0, 2, heal);
+    for k in 0..10 {
+        let now = c.at(5_000 + k * 100);
+        let b0 = c.peers[0].pool_beat(1);
+        c.peers[0].router.handle_pool_beat(now, &b0);
+        c.peers[0].tick(now);
+        assert_eq!(
+            c.peers[0].view().tasks()[&task].last_n(),
+            1,
+            "routed again {} ms after it was first seen",
+            k * 100
+        );
+    }
+    // Peer 2's pool stays silent for a whole lease after the heal: the task is routed again.
+    for k in 10..13 {
+        let now = c.at(5_000 + k * 100);
+        let b0 = c.peers[0].pool_beat(1);
+        c.peers[0].router.handle_pool_beat(now, &b0);
+        c.peers[0].tick(now);
+    }
+    let view = c.peers[0].view();
+    assert_eq!(
+        view.tasks()[&task].last_n(),
+        2,
+        "routed again after the lease"
+    );
+}
+
+/// Story 12: An active router that hears a pool again after a silence longer than
+/// `takeover_after` (the pool's side may have elected a router of its own meanwhile) holds its
+/// assignments for `heartbeat + settle`, time for that side's heartbeat or claim to arrive.
+/// Found by simulator seed 31: a router deposed during a partition assigned a task right after
+/// the heal, before it heard of its successor, which assigned the same task too.
+#[test]
+fn a_router_that_hears_a_lost_pool_again_holds_its_assignments_briefly() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    let b1 = c.peers[1].pool_beat(1);
+    let t = c.at(150);
+    c.peers[0].router.handle_pool_beat(t, &b1);
+    // Peer 1 falls silent for longer than takeover_after; a task arrives meanwhile.
+    let task = c.peers[0].submit(1);
+    let back = c.at(5_000);
+    let b1 = c.peers[1].pool_beat(1);
+    c.peers[0].router.handle_pool_beat(back, &b1);
+    c.peers[0].tick(back);
+    assert!(
+        c.peers[0].events.contains(&Event::Reunited {
+            peer: c.peers[1].id.clone()
+        }),
+        "{:?}",
+        c.peers[0].events
+    );
+    assert_eq!(c.peers[0].view().tasks()[&task].last_n(), 0, "held");
+    // Heartbeats go on; routing waits until heartbeat + settle after the reunion.
+    loop {
+        let due = c.peers[0].router.poll_timeout().unwrap();
+        c.peers[0].tick(due);
+        let routed = c.peers[0].view().tasks()[&task].last_n() == 1;
+        assert_eq!(routed, due >= c.at(5_200), "at {:?}", due - c.at(5_000));
+        if routed {
+            break;
+        }
+    }
+}

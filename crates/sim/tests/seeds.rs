@@ -206,4 +206,28 @@ mod regressions {
     fn seed_7743_an_assignment_of_a_finished_task_is_refused() {
         passes(7743);
     }
+
+    /// node2 restarted alone in a partition, claimed the router at term 2 on its side and,
+    /// right after the heal, routed a task it had just indexed to its own worker, which started
+    /// it. node3, the greater claim at the same term, saw the attempt arrive on a pool it had
+    /// not heard from for the whole partition, took its lease as long expired and routed the
+    /// task again at once: two runs with no message lost since the first assignment
+    /// (invariant 7, with the window from the earlier attempt's assignment). A router's lease
+    /// on an attempt now runs from when it first saw the attempt at the earliest (router story
+    /// 11).
+    #[test]
+    fn seed_28_an_attempt_learned_at_a_heal_is_not_routed_again_at_once() {
+        passes(28);
+    }
+
+    /// A partition split node2's side from node3's; node2 took over at term 3 while node3 kept
+    /// routing at term 2. Right after the heal, node3 (deposed, not knowing it yet) assigned a
+    /// task just submitted on its side, and node2 assigned the same task before either had
+    /// synced: two runs with no message lost since the first assignment (invariant 7). An
+    /// active router now holds its assignments for `heartbeat + settle` when it hears a pool
+    /// again after a silence longer than `takeover_after` (router story 12).
+    #[test]
+    fn seed_31_a_router_that_hears_a_lost_side_again_holds_its_assignments() {
+        passes(31);
+    }
 }

@@ -193,6 +193,10 @@ impl Pool {
     ///
     /// [`Attempt::pool_incarnation`]: piecework_queue_doc::Attempt::pool_incarnation
     pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>) {
+        // A queue of a schema version this node does not know: its assignments are not run.
+        if !view.routable_version() {
+            return;
+        }
         let me = &self.config.peer;
         let fence = [view.router.as_ref(), self.fences.get(queue)]
             .into_iter()

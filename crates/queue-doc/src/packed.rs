@@ -1,0 +1,150 @@
+//! Layout version 2 of the queue document: one scalar per event.
+//!
+//! An Automerge operation costs several microseconds whatever it writes, so the queue document
+//! writes each event of a task's life as a single scalar (a small JSON object) under a key that
+//! names it, instead of a map of fields:
+//!
+//! | root map | key | value | written by |
+//! |---|---|---|---|
+//! | `tasks` | task id | [`Entry`] (kind, submit time, submitter, priority, urgency, max attempts) | the submitter |
+//! | `assigned` | attempt key | [`Assigned`] (worker, pool incarnation, time) | the router |
+//! | `started` | attempt key | [`Start`] (time, pool incarnation) | the worker's pool |
+//! | `ended` | attempt key | [`End`] (time, outcome, error) | the worker's pool, or a router |
+//! | `seen` | task id | the attempt number up to which its input was seen available | members |
+//!
+//! The attempt key is `TASK/N/TERM/ROUTER` (attempt number, and the assigning router's claim):
+//! a task's attempts are the keys between `TASK/` and `TASK0`, and an attempt is a key, never a
+//! position in a list. Keys are written once by one writer; where two writers can meet (two
+//! ends of one attempt after a restart, two members marking an input) readers take every
+//! concurrent value (`get_all`) and resolve them as in layout 1. A task's whole life is four
+//! operations on the queue document instead of about twenty.
+//!
+//! Layout 1 (a map per task entry with a list of attempt maps) is still read, and a layout-1
+//! document gains the layout-2 maps at its first layout-2 write; readers take the union.
+
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AttemptId, Claim, PeerId, TaskId};
+
+pub(crate) const ASSIGNED: &str = "assigned";
+pub(crate) const STARTED: &str = "started";
+pub(crate) const ENDED: &str = "ended";
+pub(crate) const SEEN: &str = "seen";
+
+/// The four layout-2 maps, by root key.
+pub(crate) const MAPS: [&str; 4] = [ASSIGNED, STARTED, ENDED, SEEN];
+
+/// A task's index entry.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    /// Kind.
+    pub(crate) k: String,
+    /// Submit time (unix ms).
+    pub(crate) t: u64,
+    /// Submitter.
+    pub(crate) s: String,
+    /// Priority.
+    #[serde(default)]
+    pub(crate) p: i64,
+    /// Urgent.
+    #[serde(default)]
+    pub(crate) u: bool,
+    /// Max attempts.
+    pub(crate) m: u64,
+}
+
+/// An assignment.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Assigned {
+    /// Worker (`PEER/INDEX`).
+    pub(crate) w: String,
+    /// The pool incarnation it is addressed to.
+    pub(crate) i: u64,
+    /// Time (unix ms, the router's clock).
+    pub(crate) a: u64,
+}
+
+/// A start.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Start {
+    /// Time (unix ms, the worker's clock).
+    pub(crate) a: u64,
+    /// The pool's incarnation.
+    pub(crate) i: u64,
+}
+
+/// An end.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct End {
+    /// Time (unix ms).
+    pub(crate) a: u64,
+    /// Outcome.
+    pub(crate) o: String,
+    /// Error or refusal reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) e: Option<String>,
+}
+
+pub(crate) fn encode<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("packed records serialize")
+}
+
+pub(crate) fn decode<'a, T: Deserialize<'a>>(s: &'a str) -> Option<T> {
+    serde_json::from_str(s).ok()
+}
+
+/// `TASK/N/TERM/ROUTER`.
+pub(crate) fn attempt_key(task: &TaskId, id: &AttemptId) -> String {
+    format!("{}/{}/{}/{}", task, id.n, id.claim.term, id.claim.peer)
+}
+
+/// The task and attempt an attempt key names.
+pub(crate) fn parse_attempt_key(key: &str) -> Option<(&str, AttemptId)> {
+    let mut parts = key.splitn(4, '/');
+    let task = parts.next()?;
+    let n = parts.next()?.parse().ok()?;
+    let term = parts.next()?.parse().ok()?;
+    let peer = parts.next().filter(|p| !p.is_empty() && !p.contains('/'))?;
+    Some((
+        task,
+        AttemptId {
+            n,
+            claim: Claim::new(term, PeerId::new(peer)),
+        },
+    ))
+}
+
+/// The task a layout-2 key belongs to (the key itself for `tasks` and `seen`).
+pub(crate) fn task_of(key: &str) -> &str {
+    key.split('/').next().unwrap_or(key)
+}
+
+/// The keys of `task`'s attempts: `TASK/` up to `TASK0` (`0` follows `/`).
+pub(crate) fn attempts_of(task: &TaskId) -> Range<String> {
+    format!("{task}/")..format!("{task}0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_keys_round_trip_and_sort_under_their_task() {
+        let task = TaskId::new("automerge:2Xc7");
+        let id = AttemptId {
+            n: 12,
+            claim: Claim::new(3, PeerId::new("12D3KooWabc")),
+        };
+        let key = attempt_key(&task, &id);
+        assert_eq!(parse_attempt_key(&key), Some((task.as_str(), id)));
+        assert_eq!(task_of(&key), task.as_str());
+        let range = attempts_of(&task);
+        assert!(range.contains(&key));
+        assert!(!range.contains(&"automerge:2Xc70/1/1/p".to_owned()));
+        assert!(!range.contains(&"automerge:2Xc/1/1/p".to_owned()));
+        assert_eq!(parse_attempt_key("t/x/1/p"), None);
+        assert_eq!(parse_attempt_key("t/1/1/"), None);
+    }
+}
