@@ -11,11 +11,12 @@
 //! - [`net`]: the libp2p swarm, heartbeats and document sync;
 //! - [`node`]: the runtime wiring them together, with storage and the HTTP API.
 //!
-//! Plus, for the binary: the built-in task [`kinds`], the HTTP [`client`] the CLI uses, and the
-//! [`demo`].
+//! Plus, for the binary: the built-in task [`kinds`], the HTTP [`client`] the CLI uses, the
+//! [`demo`] and the [`bench`].
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod client;
 pub mod demo;
 pub mod kinds;

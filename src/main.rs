@@ -1,4 +1,4 @@
-//! The `piecework` command: run a node, talk to one, or run the demo.
+//! The `piecework` command: run a node, talk to one, run the demo, or measure a cluster.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +77,33 @@ enum Command {
         #[arg(long, default_value_t = 20_000)]
         rounds: u64,
         /// Print the summary as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure a cluster on this machine: throughput, latency, failover (docs/benchmarks.md).
+    Bench {
+        /// Nodes to start.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Workers per node.
+        #[arg(long, default_value_t = 4)]
+        workers: u32,
+        /// Tasks in the throughput phase.
+        #[arg(long, default_value_t = 10_000)]
+        tasks: usize,
+        /// The task kind.
+        #[arg(long, value_enum, default_value_t = piecework::bench::Kind::Noop)]
+        kind: piecework::bench::Kind,
+        /// Times to kill the active router (needs 2 nodes or more).
+        #[arg(long, default_value_t = 0)]
+        failovers: usize,
+        /// Tasks run one at a time to measure latency.
+        #[arg(long, default_value_t = 200)]
+        latency_samples: usize,
+        /// The most submits in flight in the throughput phase.
+        #[arg(long, default_value_t = 256)]
+        window: usize,
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -199,6 +226,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     summary.router_before,
                     summary.router_after
                 );
+            }
+            Ok(())
+        }
+        Command::Bench {
+            nodes,
+            workers,
+            tasks,
+            kind,
+            failovers,
+            latency_samples,
+            window,
+            json,
+        } => {
+            let opts = piecework::bench::Options {
+                nodes,
+                workers,
+                tasks,
+                kind,
+                failovers,
+                latency_samples,
+                window,
+                progress: true,
+            };
+            let report = piecework::bench::run(&opts).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                piecework::bench::print_report(&report);
+            }
+            if report.lost > 0 {
+                bail!("{} of {} tasks were lost", report.lost, report.tasks);
             }
             Ok(())
         }

@@ -79,8 +79,11 @@ pub use wire::Wire;
 
 /// How often a node dials members of its queues it is not connected to.
 pub const DIAL_EVERY: Duration = Duration::from_secs(2);
-/// Stored change chunks of one document after which a save compacts them into a snapshot.
-pub const COMPACT_AFTER: usize = 256;
+/// A save compacts a document's stored change chunks into one snapshot once they outweigh its
+/// last snapshot, and are at least this many bytes: small documents are not rewritten for
+/// every few changes, and a large one is rewritten only after as many bytes of changes as it
+/// holds, so compaction costs O(1) per byte changed, not O(history) per save.
+pub const COMPACT_MIN_BYTES: usize = 64 * 1024;
 /// How long a submit waits for a connected member to hold the new task before it is answered
 /// with `replicated: false`.
 pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);

@@ -125,7 +125,7 @@ pub struct Core {
     submit_waits: Vec<SubmitWait>,
     /// Documents that may leave memory once saved and unused, and from when: at most the
     /// loaded documents (an entry whose document is gone is dropped).
-    to_evict: BTreeMap<DocId, Instant>,
+    to_evict: EvictQueue,
     /// Runs in flight, by id: at most one per worker.
     runs: BTreeMap<RunId, Running>,
     /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
@@ -182,7 +182,7 @@ impl Core {
             join_retries: vec![],
             task_waiters: vec![],
             submit_waits: vec![],
-            to_evict: BTreeMap::new(),
+            to_evict: EvictQueue::default(),
             runs: BTreeMap::new(),
             to_revive: BTreeSet::new(),
             next_run: 0,
@@ -432,7 +432,8 @@ impl Core {
                     }
                 }
                 if ok {
-                    self.saves.loaded(doc, chunks.len());
+                    let bytes = chunks.iter().map(Vec::len).sum();
+                    self.saves.loaded(doc, chunks.len(), bytes);
                 }
                 ok.then_some(d)
             }
@@ -576,7 +577,7 @@ impl Core {
             self.saves.poll_timeout(),
             self.load_retries.first().map(|(at, _)| *at),
             self.replica.poll_timeout(),
-            self.to_evict.values().min().map(|at| *at + IDLE_EVICT),
+            self.to_evict.first().map(|at| at + IDLE_EVICT),
         ]
         .into_iter()
         .flatten()
@@ -747,7 +748,7 @@ impl Core {
             self.replica.refresh_from_members(doc);
         }
         if !self.is_live(doc) {
-            self.to_evict.entry(doc.clone()).or_insert(now.mono);
+            self.to_evict.insert_if_absent(doc.clone(), now.mono);
         }
     }
 
@@ -849,12 +850,7 @@ impl Core {
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     fn evict(&mut self, now: Time) {
-        let due: Vec<DocId> = self
-            .to_evict
-            .iter()
-            .filter(|(_, since)| now.mono >= **since + IDLE_EVICT)
-            .map(|(d, _)| d.clone())
-            .collect();
+        let due = self.to_evict.due(now.mono, IDLE_EVICT);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
                 self.to_evict.remove(&doc);
@@ -870,7 +866,7 @@ impl Core {
                 self.saves.forget(&doc);
             } else {
                 // Not saved yet: look again after another idle period.
-                self.to_evict.insert(doc, now.mono);
+                self.to_evict.set(doc, now.mono);
             }
         }
     }
@@ -1385,7 +1381,7 @@ impl Core {
                 },
             );
             if final_now {
-                self.to_evict.entry(td).or_insert(now.mono);
+                self.to_evict.insert_if_absent(td, now.mono);
             }
         }
         // A member that joined or moved: dial it now rather than at the next round, so that a
@@ -1711,5 +1707,51 @@ fn is_done(s: &api::TaskStatus) -> bool {
         TaskState::Failed => true,
         TaskState::Succeeded => s.result.is_some(),
         _ => false,
+    }
+}
+
+/// Documents waiting to leave memory, by document and by the time they became candidates, so
+/// that finding the due ones and the next deadline costs O(log n) per document, not a scan.
+#[derive(Debug, Default)]
+struct EvictQueue {
+    by_doc: BTreeMap<DocId, Instant>,
+    by_time: BTreeSet<(Instant, DocId)>,
+}
+
+impl EvictQueue {
+    fn len(&self) -> usize {
+        self.by_doc.len()
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.by_time.first().map(|(t, _)| *t)
+    }
+
+    fn insert_if_absent(&mut self, doc: DocId, at: Instant) {
+        if !self.by_doc.contains_key(&doc) {
+            self.set(doc, at);
+        }
+    }
+
+    fn set(&mut self, doc: DocId, at: Instant) {
+        if let Some(old) = self.by_doc.insert(doc.clone(), at) {
+            self.by_time.remove(&(old, doc.clone()));
+        }
+        self.by_time.insert((at, doc));
+    }
+
+    fn remove(&mut self, doc: &DocId) {
+        if let Some(old) = self.by_doc.remove(doc) {
+            self.by_time.remove(&(old, doc.clone()));
+        }
+    }
+
+    /// The documents that have waited at least `idle` by `now`, oldest first.
+    fn due(&self, now: Instant, idle: Duration) -> Vec<DocId> {
+        self.by_time
+            .iter()
+            .take_while(|(t, _)| now >= *t + idle)
+            .map(|(_, d)| d.clone())
+            .collect()
     }
 }

@@ -6,14 +6,14 @@
 //! up to the version it was taken at. Writes of one document never overlap, so a later change
 //! cannot reach disk before an earlier one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use automerge::ChangeHash;
 use piecework_replica::{DocId, Replica};
 
 use crate::api::StorageFailure;
-use crate::{COMPACT_AFTER, Compact, SAVE_FAILURES_REPORTED, SAVE_RETRY, SAVE_RETRY_MAX};
+use crate::{COMPACT_MIN_BYTES, Compact, SAVE_FAILURES_REPORTED, SAVE_RETRY, SAVE_RETRY_MAX};
 use crate::{Save, SaveId};
 
 #[derive(Debug)]
@@ -21,8 +21,11 @@ struct InFlight {
     id: SaveId,
     heads: Vec<ChangeHash>,
     version: u64,
-    compacts: bool,
-    appended: usize,
+    /// The snapshot's size, if the write compacts.
+    snapshot: Option<usize>,
+    /// The change chunks it appends: their keys and total size.
+    appended: Vec<String>,
+    appended_bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -32,8 +35,15 @@ struct DocSaves {
     in_flight: Option<InFlight>,
     failures: u32,
     last_error: Option<StorageFailure>,
-    /// Change chunks stored since the last snapshot.
-    chunks: usize,
+    /// The keys (change hashes) of the change chunks stored since the last snapshot.
+    since_snapshot: Vec<String>,
+    /// Their total size.
+    bytes_since_snapshot: usize,
+    /// The last snapshot's size (or, after a load, everything loaded).
+    snapshot_bytes: usize,
+    /// The document was loaded from stored change chunks whose keys are not in
+    /// `since_snapshot`: its next compaction lists its changes instead.
+    unlisted: bool,
 }
 
 /// The outcome of an acknowledged or failed write, for the core to act on.
@@ -55,7 +65,7 @@ pub(crate) enum Acked {
 /// drops it when the document leaves memory, so the map is bounded by the loaded documents.
 #[derive(Debug, Default)]
 pub(crate) struct Saves {
-    docs: BTreeMap<DocId, DocSaves>,
+    docs: HashMap<DocId, DocSaves>,
     /// Documents with unwritten changes, no write in flight and no retry pending.
     dirty: BTreeSet<DocId>,
     /// Retries of failed writes, by when.
@@ -80,9 +90,13 @@ impl Saves {
         }
     }
 
-    /// A document was loaded from `chunks` stored chunks.
-    pub(crate) fn loaded(&mut self, doc: &DocId, chunks: usize) {
-        self.docs.entry(doc.clone()).or_default().chunks = chunks;
+    /// A document was loaded from `chunks` stored chunks of `bytes` in all.
+    pub(crate) fn loaded(&mut self, doc: &DocId, chunks: usize, bytes: usize) {
+        let d = self.docs.entry(doc.clone()).or_default();
+        d.unlisted = chunks > 1;
+        d.snapshot_bytes = bytes;
+        d.bytes_since_snapshot = 0;
+        d.since_snapshot.clear();
     }
 
     /// The document's current version (compare with [`Saves::is_durable`]).
@@ -150,15 +164,30 @@ impl Saves {
                 d.durable = d.version;
                 continue;
             };
-            let appended = unsaved.changes.len();
-            let compact = match d.chunks + appended >= COMPACT_AFTER {
-                true => replica.get(&doc).map(|am| Compact {
-                    snapshot: am.save(),
-                    replaces: am
-                        .get_changes(&[])
-                        .iter()
-                        .map(|c| c.hash().to_string())
-                        .collect(),
+            let appended_bytes: usize = unsaved.changes.iter().map(|(_, b)| b.len()).sum();
+            // A snapshot once the change chunks since the last one outweigh it (and at least
+            // COMPACT_MIN_BYTES): each byte of change is copied into snapshots a bounded number
+            // of times, whatever the document's history.
+            let since = d.bytes_since_snapshot + appended_bytes;
+            let compact = match since > d.snapshot_bytes.max(COMPACT_MIN_BYTES) {
+                true => replica.get(&doc).map(|am| {
+                    let replaces = match d.unlisted {
+                        true => am
+                            .get_changes(&[])
+                            .iter()
+                            .map(|c| c.hash().to_string())
+                            .collect(),
+                        false => d
+                            .since_snapshot
+                            .iter()
+                            .cloned()
+                            .chain(unsaved.changes.iter().map(|(h, _)| h.to_string()))
+                            .collect(),
+                    };
+                    Compact {
+                        snapshot: am.save(),
+                        replaces,
+                    }
                 }),
                 false => None,
             };
@@ -168,8 +197,9 @@ impl Saves {
                 id,
                 heads: unsaved.heads,
                 version: d.version,
-                compacts: compact.is_some(),
-                appended,
+                snapshot: compact.as_ref().map(|c| c.snapshot.len()),
+                appended: unsaved.changes.iter().map(|(h, _)| h.to_string()).collect(),
+                appended_bytes,
             });
             self.in_flight.insert(id, doc.clone());
             out.push(Save {
@@ -203,10 +233,18 @@ impl Saves {
                 d.durable = d.durable.max(flight.version);
                 d.failures = 0;
                 d.last_error = None;
-                d.chunks = match flight.compacts {
-                    true => 0,
-                    false => d.chunks + flight.appended,
-                };
+                match flight.snapshot {
+                    Some(bytes) => {
+                        d.since_snapshot.clear();
+                        d.bytes_since_snapshot = 0;
+                        d.snapshot_bytes = bytes;
+                        d.unlisted = false;
+                    }
+                    None => {
+                        d.since_snapshot.extend(flight.appended);
+                        d.bytes_since_snapshot += flight.appended_bytes;
+                    }
+                }
                 if d.version > d.durable {
                     self.dirty.insert(doc.clone());
                 }

@@ -1,0 +1,1031 @@
+//! `piecework bench`: measures an in-process cluster over loopback.
+//!
+//! The run has these parts, in order (each announced on stderr):
+//!
+//! 1. **Probes**, before any node starts: `fsync_ms`, the median of 50 × (write 4 KiB to a file
+//!    in the bench's temporary directory, then `sync_all`); and `floor_tasks_per_s`, the
+//!    Automerge work of a task's life on one replica (submit → assign → start → finish on one
+//!    queue document, no node, no network, no disk) for `min(tasks, 20 000)` tasks.
+//! 2. **Throughput**: `tasks` tasks submitted round-robin through the nodes with at most
+//!    `window` submits in flight, until every one succeeded or failed.
+//! 3. **Latency**, on the now idle cluster: `latency_samples` tasks, one at a time, each
+//!    waited for before the next.
+//! 4. **Failover** (`failovers` times, 2 nodes or more): with a trickle of tasks going through
+//!    a node that is not the router, the router's node is killed; the time from the kill to the
+//!    first attempt assigned under a greater claim is measured; the node is restarted on its
+//!    data directory and has rejoined before the next kill.
+//! 5. **Checks** over every task submitted: none lost, how many succeeded more than once.
+//!
+//! Nothing waits on a fixed sleep: phases end on the nodes' queue views or on the tasks'
+//! outcomes, each under a generous timeout. See `docs/benchmarks.md` for what each figure means.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use indicatif::{ProgressBar, ProgressStyle};
+use piecework_node::{Config, IsolatedNode, Multiaddr, NodeHandle, api, spawn_isolated};
+use piecework_queue_doc::{
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueId, QueueView, Submission,
+    TaskEntry, TaskId, TaskState, WorkerId, queue,
+};
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+
+/// The most tasks the Automerge floor is measured over (it stays quick).
+pub const FLOOR_MAX_TASKS: usize = 20_000;
+/// How many fsyncs `fsync_ms` is the median of.
+pub const FSYNC_SAMPLES: usize = 50;
+/// How often the failover trickle submits a task.
+pub const TRICKLE_EVERY: Duration = Duration::from_millis(20);
+/// The longest pause between two looks at a queue view (see [`wait_view`]).
+const MAX_LOOK_PAUSE: Duration = Duration::from_millis(50);
+
+/// The task kind the bench submits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `noop` with input `{}`: measures the queue, not the work.
+    Noop,
+    /// `sha256` with `{"data": "...", "rounds": 1}`: one hash, and a result to carry back.
+    Sha256,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Noop => "noop",
+            Kind::Sha256 => "sha256",
+        }
+    }
+
+    /// The submit request of the `i`th task of this kind.
+    fn request(self, i: usize) -> api::SubmitTask {
+        let input = match self {
+            Kind::Noop => serde_json::json!({}),
+            Kind::Sha256 => {
+                serde_json::json!({ "data": format!("piecework bench task {i}"), "rounds": 1 })
+            }
+        };
+        api::SubmitTask {
+            kind: self.name().into(),
+            input,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Nodes in the cluster (at least 1; at least 2 for failovers).
+    pub nodes: usize,
+    /// Workers per node.
+    pub workers: u32,
+    /// Tasks in the throughput phase.
+    pub tasks: usize,
+    /// The kind of every task.
+    pub kind: Kind,
+    /// Router kills (0: no failover phase).
+    pub failovers: usize,
+    /// Tasks in the latency phase, one at a time.
+    pub latency_samples: usize,
+    /// The most submits in flight during the throughput phase.
+    pub window: usize,
+    /// Show phases and a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: 1,
+            workers: 4,
+            tasks: 10_000,
+            kind: Kind::Noop,
+            failovers: 0,
+            latency_samples: 200,
+            window: 256,
+            progress: true,
+        }
+    }
+}
+
+impl Options {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.nodes < 1 {
+            bail!("--nodes must be at least 1");
+        }
+        if self.tasks < 1 {
+            bail!("--tasks must be at least 1");
+        }
+        if self.workers < 1 {
+            bail!("--workers must be at least 1");
+        }
+        if self.workers > piecework_node::MAX_WORKERS {
+            bail!(
+                "--workers must be at most {} (a node's limit)",
+                piecework_node::MAX_WORKERS
+            );
+        }
+        if self.window < 1 {
+            bail!("--window must be at least 1");
+        }
+        if self.failovers > 0 && self.nodes < 2 {
+            bail!(
+                "--failovers needs at least 2 nodes (--nodes {}): someone must take over from the killed router",
+                self.nodes
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Median, 99th percentile (nearest rank) and maximum of a set of samples, in milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// The median.
+    pub p50: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The largest sample.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// `None` for no samples.
+    pub fn of(samples: &[f64]) -> Option<Percentiles> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut s = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        Some(Percentiles {
+            p50: nearest_rank(&s, 0.50),
+            p99: nearest_rank(&s, 0.99),
+            max: s[s.len() - 1],
+        })
+    }
+}
+
+fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The machine the bench ran on.
+#[derive(Clone, Debug, Serialize)]
+pub struct Machine {
+    /// `std::thread::available_parallelism`.
+    pub cores: usize,
+    /// `MemTotal` of `/proc/meminfo`, in MiB (`None` where there is no such file).
+    pub memory_mib: Option<u64>,
+}
+
+/// What the bench measured (`--json` prints it as one object).
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// Workers per node.
+    pub workers: u32,
+    /// The kind of every task.
+    pub kind: Kind,
+    /// Tasks in the throughput phase.
+    pub throughput_tasks: usize,
+    /// The most submits in flight during the throughput phase.
+    pub window: usize,
+    /// Throughput tasks / (first submit → the moment the observing node saw the last of them
+    /// succeed or fail).
+    pub throughput_tasks_per_s: f64,
+    /// Acknowledgements per second over the first 10% of acknowledgements (`None` if the
+    /// slice has fewer than 2 or spans no time).
+    pub submit_rate_first_10pct: Option<f64>,
+    /// The same over the last 10%.
+    pub submit_rate_last_10pct: Option<f64>,
+    /// Tasks in the latency phase.
+    pub latency_samples: usize,
+    /// From the wall clock just before the submit to the attempt's `started.at` (the worker's
+    /// wall clock), 1 ms resolution; `None` without latency samples.
+    pub submit_to_start_ms: Option<Percentiles>,
+    /// From just before the submit until the wait for the outcome returned.
+    pub submit_to_done_ms: Option<Percentiles>,
+    /// Router kills made.
+    pub failovers: usize,
+    /// From each kill to the first attempt assigned under a greater claim (`assigned_at`, the
+    /// new router's wall clock); `None` without failovers.
+    pub failover_ms: Option<Percentiles>,
+    /// Router terms beyond one per kill, from the first router to the last: takeovers the
+    /// bench did not cause (a router that looked silent, e.g. on an overloaded machine), or
+    /// claims that raced.
+    pub unforced_takeovers: u64,
+    /// Every task submitted, in all phases.
+    pub tasks: usize,
+    /// Of those, the ones that succeeded, at the end.
+    pub succeeded: usize,
+    /// Submitted tasks that had not succeeded at the end (after waiting for them).
+    pub lost: usize,
+    /// Tasks with more than one succeeded attempt in the final view.
+    pub duplicates: usize,
+    /// Median of 50 × (write 4 KiB + `sync_all`) in the bench's temporary directory.
+    pub fsync_ms: f64,
+    /// Tasks the floor was measured over: `min(throughput_tasks, 20 000)`.
+    pub floor_tasks: usize,
+    /// The Automerge work of a task's life on one queue document, tasks per second.
+    pub floor_tasks_per_s: f64,
+    /// `throughput_tasks_per_s / floor_tasks_per_s`.
+    pub ratio_to_floor: f64,
+    /// The machine.
+    pub machine: Machine,
+    /// `git rev-parse --short HEAD` in the current directory, or `unknown`.
+    pub commit: String,
+    /// The whole run, probes and cluster start included.
+    pub elapsed_s: f64,
+}
+
+/// Phases on stderr, with a progress bar (hidden when stderr is not a terminal).
+struct Display {
+    bar: ProgressBar,
+    show: bool,
+}
+
+impl Display {
+    fn new(show: bool) -> Self {
+        let bar = if show {
+            ProgressBar::new(0)
+        } else {
+            ProgressBar::hidden()
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40.cyan/blue} {pos:>6}/{len:6} {msg}")
+                .expect("valid template"),
+        );
+        Display { bar, show }
+    }
+
+    fn start(&self, len: usize, msg: &str) {
+        self.bar.set_length(len as u64);
+        self.bar.set_position(0);
+        self.bar.set_message(msg.to_owned());
+    }
+
+    fn say(&self, line: String) {
+        if !self.show {
+            return;
+        }
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+}
+
+/// The queue view's tasks: the one place that knows how a view exposes them.
+fn entries(v: &QueueView) -> impl Iterator<Item = &TaskEntry> + '_ {
+    v.tasks().values()
+}
+
+/// One task of a queue view.
+fn entry<'a>(v: &'a QueueView, id: &TaskId) -> Option<&'a TaskEntry> {
+    v.task(id)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Waits until `look` finds what it looks for in `rx`'s view, up to `within`.
+///
+/// The view changes after every document change, and a look can cost as much as a scan of
+/// every task: after a look that cost `c`, the next waits for a change and for `20 c` to pass
+/// (at most 50 ms), so that the observer takes at most about 5% of a core.
+async fn wait_view<T>(
+    rx: &mut watch::Receiver<Arc<QueueView>>,
+    within: Duration,
+    what: &str,
+    mut look: impl FnMut(&QueueView) -> Option<T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(within, async {
+        loop {
+            let view = rx.borrow_and_update().clone();
+            let t = Instant::now();
+            if let Some(found) = look(&view) {
+                return Ok(found);
+            }
+            let cost = t.elapsed();
+            rx.changed().await.context("the node stopped")?;
+            let pause = (cost * 20).min(MAX_LOOK_PAUSE);
+            if pause > Duration::from_micros(100) {
+                tokio::time::sleep_until((t + cost + pause).into()).await;
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("timed out after {within:?} waiting for {what}"))?
+}
+
+/// Waits until at least `total` tasks of the queue succeeded or failed; returns the instant
+/// the view showed it. Shows the count on `bar`, if any.
+async fn wait_final(
+    rx: &mut watch::Receiver<Arc<QueueView>>,
+    total: usize,
+    within: Duration,
+    bar: Option<&ProgressBar>,
+) -> anyhow::Result<Instant> {
+    wait_view(rx, within, "every task to succeed or fail", |v| {
+        let c = v.counts();
+        if let Some(bar) = bar {
+            bar.set_position((c.succeeded + c.failed) as u64);
+        }
+        (c.succeeded + c.failed >= total).then(Instant::now)
+    })
+    .await
+}
+
+/// A generous deadline for `n` tasks to run.
+fn deadline_for(n: usize) -> Duration {
+    Duration::from_secs(120) + Duration::from_millis(50 * n as u64)
+}
+
+/// The nodes, by index; a killed node's slot is empty until it is restarted.
+struct Cluster {
+    root: PathBuf,
+    workers: u32,
+    nodes: Vec<Option<IsolatedNode>>,
+    peers: Vec<PeerId>,
+    queue: QueueId,
+}
+
+impl Cluster {
+    fn config(root: &Path, workers: u32, i: usize, bootstrap: Vec<Multiaddr>) -> Config {
+        let mut c = Config::new(root.join(format!("node{i}")), crate::kinds::builtin());
+        c.workers = workers;
+        c.bootstrap = bootstrap;
+        c
+    }
+
+    async fn start(opts: &Options, root: &Path) -> anyhow::Result<Cluster> {
+        let first = spawn_isolated(Cluster::config(root, opts.workers, 0, vec![]), 1)
+            .await
+            .context("cannot start node 0")?;
+        let addr = first.handle().wait_listening().await;
+        let mut nodes = vec![Some(first)];
+        for i in 1..opts.nodes {
+            let n = spawn_isolated(
+                Cluster::config(root, opts.workers, i, vec![addr.clone()]),
+                1,
+            )
+            .await
+            .with_context(|| format!("cannot start node {i}"))?;
+            nodes.push(Some(n));
+        }
+        let peers: Vec<PeerId> = nodes
+            .iter()
+            .flatten()
+            .map(|n| n.handle().peer_id().clone())
+            .collect();
+        let h0 = nodes[0].as_ref().expect("started").handle().clone();
+        let queue = h0
+            .create_queue("bench", Some(crate::demo::demo_config()))
+            .await
+            .context("cannot create the queue")?;
+        for (i, n) in nodes.iter().enumerate().skip(1) {
+            let h = n.as_ref().expect("started").handle();
+            h.join_queue(&queue)
+                .await
+                .with_context(|| format!("node {i} cannot join the queue"))?;
+        }
+        let cluster = Cluster {
+            root: root.to_owned(),
+            workers: opts.workers,
+            nodes,
+            peers,
+            queue,
+        };
+        for i in 0..opts.nodes {
+            cluster.router(i).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn handle(&self, i: usize) -> anyhow::Result<NodeHandle> {
+        self.nodes[i]
+            .as_ref()
+            .map(|n| n.handle().clone())
+            .with_context(|| format!("node {i} is not running"))
+    }
+
+    fn handles(&self) -> Vec<NodeHandle> {
+        self.nodes
+            .iter()
+            .flatten()
+            .map(|n| n.handle().clone())
+            .collect()
+    }
+
+    fn watch(&self, i: usize) -> anyhow::Result<watch::Receiver<Arc<QueueView>>> {
+        self.handle(i)?
+            .watch_queue(&self.queue)
+            .with_context(|| format!("node {i} has not opened the queue"))
+    }
+
+    /// The router as node `i` sees it, once it sees one.
+    async fn router(&self, i: usize) -> anyhow::Result<Claim> {
+        let mut rx = self.watch(i)?;
+        wait_view(&mut rx, Duration::from_secs(60), "a router", |v| {
+            v.router.clone()
+        })
+        .await
+    }
+}
+
+/// Runs the bench and returns its report.
+pub async fn run(opts: &Options) -> anyhow::Result<Report> {
+    opts.validate()?;
+    let t_run = Instant::now();
+    let display = Display::new(opts.progress);
+    let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
+
+    display.say(format!(
+        "probes: fsync ({FSYNC_SAMPLES} × 4 KiB), Automerge floor ({} tasks)",
+        opts.tasks.min(FLOOR_MAX_TASKS)
+    ));
+    let probe = dir.path().join("fsync-probe");
+    let fsync_ms = tokio::task::spawn_blocking(move || fsync_probe(&probe))
+        .await
+        .context("the fsync probe panicked")??;
+    let floor_tasks = opts.tasks.min(FLOOR_MAX_TASKS);
+    let floor_tasks_per_s = tokio::task::spawn_blocking(move || floor(floor_tasks))
+        .await
+        .context("the floor probe panicked")??;
+    display.say(format!(
+        "fsync p50 {fsync_ms:.2} ms; floor {floor_tasks_per_s:.0} tasks/s"
+    ));
+
+    let mut cluster = Cluster::start(opts, dir.path()).await?;
+    let first_term = cluster.router(0).await?.term;
+    display.say(format!(
+        "started {} node(s) with {} workers each; queue {}",
+        opts.nodes, opts.workers, cluster.queue
+    ));
+
+    let mut all: Vec<TaskId> = Vec::new();
+    let tp = throughput(&cluster, opts, &display).await?;
+    all.extend(tp.ids.iter().cloned());
+
+    let (to_start, to_done) = latency(&cluster, opts, &display, &mut all).await?;
+
+    let mut failover = Vec::new();
+    for round in 0..opts.failovers {
+        failover.push(failover_round(&mut cluster, opts, &display, round, &mut all).await?);
+    }
+
+    display.say(format!("checks: waiting for all {} tasks", all.len()));
+    display.start(all.len(), "final");
+    let observer = (0..opts.nodes)
+        .find(|&i| cluster.nodes[i].is_some())
+        .context("no node left")?;
+    let mut rx = cluster.watch(observer)?;
+    let within = deadline_for(all.len());
+    if let Err(e) = wait_final(&mut rx, all.len(), within, Some(&display.bar)).await {
+        display.say(format!("{e:#}; counting the rest as lost"));
+    }
+    display.bar.finish_and_clear();
+    let view = rx.borrow().clone();
+    let last_term = view.router.as_ref().map_or(first_term, |r| r.term);
+    let mut succeeded = 0;
+    let mut duplicates = 0;
+    for id in &all {
+        let Some(t) = entry(&view, id) else { continue };
+        if t.state() == TaskState::Succeeded {
+            succeeded += 1;
+        }
+        let ok = t
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+            })
+            .count();
+        if ok > 1 {
+            duplicates += 1;
+        }
+    }
+    drop(rx);
+    drop(cluster);
+
+    Ok(Report {
+        nodes: opts.nodes,
+        workers: opts.workers,
+        kind: opts.kind,
+        throughput_tasks: opts.tasks,
+        window: opts.window,
+        throughput_tasks_per_s: tp.tasks_per_s,
+        submit_rate_first_10pct: tp.first_rate,
+        submit_rate_last_10pct: tp.last_rate,
+        latency_samples: opts.latency_samples,
+        submit_to_start_ms: Percentiles::of(&to_start),
+        submit_to_done_ms: Percentiles::of(&to_done),
+        failovers: opts.failovers,
+        failover_ms: Percentiles::of(&failover),
+        unforced_takeovers: (last_term.saturating_sub(first_term))
+            .saturating_sub(opts.failovers as u64),
+        tasks: all.len(),
+        succeeded,
+        lost: all.len() - succeeded,
+        duplicates,
+        fsync_ms,
+        floor_tasks,
+        floor_tasks_per_s,
+        ratio_to_floor: tp.tasks_per_s / floor_tasks_per_s,
+        machine: machine(),
+        commit: commit(),
+        elapsed_s: t_run.elapsed().as_secs_f64(),
+    })
+}
+
+struct Throughput {
+    ids: Vec<TaskId>,
+    tasks_per_s: f64,
+    first_rate: Option<f64>,
+    last_rate: Option<f64>,
+}
+
+async fn throughput(
+    cluster: &Cluster,
+    opts: &Options,
+    display: &Display,
+) -> anyhow::Result<Throughput> {
+    let m = opts.tasks;
+    display.say(format!(
+        "throughput: {m} {} tasks, round-robin over {} node(s), at most {} submits in flight",
+        opts.kind.name(),
+        opts.nodes,
+        opts.window
+    ));
+    display.start(m, "acknowledged");
+    let handles = cluster.handles();
+    let mut rx = cluster.watch(0)?;
+    let mut ids = Vec::with_capacity(m);
+    let mut acks = Vec::with_capacity(m);
+    let mut inflight = FuturesUnordered::new();
+    let mut take = |r: Result<api::Submitted, piecework_node::SubmitError>| {
+        ids.push(r.context("a submit failed")?.task_id);
+        acks.push(Instant::now());
+        display.bar.inc(1);
+        anyhow::Ok(())
+    };
+    let t0 = Instant::now();
+    for i in 0..m {
+        let h = handles[i % handles.len()].clone();
+        let q = cluster.queue.clone();
+        let req = opts.kind.request(i);
+        inflight.push(async move { h.submit(&q, req).await });
+        while inflight.len() >= opts.window {
+            let r = inflight.next().await.expect("a submit in flight");
+            take(r)?;
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        take(r)?;
+    }
+    display.say(format!(
+        "all {m} acknowledged after {:.2} s; waiting for their outcomes",
+        t0.elapsed().as_secs_f64()
+    ));
+    display.start(m, "done");
+    let end = wait_final(&mut rx, m, deadline_for(m), Some(&display.bar)).await?;
+    let span = end.duration_since(t0).as_secs_f64();
+    let tasks_per_s = m as f64 / span;
+    let slice = m.div_ceil(10);
+    display.say(format!(
+        "throughput: {tasks_per_s:.0} tasks/s ({m} in {span:.2} s)"
+    ));
+    Ok(Throughput {
+        ids,
+        tasks_per_s,
+        first_rate: rate(&acks[..slice]),
+        last_rate: rate(&acks[m - slice..]),
+    })
+}
+
+/// Acknowledgements per second within a slice: those after the first over the span from the
+/// first to the last; `None` if the slice has fewer than 2 or spans no time.
+fn rate(acks: &[Instant]) -> Option<f64> {
+    let (first, last) = (acks.first()?, acks.last()?);
+    let span = last.duration_since(*first).as_secs_f64();
+    (acks.len() >= 2 && span > 0.0).then(|| (acks.len() - 1) as f64 / span)
+}
+
+async fn latency(
+    cluster: &Cluster,
+    opts: &Options,
+    display: &Display,
+    all: &mut Vec<TaskId>,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let s = opts.latency_samples;
+    let (mut to_start, mut to_done) = (Vec::with_capacity(s), Vec::with_capacity(s));
+    if s == 0 {
+        return Ok((to_start, to_done));
+    }
+    display.say(format!("latency: {s} tasks, one at a time"));
+    display.start(s, "latency");
+    let handles = cluster.handles();
+    for i in 0..s {
+        let h = &handles[i % handles.len()];
+        let req = opts.kind.request(opts.tasks + i);
+        let wall = wall_ms();
+        let t = Instant::now();
+        let id = h
+            .submit(&cluster.queue, req)
+            .await
+            .context("a latency submit failed")?
+            .task_id;
+        all.push(id.clone());
+        let status = h
+            .wait_task(&id, Duration::from_secs(60))
+            .await
+            .with_context(|| format!("waiting for latency task {id}"))?;
+        to_done.push(ms(t.elapsed()));
+        let started = status
+            .attempts
+            .iter()
+            .filter(|a| a.started.is_some())
+            .max_by_key(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+            })
+            .and_then(|a| a.started.as_ref())
+            .with_context(|| format!("latency task {id} ended without a started attempt"))?;
+        to_start.push(started.at.saturating_sub(wall) as f64);
+        display.bar.inc(1);
+    }
+    Ok((to_start, to_done))
+}
+
+/// Submits a task through `h` every [`TRICKLE_EVERY`] until `stop`; returns the tasks
+/// acknowledged. `acked` counts them as they come.
+async fn trickle(
+    h: NodeHandle,
+    queue: QueueId,
+    kind: Kind,
+    first: usize,
+    mut stop: oneshot::Receiver<()>,
+    acked: watch::Sender<usize>,
+) -> anyhow::Result<Vec<TaskId>> {
+    let mut tick = tokio::time::interval(TRICKLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut inflight = FuturesUnordered::new();
+    let mut ids = Vec::new();
+    let mut i = first;
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            _ = tick.tick() => {
+                let (h, q, req) = (h.clone(), queue.clone(), kind.request(i));
+                inflight.push(async move { h.submit(&q, req).await });
+                i += 1;
+            }
+            Some(r) = inflight.next(), if !inflight.is_empty() => {
+                ids.push(r.context("a trickle submit failed")?.task_id);
+                acked.send_replace(ids.len());
+            }
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        ids.push(r.context("a trickle submit failed")?.task_id);
+    }
+    Ok(ids)
+}
+
+/// One failover: returns the milliseconds from the kill to the first attempt assigned under
+/// a greater claim.
+async fn failover_round(
+    cluster: &mut Cluster,
+    opts: &Options,
+    display: &Display,
+    round: usize,
+    all: &mut Vec<TaskId>,
+) -> anyhow::Result<f64> {
+    let n = opts.nodes;
+    let old = cluster.router(0).await?;
+    let victim = cluster
+        .peers
+        .iter()
+        .position(|p| p == &old.peer)
+        .context("the router is not one of the bench's nodes")?;
+    let via = (victim + 1) % n;
+    let via_handle = cluster.handle(via)?;
+    display.say(format!(
+        "failover {}/{}: router is node {victim} (term {}); trickling tasks through node {via}",
+        round + 1,
+        opts.failovers,
+        old.term
+    ));
+    display.start(opts.failovers, "failovers");
+    display.bar.set_position(round as u64);
+
+    let (stop, stop_rx) = oneshot::channel();
+    let (acked_tx, mut acked) = watch::channel(0usize);
+    let first = all.len();
+    let trickling = tokio::spawn(trickle(
+        via_handle.clone(),
+        cluster.queue.clone(),
+        opts.kind,
+        first,
+        stop_rx,
+        acked_tx,
+    ));
+    // The trickle flows before the kill.
+    tokio::time::timeout(Duration::from_secs(30), acked.wait_for(|&n| n > 0))
+        .await
+        .context("the trickle's first task was not acknowledged within 30 s")?
+        .context("the trickle stopped")?;
+
+    let node = cluster.nodes[victim]
+        .take()
+        .context("the router's node is not running")?;
+    let closed = node.kill();
+    let kill_wall = wall_ms();
+
+    let mut rx = via_handle
+        .watch_queue(&cluster.queue)
+        .context("queue not open")?;
+    let assigned_at = wait_view(
+        &mut rx,
+        Duration::from_secs(60),
+        "an attempt by a new router",
+        |v| {
+            entries(v)
+                .flat_map(|t| t.attempts.iter())
+                .filter(|a| a.id.claim > old)
+                .map(|a| a.assigned_at)
+                .min()
+        },
+    )
+    .await?;
+    let takeover_ms = assigned_at.saturating_sub(kill_wall) as f64;
+    display.say(format!(
+        "failover {}/{}: a new router assigned its first task {takeover_ms} ms after the kill",
+        round + 1,
+        opts.failovers
+    ));
+
+    // Restart the victim on its data directory, bootstrapping from the trickle's node.
+    tokio::time::timeout(Duration::from_secs(60), closed.wait())
+        .await
+        .context("the killed node's store was not released within 60 s")?;
+    let addr = via_handle.wait_listening().await;
+    let restarted = spawn_isolated(
+        Cluster::config(&cluster.root, cluster.workers, victim, vec![addr]),
+        1,
+    )
+    .await
+    .with_context(|| format!("cannot restart node {victim} on its data directory"))?;
+    let h = restarted.handle().clone();
+    cluster.nodes[victim] = Some(restarted);
+    let mut rx = match h.watch_queue(&cluster.queue) {
+        Some(rx) => rx,
+        None => {
+            h.join_queue(&cluster.queue)
+                .await
+                .context("the restarted node cannot rejoin the queue")?;
+            h.watch_queue(&cluster.queue).context("queue not open")?
+        }
+    };
+    wait_view(
+        &mut rx,
+        Duration::from_secs(60),
+        "the restarted node to see the new router",
+        |v| v.router.as_ref().filter(|r| **r > old).map(|_| ()),
+    )
+    .await?;
+    display.say(format!(
+        "failover {}/{}: node {victim} restarted and rejoined",
+        round + 1,
+        opts.failovers
+    ));
+
+    let _ = stop.send(());
+    let ids = trickling.await.context("the trickle panicked")??;
+    all.extend(ids);
+    // The next round (or the checks) starts on an idle cluster.
+    let mut rx = via_handle
+        .watch_queue(&cluster.queue)
+        .context("queue not open")?;
+    wait_final(&mut rx, all.len(), deadline_for(all.len()), None).await?;
+    display.bar.set_position(round as u64 + 1);
+    Ok(takeover_ms)
+}
+
+/// Median of [`FSYNC_SAMPLES`] × (append 4 KiB + `sync_all`), in ms.
+fn fsync_probe(path: &Path) -> anyhow::Result<f64> {
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let block = [0x5au8; 4096];
+    let mut samples = Vec::with_capacity(FSYNC_SAMPLES);
+    for _ in 0..FSYNC_SAMPLES {
+        let t = Instant::now();
+        f.write_all(&block).context("fsync probe: write")?;
+        f.sync_all().context("fsync probe: sync_all")?;
+        samples.push(ms(t.elapsed()));
+    }
+    Ok(Percentiles::of(&samples).map_or(0.0, |p| p.p50))
+}
+
+/// Tasks per second for `n` tasks' submit → assign → start → finish on one queue document,
+/// each operation its own transaction, as a node writes them.
+fn floor(n: usize) -> anyhow::Result<f64> {
+    use sha2::Digest as _;
+    let me = PeerId::new("12D3KooWQQBxbWrSXaDyidDrDBf9ZbUT1tasngy2Q3SonNMdWt2W");
+    // An `automerge::Automerge`; this crate does not name automerge, the queue functions do.
+    let mut doc = Default::default();
+    queue::create(&mut doc, "floor", &crate::demo::demo_config(), &me, 0)
+        .context("floor: create the queue")?;
+    let claim = Claim::new(1, me.clone());
+    let worker = WorkerId::new(me.clone(), 0);
+    // Ids shaped like real ones (random-looking, so map inserts land anywhere).
+    let ids: Vec<TaskId> = (0..n)
+        .map(|i| {
+            let h = hex::encode(sha2::Sha256::digest(i.to_le_bytes()));
+            TaskId::new(format!("automerge:{}", &h[..28]))
+        })
+        .collect();
+    let t = Instant::now();
+    for (i, id) in ids.iter().enumerate() {
+        let at = i as u64;
+        queue::submit(
+            &mut doc,
+            &Submission {
+                id: id.clone(),
+                kind: "noop".into(),
+                submitter: me.clone(),
+                submitted_at: at,
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            },
+        )
+        .context("floor: submit")?;
+        let attempt = AttemptId {
+            n: 1,
+            claim: claim.clone(),
+        };
+        let a = Assignment {
+            task: id.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        };
+        queue::record_assignments(&mut doc, &[a], at).context("floor: assign")?;
+        queue::record_start(&mut doc, id, &attempt, &worker, 1, at).context("floor: start")?;
+        queue::record_finish(
+            &mut doc,
+            id,
+            &attempt,
+            &worker,
+            AttemptOutcome::Succeeded,
+            None,
+            at,
+        )
+        .context("floor: finish")?;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok(n as f64 / secs.max(1e-9))
+}
+
+fn machine() -> Machine {
+    let memory_mib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kib| kib / 1024);
+    Machine {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_mib,
+    }
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn fmt_p(p: &Option<Percentiles>) -> String {
+    p.as_ref().map_or("-".into(), |p| {
+        format!("p50 {:.1}  p99 {:.1}  max {:.1}", p.p50, p.p99, p.max)
+    })
+}
+
+fn fmt_rate(r: Option<f64>) -> String {
+    r.map_or("-".into(), |r| format!("{r:.0}"))
+}
+
+/// Prints the report for people.
+pub fn print_report(r: &Report) {
+    println!(
+        "cluster                  {} node(s) × {} workers, kind {}, commit {}",
+        r.nodes,
+        r.workers,
+        r.kind.name(),
+        r.commit
+    );
+    println!(
+        "machine                  {} cores, {} MiB",
+        r.machine.cores,
+        r.machine.memory_mib.map_or("?".into(), |m| m.to_string())
+    );
+    println!(
+        "throughput               {:.0} tasks/s ({} tasks, window {})",
+        r.throughput_tasks_per_s, r.throughput_tasks, r.window
+    );
+    println!(
+        "submit rate              first 10% {}/s, last 10% {}/s",
+        fmt_rate(r.submit_rate_first_10pct),
+        fmt_rate(r.submit_rate_last_10pct)
+    );
+    println!(
+        "submit → start (ms)      {}  ({} samples)",
+        fmt_p(&r.submit_to_start_ms),
+        r.latency_samples
+    );
+    println!("submit → done (ms)       {}", fmt_p(&r.submit_to_done_ms));
+    println!(
+        "failover (ms)            {}  ({} kills)",
+        fmt_p(&r.failover_ms),
+        r.failovers
+    );
+    println!(
+        "unforced takeovers       {}  (router terms beyond one per kill)",
+        r.unforced_takeovers
+    );
+    println!(
+        "tasks                    {} submitted, {} succeeded, {} lost, {} duplicates",
+        r.tasks, r.succeeded, r.lost, r.duplicates
+    );
+    println!("fsync (4 KiB, p50)       {:.2} ms", r.fsync_ms);
+    println!(
+        "Automerge floor          {:.0} tasks/s ({} tasks); throughput is {:.3} of it",
+        r.floor_tasks_per_s, r.floor_tasks, r.ratio_to_floor
+    );
+    println!("elapsed                  {:.1} s", r.elapsed_s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p = Percentiles::of(&s).unwrap();
+        assert_eq!((p.p50, p.p99, p.max), (50.0, 99.0, 100.0));
+        let one = Percentiles::of(&[7.0]).unwrap();
+        assert_eq!((one.p50, one.p99, one.max), (7.0, 7.0, 7.0));
+        assert!(Percentiles::of(&[]).is_none());
+    }
+
+    #[test]
+    fn rates_need_two_acks_and_some_time() {
+        let t = Instant::now();
+        assert_eq!(rate(&[t]), None);
+        assert_eq!(rate(&[t, t]), None);
+        let r = rate(&[
+            t,
+            t + Duration::from_millis(500),
+            t + Duration::from_secs(1),
+        ])
+        .unwrap();
+        assert!((r - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_floor_runs() {
+        assert!(floor(20).unwrap() > 0.0);
+    }
+}

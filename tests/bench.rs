@@ -1,0 +1,76 @@
+//! `piecework bench`, run in-process and small: three nodes, 300 throughput tasks, five latency
+//! samples and one router kill with a restart. Nothing here is about speed: the checks are
+//! that every task submitted in every phase succeeded, that no task ran twice except where the
+//! kill allows it, and that the failover was measured. The bench itself waits on queue views and task outcomes, never on a fixed sleep.
+
+use piecework::bench::{self, Kind, Options};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_bench_with_a_failover_loses_nothing() {
+    let opts = Options {
+        nodes: 3,
+        tasks: 300,
+        kind: Kind::Noop,
+        failovers: 1,
+        latency_samples: 5,
+        progress: false,
+        ..Options::default()
+    };
+    let r = bench::run(&opts).await.expect("the bench runs");
+    let json = serde_json::to_string(&r).expect("the report serializes");
+    assert_eq!(r.nodes, 3, "{json}");
+    assert_eq!(r.throughput_tasks, 300, "{json}");
+    // Throughput, latency and at least one trickle task.
+    assert!(r.tasks > 300 + 5, "{json}");
+    assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
+    assert_eq!(r.lost, 0, "{json}");
+    // A kill is a crash: a run the killed router's node finished but had not yet sent may
+    // succeed again elsewhere (at-least-once), at most once per worker of the killed node.
+    assert!(
+        r.duplicates <= r.workers as usize * opts.failovers,
+        "{json}"
+    );
+    assert!(r.failover_ms.is_some(), "{json}");
+    assert!(
+        r.submit_to_start_ms.is_some() && r.submit_to_done_ms.is_some(),
+        "{json}"
+    );
+    assert_eq!(r.floor_tasks, 300, "{json}");
+    assert!(!r.commit.is_empty(), "{json}");
+    // The JSON carries every field the docs describe, failover_ms as an object.
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(v["failover_ms"]["p50"].is_number(), "{json}");
+    assert!(v["machine"]["cores"].as_u64().unwrap() >= 1, "{json}");
+}
+
+#[tokio::test]
+async fn the_bench_refuses_bad_arguments() {
+    let cases = [
+        (
+            Options {
+                nodes: 0,
+                ..Options::default()
+            },
+            "--nodes",
+        ),
+        (
+            Options {
+                tasks: 0,
+                ..Options::default()
+            },
+            "--tasks",
+        ),
+        (
+            Options {
+                nodes: 1,
+                failovers: 1,
+                ..Options::default()
+            },
+            "at least 2 nodes",
+        ),
+    ];
+    for (opts, says) in cases {
+        let e = bench::run(&opts).await.expect_err("refused");
+        assert!(format!("{e:#}").contains(says), "{says}: {e:#}");
+    }
+}
