@@ -479,18 +479,30 @@ fn runs_an_attempt_that_replaces_a_run_on_a_silent_pool() {
 fn assignments_written_before_incarnations_were_recorded_still_run() {
     let mut f = Fixture::new(1, 3);
     queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
-    let t = f.submit(1);
-    f.assign(&t, &router(1, "r"), 0);
-    // Strip the field, as an older writer would have left it.
+    // A task and its attempt as an older writer left them: a layout-1 entry whose attempt
+    // names no pool incarnation.
+    let t = TaskId::new("automerge:old");
     let tasks = match f.doc.get(ROOT, "tasks").unwrap() {
         Some((_, id)) => id,
         None => panic!("no tasks"),
     };
-    let entry = f.doc.get(&tasks, t.as_str()).unwrap().unwrap().1;
-    let list = f.doc.get(&entry, "attempts").unwrap().unwrap().1;
-    let attempt = f.doc.get(&list, 0).unwrap().unwrap().1;
+    let worker = WorkerId::new(me(), 0).to_string();
     f.doc
-        .transact::<_, _, AutomergeError>(|tx| tx.delete(&attempt, "pool_incarnation"))
+        .transact::<_, _, AutomergeError>(|tx| {
+            let e = tx.put_object(&tasks, t.as_str(), automerge::ObjType::Map)?;
+            tx.put(&e, "kind", "k")?;
+            tx.put(&e, "submitted_at", 1u64)?;
+            tx.put(&e, "submitter", me().as_str())?;
+            tx.put(&e, "max_attempts", 3u64)?;
+            let list = tx.put_object(&e, "attempts", automerge::ObjType::List)?;
+            let a = tx.insert_object(&list, 0, automerge::ObjType::Map)?;
+            tx.put(&a, "n", 1u64)?;
+            tx.put(&a, "term", 1u64)?;
+            tx.put(&a, "router", "r")?;
+            tx.put(&a, "worker", worker.as_str())?;
+            tx.put(&a, "assigned_at", 0u64)?;
+            Ok(())
+        })
         .unwrap();
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks()[&t].attempts[0].pool_incarnation, None);
