@@ -1,10 +1,12 @@
 //! A queue view kept up to date incrementally.
 //!
-//! Reading a whole queue document costs about 15 µs per indexed task (automerge 0.12, release).
-//! Routers and pools need a fresh view after every change, so [`ViewCache`] re-reads only what
-//! the new changes touched: it decodes the changes since the heads it last read, maps each
-//! operation's object to the task that owns it (a table of object ids filled while reading),
-//! and re-reads those tasks, plus the small root records if an operation touched anything else.
+//! Reading a whole queue document costs time in proportion to its tasks. Routers and pools need
+//! a fresh view after every change, so [`ViewCache`] re-reads only what the new changes
+//! touched: it decodes the changes since the heads it last read and maps each operation to the
+//! task it belongs to (layout 2: the task named by the operation's key in one of the layout
+//! maps; layout 1: the task owning the operation's object, from a table of object ids filled
+//! while reading), re-reads those tasks, plus the small root records if an operation touched
+//! anything else, and says which tasks it re-read ([`ViewCache::changed`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
