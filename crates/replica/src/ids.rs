@@ -5,7 +5,13 @@ use std::fmt;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-/// A document's id: an `automerge:` URL (base58 of 16 random bytes after the prefix).
+/// A document's id: an `automerge:` URL.
+///
+/// New ids are written as automerge-repo writes them: 16 random bytes in base58check (base58
+/// of the bytes followed by the first 4 bytes of their double SHA-256), so a JavaScript
+/// automerge-repo peer names the same document with the same text. Ids written by earlier
+/// versions (plain base58 of 16 bytes, no checksum) still parse; an id is compared as text, so
+/// both forms coexist.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct DocId(String);
@@ -20,16 +26,33 @@ impl DocId {
     pub fn generate(rng: &mut impl RngCore) -> Self {
         let mut bytes = [0u8; 16];
         rng.fill_bytes(&mut bytes);
-        DocId(format!("{URL_PREFIX}{}", bs58::encode(bytes).into_string()))
+        let text = bs58::encode(bytes).with_check().into_string();
+        DocId(format!("{URL_PREFIX}{text}"))
     }
 
-    /// Parses an id, checking its form.
+    /// Parses an id, checking its form: 16 bytes in base58check (automerge-repo's form), or
+    /// in plain base58 (the form of ids written by earlier versions).
     pub fn parse(s: &str) -> Option<Self> {
         let rest = s.strip_prefix(URL_PREFIX)?;
-        let ok = s.len() <= MAX_DOC_ID
-            && !rest.is_empty()
-            && bs58::decode(rest).into_vec().is_ok_and(|b| b.len() == 16);
-        ok.then(|| DocId(s.to_owned()))
+        if s.len() > MAX_DOC_ID || rest.is_empty() {
+            return None;
+        }
+        let checked = bs58::decode(rest)
+            .with_check(None)
+            .into_vec()
+            .is_ok_and(|b| b.len() == 16);
+        let legacy = || bs58::decode(rest).into_vec().is_ok_and(|b| b.len() == 16);
+        (checked || legacy()).then(|| DocId(s.to_owned()))
+    }
+
+    /// Whether the id is in automerge-repo's form (base58check), rather than the legacy one.
+    pub fn is_checked(&self) -> bool {
+        self.0.strip_prefix(URL_PREFIX).is_some_and(|rest| {
+            bs58::decode(rest)
+                .with_check(None)
+                .into_vec()
+                .is_ok_and(|b| b.len() == 16)
+        })
     }
 
     /// The id's text.

@@ -105,6 +105,20 @@ fn s01_ids_round_trip_and_refuse_garbage() {
     ] {
         assert_eq!(DocId::parse(bad), None, "{bad}");
     }
+    // New ids are automerge-repo's form (base58check of 16 bytes); legacy ids (plain base58)
+    // still parse, and a checked id with one character changed does not.
+    let fresh = DocId::generate(&mut rand::rng());
+    assert!(fresh.is_checked(), "{fresh}");
+    assert_eq!(DocId::parse(fresh.as_str()), Some(fresh.clone()));
+    assert!(!d.is_checked());
+    // The example id in automerge-repo's documentation.
+    let js = DocId::parse("automerge:4NMNnkMhL8jXrdJ9jamS58PAVdXu").expect("automerge-repo id");
+    assert!(js.is_checked());
+    let body = &fresh.as_str()[URL_PREFIX.len()..];
+    let last = body.chars().last().unwrap();
+    let swapped = if last == '2' { '3' } else { '2' };
+    let broken = format!("{URL_PREFIX}{}{swapped}", &body[..body.len() - 1]);
+    assert_eq!(DocId::parse(&broken), None, "{broken}");
     let m = Message::Sync {
         doc: d.clone(),
         data: vec![1, 2, 3],
