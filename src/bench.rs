@@ -6,8 +6,9 @@
 //!    in the bench's temporary directory, then `sync_all`); and `floor_tasks_per_s`, the
 //!    Automerge work of a task's life on one replica (submit → assign → start → finish on one
 //!    queue document, no node, no network, no disk) for `min(tasks, 20 000)` tasks.
-//! 2. **Throughput**: `tasks` tasks submitted round-robin through the nodes with at most
-//!    `window` submits in flight, until every one succeeded or failed.
+//! 2. **Throughput**: `tasks` tasks submitted round-robin through the nodes in batches of
+//!    `batch` (`submit_many`; one at a time with `--batch 1`), with at most `window` tasks in
+//!    flight, until every one succeeded or failed.
 //! 3. **Latency**, on the now idle cluster: `latency_samples` tasks, one at a time, each
 //!    waited for before the next.
 //! 4. **Failover** (`failovers` times, 2 nodes or more): with a trickle of tasks going through
@@ -96,8 +97,11 @@ pub struct Options {
     pub failovers: usize,
     /// Tasks in the latency phase, one at a time.
     pub latency_samples: usize,
-    /// The most submits in flight during the throughput phase.
+    /// The most tasks in flight (submitted, not yet acknowledged) during the throughput phase.
     pub window: usize,
+    /// Tasks per submit in the throughput phase: 1 submits one at a time, more use
+    /// `submit_many` (at most `api::MAX_BATCH`).
+    pub batch: usize,
     /// Show phases and a progress bar on stderr.
     pub progress: bool,
 }
@@ -112,6 +116,7 @@ impl Default for Options {
             failovers: 0,
             latency_samples: 200,
             window: 256,
+            batch: 64,
             progress: true,
         }
     }
@@ -136,6 +141,9 @@ impl Options {
         }
         if self.window < 1 {
             bail!("--window must be at least 1");
+        }
+        if !(1..=api::MAX_BATCH).contains(&self.batch) {
+            bail!("--batch must be in [1, {}]", api::MAX_BATCH);
         }
         if self.failovers > 0 && self.nodes < 2 {
             bail!(
@@ -199,8 +207,10 @@ pub struct Report {
     pub kind: Kind,
     /// Tasks in the throughput phase.
     pub throughput_tasks: usize,
-    /// The most submits in flight during the throughput phase.
+    /// The most tasks in flight during the throughput phase.
     pub window: usize,
+    /// Tasks per submit during the throughput phase.
+    pub batch: usize,
     /// Throughput tasks / (first submit → the moment the observing node saw the last of them
     /// succeed or fail).
     pub throughput_tasks_per_s: f64,
@@ -535,6 +545,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         kind: opts.kind,
         throughput_tasks: opts.tasks,
         window: opts.window,
+        batch: opts.batch,
         throughput_tasks_per_s: tp.tasks_per_s,
         submit_rate_first_10pct: tp.first_rate,
         submit_rate_last_10pct: tp.last_rate,
@@ -573,9 +584,10 @@ async fn throughput(
 ) -> anyhow::Result<Throughput> {
     let m = opts.tasks;
     display.say(format!(
-        "throughput: {m} {} tasks, round-robin over {} node(s), at most {} submits in flight",
+        "throughput: {m} {} tasks, round-robin over {} node(s), in batches of {}, at most {} in flight",
         opts.kind.name(),
         opts.nodes,
+        opts.batch,
         opts.window
     ));
     display.start(m, "acknowledged");
@@ -584,21 +596,31 @@ async fn throughput(
     let mut ids = Vec::with_capacity(m);
     let mut acks = Vec::with_capacity(m);
     let mut inflight = FuturesUnordered::new();
-    let mut take = |r: Result<api::Submitted, piecework_node::SubmitError>| {
-        ids.push(r.context("a submit failed")?.task_id);
-        acks.push(Instant::now());
-        display.bar.inc(1);
-        anyhow::Ok(())
+    let mut in_flight = 0;
+    let mut take = |r: anyhow::Result<Vec<TaskId>>| {
+        let batch = r?;
+        let at = Instant::now();
+        display.bar.inc(batch.len() as u64);
+        acks.extend(batch.iter().map(|_| at));
+        let n = batch.len();
+        ids.extend(batch);
+        anyhow::Ok(n)
     };
     let t0 = Instant::now();
-    for i in 0..m {
-        let h = handles[i % handles.len()].clone();
+    let mut i = 0;
+    let mut turn = 0;
+    while i < m {
+        let h = handles[turn % handles.len()].clone();
+        turn += 1;
         let q = cluster.queue.clone();
-        let req = opts.kind.request(i);
-        inflight.push(async move { h.submit(&q, req).await });
-        while inflight.len() >= opts.window {
+        let n = opts.batch.min(m - i);
+        let reqs: Vec<api::SubmitTask> = (i..i + n).map(|j| opts.kind.request(j)).collect();
+        i += n;
+        in_flight += n;
+        inflight.push(async move { submit_batch(&h, &q, reqs).await });
+        while in_flight >= opts.window {
             let r = inflight.next().await.expect("a submit in flight");
-            take(r)?;
+            in_flight -= take(r)?;
         }
     }
     while let Some(r) = inflight.next().await {
@@ -622,6 +644,33 @@ async fn throughput(
         first_rate: rate(&acks[..slice]),
         last_rate: rate(&acks[m - slice..]),
     })
+}
+
+/// Submits one task with `submit`, or several with `submit_many`; every one must be taken.
+async fn submit_batch(
+    h: &NodeHandle,
+    q: &QueueId,
+    mut reqs: Vec<api::SubmitTask>,
+) -> anyhow::Result<Vec<TaskId>> {
+    if reqs.len() == 1 {
+        let req = reqs.pop().expect("one request");
+        return Ok(vec![
+            h.submit(q, req).await.context("a submit failed")?.task_id,
+        ]);
+    }
+    let entries = h
+        .submit_many(q, reqs)
+        .await
+        .context("a batch submit failed")?;
+    entries
+        .into_iter()
+        .map(|e| match e {
+            api::BatchEntry::Submitted { task_id, .. } => Ok(task_id),
+            api::BatchEntry::Refused { index, error } => {
+                Err(anyhow::anyhow!("batch entry {index} was refused: {error}"))
+            }
+        })
+        .collect()
 }
 
 /// Acknowledgements per second within a slice: those after the first over the span from the
@@ -961,8 +1010,8 @@ pub fn print_report(r: &Report) {
         r.machine.memory_mib.map_or("?".into(), |m| m.to_string())
     );
     println!(
-        "throughput               {:.0} tasks/s ({} tasks, window {})",
-        r.throughput_tasks_per_s, r.throughput_tasks, r.window
+        "throughput               {:.0} tasks/s ({} tasks, batches of {}, window {})",
+        r.throughput_tasks_per_s, r.throughput_tasks, r.batch, r.window
     );
     println!(
         "submit rate              first 10% {}/s, last 10% {}/s",

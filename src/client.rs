@@ -115,6 +115,16 @@ impl Client {
         self.post(&format!("/v1/queues/{queue}/tasks"), req).await
     }
 
+    /// Submits a batch (at most [`api::MAX_BATCH`] entries): one answer per entry.
+    pub async fn submit_many(
+        &self,
+        queue: &QueueId,
+        entries: &[serde_json::Value],
+    ) -> anyhow::Result<Vec<api::BatchEntry>> {
+        self.post(&format!("/v1/queues/{queue}/tasks"), &entries)
+            .await
+    }
+
     /// A task's status.
     pub async fn task_status(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
         self.get(&format!("/v1/tasks/{id}"), Duration::from_secs(15))

@@ -100,9 +100,12 @@ enum Command {
         /// Tasks run one at a time to measure latency.
         #[arg(long, default_value_t = 200)]
         latency_samples: usize,
-        /// The most submits in flight in the throughput phase.
+        /// The most tasks in flight (submitted, not yet acknowledged) in the throughput phase.
         #[arg(long, default_value_t = 256)]
         window: usize,
+        /// Tasks per submit in the throughput phase (1: one at a time; at most 1000).
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -131,13 +134,18 @@ enum QueueCommand {
 
 #[derive(Subcommand, Debug)]
 enum TaskCommand {
-    /// Submit a task; prints its id.
+    /// Submit a task and print its id; or, with --file, a batch of tasks.
     Submit {
         /// The queue's id.
         queue_id: String,
         /// The handler kind (built in: noop, sleep, sha256).
-        #[arg(long)]
-        kind: String,
+        #[arg(long, required_unless_present = "file")]
+        kind: Option<String>,
+        /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
+        /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
+        /// answered with its task id or its error; the valid lines are submitted either way.
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "wait"])]
+        file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
         input: String,
@@ -237,6 +245,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             failovers,
             latency_samples,
             window,
+            batch,
             json,
         } => {
             let opts = piecework::bench::Options {
@@ -247,6 +256,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 failovers,
                 latency_samples,
                 window,
+                batch,
                 progress: true,
             };
             let report = piecework::bench::run(&opts).await?;
@@ -295,6 +305,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 TaskCommand::Submit {
                     queue_id,
                     kind,
+                    file,
                     input,
                     priority,
                     urgent,
@@ -302,6 +313,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     timeout,
                     json,
                 } => {
+                    if let Some(file) = file {
+                        return submit_file(&client, &QueueId::new(queue_id), &file, json).await;
+                    }
+                    let kind = kind.context("--kind is required without --file")?;
                     let input: serde_json::Value = serde_json::from_str(&input)
                         .with_context(|| format!("--input is not valid JSON: {input:?}"))?;
                     let req = api::SubmitTask {
@@ -434,6 +449,104 @@ async fn run_node(
         }
         _ = tokio::signal::ctrl_c() => {
             eprintln!("stopping");
+        }
+    }
+    Ok(())
+}
+
+/// One line of a `task submit --file` run: its task, or why it was not submitted.
+#[derive(serde::Serialize)]
+struct LineAnswer {
+    line: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<TaskId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// Submits a JSON-lines file in batches of [`api::MAX_BATCH`]; fails (after answering every
+/// line) if any line was refused.
+async fn submit_file(
+    client: &Client,
+    queue: &QueueId,
+    path: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<()> {
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("cannot read the tasks from stdin")?
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the tasks file {}", path.display()))?
+    };
+    let mut answers = Vec::new();
+    let mut batch: Vec<(usize, serde_json::Value)> = Vec::new();
+    let lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let mut lines = lines.peekable();
+    while let Some((i, line)) = lines.next() {
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v) => batch.push((i + 1, v)),
+            Err(e) => answers.push(LineAnswer {
+                line: i + 1,
+                task_id: None,
+                error: Some(format!("not JSON: {e}")),
+            }),
+        }
+        if batch.len() == api::MAX_BATCH || (lines.peek().is_none() && !batch.is_empty()) {
+            let (numbers, values): (Vec<usize>, Vec<serde_json::Value>) =
+                std::mem::take(&mut batch).into_iter().unzip();
+            let entries = match client.submit_many(queue, &values).await {
+                Ok(entries) => entries,
+                Err(e) => {
+                    // What was submitted before stays submitted: say which lines those were.
+                    print_lines(&mut answers, json)?;
+                    return Err(e.context(format!(
+                        "lines {} to {} and any after them were not submitted",
+                        numbers[0],
+                        numbers[numbers.len() - 1]
+                    )));
+                }
+            };
+            for e in entries {
+                let (index, task_id, error) = match e {
+                    api::BatchEntry::Submitted { index, task_id, .. } => {
+                        (index, Some(task_id), None)
+                    }
+                    api::BatchEntry::Refused { index, error } => (index, None, Some(error)),
+                };
+                let line = numbers.get(index).copied().unwrap_or(0);
+                answers.push(LineAnswer {
+                    line,
+                    task_id,
+                    error,
+                });
+            }
+        }
+    }
+    print_lines(&mut answers, json)?;
+    let refused = answers.iter().filter(|a| a.error.is_some()).count();
+    if refused > 0 {
+        bail!(
+            "{refused} of {} lines were not submitted (see their errors above)",
+            answers.len()
+        );
+    }
+    Ok(())
+}
+
+/// Prints each line's answer in line order: `<line>\t<task id>` or `<line>\terror: <why>`.
+fn print_lines(answers: &mut [LineAnswer], json: bool) -> anyhow::Result<()> {
+    answers.sort_by_key(|a| a.line);
+    if json {
+        return print_json(&answers);
+    }
+    for a in answers.iter() {
+        match (&a.task_id, &a.error) {
+            (Some(id), _) => println!("{}\t{id}", a.line),
+            (None, Some(e)) => println!("{}\terror: {e}", a.line),
+            (None, None) => {}
         }
     }
     Ok(())

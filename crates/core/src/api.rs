@@ -57,6 +57,43 @@ pub struct Submitted {
     pub replicated: bool,
 }
 
+/// The most entries one batch submit may hold ([`crate::Command::SubmitMany`],
+/// `POST /v1/queues/{id}/tasks` with an array body).
+pub const MAX_BATCH: usize = 1_000;
+
+/// One entry of a batch submit's answer, in the order of the request: the task, or why this
+/// entry was refused (the others are not affected).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BatchEntry {
+    /// The entry was indexed as a task.
+    Submitted {
+        /// The entry's position in the request, from 0.
+        index: usize,
+        /// The task's id.
+        task_id: TaskId,
+        /// As in [`Submitted::replicated`], for the whole batch.
+        replicated: bool,
+    },
+    /// The entry was refused.
+    Refused {
+        /// The entry's position in the request, from 0.
+        index: usize,
+        /// Why.
+        error: String,
+    },
+}
+
+impl BatchEntry {
+    /// The task's id, if the entry was indexed.
+    pub fn task_id(&self) -> Option<&TaskId> {
+        match self {
+            BatchEntry::Submitted { task_id, .. } => Some(task_id),
+            BatchEntry::Refused { .. } => None,
+        }
+    }
+}
+
 /// One queue as this node sees it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct QueueStatus {
@@ -199,6 +236,9 @@ pub enum SubmitError {
     /// Too many submits are waiting on this node.
     #[error("the node is busy: {0} submits are waiting already")]
     Busy(usize),
+    /// A batch holds more than [`MAX_BATCH`] entries.
+    #[error("a batch holds at most {MAX_BATCH} tasks; this one holds {0}")]
+    TooMany(usize),
     /// The node is stopping.
     #[error("the node is stopping")]
     Stopped,

@@ -192,6 +192,15 @@ pub enum Command {
         /// The task.
         task: api::SubmitTask,
     },
+    /// Submit up to [`api::MAX_BATCH`] tasks with one change to the queue document and one
+    /// durable acknowledgement: [`Reply::SubmittedMany`]. An invalid entry is refused by its
+    /// index; the others are submitted.
+    SubmitMany {
+        /// The queue.
+        queue: QueueId,
+        /// The tasks.
+        tasks: Vec<api::SubmitTask>,
+    },
     /// A task's status: [`Reply::Task`]; with `wait`, once it is done (or the wait ends).
     TaskStatus {
         /// The task.
@@ -214,6 +223,9 @@ pub enum Reply {
     Paused(Result<(), api::QueueError>),
     /// To [`Command::Submit`].
     Submitted(Result<api::Submitted, api::SubmitError>),
+    /// To [`Command::SubmitMany`]: one entry per task, in order, unless the whole batch was
+    /// refused.
+    SubmittedMany(Result<Vec<api::BatchEntry>, api::SubmitError>),
     /// To [`Command::TaskStatus`].
     Task(Box<Result<api::TaskStatus, api::TaskError>>),
     /// To [`Command::Status`].

@@ -64,15 +64,22 @@ struct TaskWaiter {
 #[derive(Debug)]
 struct SubmitWait {
     cmd: CommandId,
-    task: TaskId,
-    task_doc: DocId,
-    task_heads: Vec<ChangeHash>,
-    task_version: u64,
+    /// How to answer: one task, or a batch (whose refused entries are already known).
+    answer: SubmitAnswer,
+    /// Each new task document, its heads and its save version after the submit.
+    tasks: Vec<(DocId, Vec<ChangeHash>, u64)>,
     queue: QueueId,
     queue_doc: DocId,
     queue_heads: Vec<ChangeHash>,
     queue_version: u64,
     deadline: Instant,
+}
+
+#[derive(Debug)]
+enum SubmitAnswer {
+    One(TaskId),
+    /// Per request entry: its task, or why it was refused.
+    Many(Vec<Result<TaskId, String>>),
 }
 
 #[derive(Debug)]
@@ -123,6 +130,12 @@ pub struct Core {
     task_waiters: Vec<TaskWaiter>,
     /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
     submit_waits: Vec<SubmitWait>,
+    /// Something that can answer a submit wait happened since [`Core::check_submits`] last ran.
+    submits_dirty: bool,
+    /// Inside [`Core::begin_batch`]: turns wait for [`Core::end_batch`].
+    batching: bool,
+    /// The earliest deadline of a durable submit that waits only for a peer to hold it.
+    submit_deadline: Option<Instant>,
     /// Documents that may leave memory once saved and unused, and from when: at most the
     /// loaded documents (an entry whose document is gone is dropped).
     to_evict: EvictQueue,
@@ -182,6 +195,9 @@ impl Core {
             join_retries: vec![],
             task_waiters: vec![],
             submit_waits: vec![],
+            submits_dirty: false,
+            batching: false,
+            submit_deadline: None,
             to_evict: EvictQueue::default(),
             runs: BTreeMap::new(),
             to_revive: BTreeSet::new(),
@@ -305,6 +321,7 @@ impl Core {
 
     /// A sync stream to `peer` opened: start syncing with it.
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
+        self.submits_dirty = true;
         self.connected.insert(peer.clone());
         self.replica.handle_connected(peer);
         // A member that comes back may hold the documents of tasks whose input was unavailable.
@@ -327,6 +344,7 @@ impl Core {
     /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
     /// starts over).
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
+        self.submits_dirty = true;
         self.connected.remove(peer);
         self.replica.handle_disconnected(peer);
         self.turn(now);
@@ -346,6 +364,7 @@ impl Core {
 
     /// A frame from `peer`'s sync stream (the transport authenticated the peer).
     pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
+        self.submits_dirty = true;
         match Message::decode(frame) {
             Ok(msg) => self.replica.handle_message(peer, msg, now.mono),
             Err(e) => self.events.push_back(Event::Rejected {
@@ -463,6 +482,7 @@ impl Core {
 
     /// The answer to [`Io::Save`].
     pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<(), StorageFailure>) {
+        self.submits_dirty = true;
         match self
             .saves
             .handle_saved(now.mono, id, result, &mut self.replica)
@@ -588,8 +608,8 @@ impl Core {
                 earliest(r);
             }
         }
-        for w in &self.submit_waits {
-            earliest(w.deadline);
+        if let Some(d) = self.submit_deadline {
+            earliest(d);
         }
         for w in &self.task_waiters {
             earliest(w.until);
@@ -614,9 +634,26 @@ impl Core {
 
     // ----- the turn -----
 
-    /// Runs after every input: drives timers, carries out actions until none is left, starts
-    /// writes, and resumes or expires whatever waited.
+    /// Defers the turn every `handle_*` method ends with until [`Core::end_batch`]: a driver
+    /// that has several inputs ready hands them all over, and one turn then routes, writes,
+    /// saves and syncs what they changed together (one refresh of each view, one save of each
+    /// document, one sync message per document and peer). Outputs wait for the turn.
+    pub fn begin_batch(&mut self) {
+        self.batching = true;
+    }
+
+    /// Ends a batch begun with [`Core::begin_batch`]: runs the deferred turn.
+    pub fn end_batch(&mut self, now: Time) {
+        self.batching = false;
+        self.turn(now);
+    }
+
+    /// Runs after every input (or batch of inputs): drives timers, carries out actions until
+    /// none is left, starts writes, and resumes or expires whatever waited.
     fn turn(&mut self, now: Time) {
+        if self.batching {
+            return;
+        }
         self.replica.handle_timeout(now.mono);
         self.saves.handle_timeout(now.mono);
         while let Some((at, doc)) = self.load_retries.first().cloned() {
@@ -918,6 +955,7 @@ impl Core {
                 self.replies.push_back((cmd, Reply::Paused(r)));
             }
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
+            Command::SubmitMany { queue, tasks } => self.submit_many(now, cmd, queue, tasks),
             Command::TaskStatus { task, wait } => {
                 let Some(doc) = task_doc(&task) else {
                     self.replies.push_back((
@@ -1090,117 +1128,194 @@ impl Core {
     }
 
     fn submit(&mut self, now: Time, cmd: CommandId, queue_id: QueueId, req: api::SubmitTask) {
-        let reply = |r| (cmd, Reply::Submitted(r));
-        if req.kind.trim().is_empty() {
-            self.replies
-                .push_back(reply(Err(SubmitError::Invalid("the kind is empty".into()))));
+        match self.submit_batch(now, cmd, queue_id, vec![req], false) {
+            Ok(()) => {}
+            Err(e) => self.replies.push_back((cmd, Reply::Submitted(Err(e)))),
+        }
+    }
+
+    fn submit_many(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue_id: QueueId,
+        reqs: Vec<api::SubmitTask>,
+    ) {
+        if reqs.len() > api::MAX_BATCH {
+            self.replies.push_back((
+                cmd,
+                Reply::SubmittedMany(Err(SubmitError::TooMany(reqs.len()))),
+            ));
             return;
         }
-        if req.priority.abs() > queue::MAX_PRIORITY {
-            self.replies
-                .push_back(reply(Err(SubmitError::Invalid(format!(
-                    "priority {} is outside [-{max}, {max}]",
-                    req.priority,
-                    max = queue::MAX_PRIORITY
-                )))));
-            return;
+        if let Err(e) = self.submit_batch(now, cmd, queue_id, reqs, true) {
+            self.replies.push_back((cmd, Reply::SubmittedMany(Err(e))));
+        }
+    }
+
+    /// Checks a request on its own (before any document is touched).
+    fn check_request(req: &api::SubmitTask) -> Result<(), SubmitError> {
+        if req.kind.trim().is_empty() {
+            return Err(SubmitError::Invalid("the kind is empty".into()));
+        }
+        if req.priority.unsigned_abs() > queue::MAX_PRIORITY.unsigned_abs() {
+            return Err(SubmitError::Invalid(format!(
+                "priority {} is outside [-{max}, {max}]",
+                req.priority,
+                max = queue::MAX_PRIORITY
+            )));
+        }
+        if let Some(m) = req.max_attempts {
+            let (lo, hi) = (QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
+            if !(lo..=hi).contains(&m) {
+                return Err(SubmitError::Invalid(format!(
+                    "max_attempts {m} is outside [{lo}, {hi}]"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits `reqs` with one change to the queue document; the reply waits in
+    /// [`Core::check_submits`]. An error refuses the whole batch; a single submit
+    /// (`many == false`) is refused by its entry's error too.
+    fn submit_batch(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue_id: QueueId,
+        reqs: Vec<api::SubmitTask>,
+        many: bool,
+    ) -> Result<(), SubmitError> {
+        if !many && let Some(req) = reqs.first() {
+            Self::check_request(req)?;
         }
         let Some(qdoc) = self.queues.get(&queue_id).map(|q| q.doc.clone()) else {
-            self.replies
-                .push_back(reply(Err(SubmitError::NotJoined(queue_id))));
-            return;
+            return Err(SubmitError::NotJoined(queue_id));
         };
         if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
-            self.replies
-                .push_back(reply(Err(SubmitError::Busy(MAX_PENDING_SUBMITS))));
-            return;
+            return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
         }
-        let mut doc = self.new_doc();
-        let new = NewTask {
-            queue: queue_id.clone(),
-            kind: req.kind.clone(),
-            input: req.input,
-            submitter: self.config.peer.clone(),
-            submitted_at: now.unix_ms,
-        };
-        if let Err(e) = task::init(&mut doc, &new) {
-            self.replies.push_back(reply(Err(e.into())));
-            return;
+        let mut answers: Vec<Result<TaskId, String>> = Vec::with_capacity(reqs.len());
+        let mut submissions = Vec::with_capacity(reqs.len());
+        let mut docs = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            if let Err(e) = Self::check_request(&req) {
+                answers.push(Err(e.to_string()));
+                continue;
+            }
+            let mut doc = self.new_doc();
+            let new = NewTask {
+                queue: queue_id.clone(),
+                kind: req.kind.clone(),
+                input: req.input,
+                submitter: self.config.peer.clone(),
+                submitted_at: now.unix_ms,
+            };
+            if let Err(e) = task::init(&mut doc, &new) {
+                if !many {
+                    return Err(e.into());
+                }
+                answers.push(Err(SubmitError::from(e).to_string()));
+                continue;
+            }
+            let tdoc = DocId::generate(&mut self.rng);
+            let task_id = TaskId::new(tdoc.as_str());
+            submissions.push(Submission {
+                id: task_id.clone(),
+                kind: req.kind,
+                submitter: self.config.peer.clone(),
+                submitted_at: now.unix_ms,
+                priority: req.priority,
+                urgent: req.urgent,
+                max_attempts: req.max_attempts,
+            });
+            answers.push(Ok(task_id));
+            docs.push((tdoc, doc));
         }
-        let tdoc = DocId::generate(&mut self.rng);
-        let task_id = TaskId::new(tdoc.as_str());
-        let submission = Submission {
-            id: task_id.clone(),
-            kind: req.kind,
-            submitter: self.config.peer.clone(),
-            submitted_at: now.unix_ms,
-            priority: req.priority,
-            urgent: req.urgent,
-            max_attempts: req.max_attempts,
-        };
-        // The task document first, so that it is scoped (indexed) when peers receive the entry.
-        self.replica.create(
-            tdoc.clone(),
-            doc,
-            Some(Scope {
-                group: qdoc.clone(),
-                announce: true,
-                requestable: false,
-            }),
-        );
-        self.saves.changed(&tdoc);
+        // The task documents first, so that they are scoped (indexed) when peers receive the
+        // entries.
+        let mut tasks = Vec::with_capacity(docs.len());
+        for (tdoc, doc) in docs {
+            let heads = doc.get_heads();
+            self.replica.create(
+                tdoc.clone(),
+                doc,
+                Some(Scope {
+                    group: qdoc.clone(),
+                    announce: true,
+                    requestable: false,
+                }),
+            );
+            self.saves.changed(&tdoc);
+            tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
+        }
         let r = self.change(&qdoc, |d| {
-            queue::submit(d, &submission)?;
+            queue::submit_many(d, &submissions)?;
             Ok::<_, queue::SubmitError>(d.get_heads())
         });
         let queue_heads = match r {
             Some(Ok(h)) => h,
-            Some(Err(e)) => {
-                self.replica.clear_scope(&tdoc);
-                self.replies.push_back(reply(Err(e.into())));
-                return;
-            }
-            None => {
-                self.replies
-                    .push_back(reply(Err(SubmitError::NotJoined(queue_id))));
-                return;
+            other => {
+                for (tdoc, _, _) in &tasks {
+                    self.replica.clear_scope(tdoc);
+                }
+                return Err(match other {
+                    Some(Err(e)) => e.into(),
+                    _ => SubmitError::NotJoined(queue_id),
+                });
             }
         };
-        let task_heads = self
-            .replica
-            .get(&tdoc)
-            .map(|d| d.get_heads())
-            .unwrap_or_default();
+        let answer = if many {
+            SubmitAnswer::Many(answers)
+        } else {
+            match answers.pop() {
+                Some(Ok(id)) => SubmitAnswer::One(id),
+                _ => unreachable!("a single submit's refusal returned above"),
+            }
+        };
+        self.submits_dirty = true;
         self.submit_waits.push(SubmitWait {
             cmd,
-            task: task_id,
-            task_version: self.saves.version(&tdoc),
-            task_doc: tdoc,
-            task_heads,
+            answer,
+            tasks,
             queue: queue_id,
             queue_version: self.saves.version(&qdoc),
             queue_doc: qdoc,
             queue_heads,
             deadline: now.mono + REPLICATION_WAIT,
         });
+        Ok(())
     }
 
     /// Answers submits that are durable and either held by a peer or out of time (or alone),
-    /// and fails those whose documents cannot be written.
+    /// and fails those whose documents cannot be written. Runs only when a save ended, a peer
+    /// sent something, a submit arrived or the oldest wait's deadline passed.
     fn check_submits(&mut self, now: Time) {
+        let due = self.submit_deadline.is_some_and(|d| now.mono >= d);
+        if !std::mem::take(&mut self.submits_dirty) && !due {
+            return;
+        }
+        self.submit_deadline = None;
         let waits = std::mem::take(&mut self.submit_waits);
         for w in waits {
-            let failing = self
-                .saves
-                .failing(&w.task_doc)
+            let failing = w
+                .tasks
+                .iter()
+                .find_map(|(d, _, _)| self.saves.failing(d))
                 .or_else(|| self.saves.failing(&w.queue_doc))
                 .cloned();
-            let durable = self.saves.is_durable(&w.task_doc, w.task_version)
+            let durable = w.tasks.iter().all(|(d, _, v)| self.saves.is_durable(d, *v))
                 && self.saves.is_durable(&w.queue_doc, w.queue_version);
             if !durable {
                 if let Some(e) = failing {
-                    self.replies
-                        .push_back((w.cmd, Reply::Submitted(Err(SubmitError::NotDurable(e)))));
+                    let reply = match w.answer {
+                        SubmitAnswer::One(_) => Reply::Submitted(Err(SubmitError::NotDurable(e))),
+                        SubmitAnswer::Many(_) => {
+                            Reply::SubmittedMany(Err(SubmitError::NotDurable(e)))
+                        }
+                    };
+                    self.replies.push_back((w.cmd, reply));
                 } else {
                     self.submit_waits.push(w);
                 }
@@ -1212,19 +1327,37 @@ impl Core {
                     .keys()
                     .any(|m| *m != self.config.peer && self.connected.contains(m))
             });
-            let held = self.replica.peer_has(&w.task_doc, &w.task_heads)
+            let held = w.tasks.iter().all(|(d, h, _)| self.replica.peer_has(d, h))
                 && self.replica.peer_has(&w.queue_doc, &w.queue_heads);
-            if held || alone || now.mono >= w.deadline {
-                self.replies.push_back((
-                    w.cmd,
-                    Reply::Submitted(Ok(api::Submitted {
-                        task_id: w.task,
-                        replicated: held,
-                    })),
-                ));
-            } else {
+            if !(held || alone || now.mono >= w.deadline) {
+                // Only its deadline (or a peer's message, which marks the waits dirty) can
+                // answer it now.
+                self.submit_deadline = Some(
+                    self.submit_deadline
+                        .map_or(w.deadline, |d| d.min(w.deadline)),
+                );
                 self.submit_waits.push(w);
+                continue;
             }
+            let reply = match w.answer {
+                SubmitAnswer::One(task_id) => Reply::Submitted(Ok(api::Submitted {
+                    task_id,
+                    replicated: held,
+                })),
+                SubmitAnswer::Many(answers) => Reply::SubmittedMany(Ok(answers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, a)| match a {
+                        Ok(task_id) => api::BatchEntry::Submitted {
+                            index,
+                            task_id,
+                            replicated: held,
+                        },
+                        Err(error) => api::BatchEntry::Refused { index, error },
+                    })
+                    .collect())),
+            };
+            self.replies.push_back((w.cmd, reply));
         }
     }
 

@@ -7,12 +7,23 @@
 //! | `POST /v1/queues` | [`api::CreateQueue`] | [`api::Created`] |
 //! | `POST /v1/queues/{id}/join` | | [`api::QueueStatus`] |
 //! | `POST /v1/queues/{id}/tasks` | [`api::SubmitTask`] | [`api::Submitted`] |
+//! | `POST /v1/queues/{id}/tasks` | an array of [`api::SubmitTask`] | an array of [`api::BatchEntry`]: `{index, task_id, replicated}` or `{index, error}` |
 //! | `GET /v1/tasks/{id}` | | [`api::TaskStatus`] |
 //! | `GET /v1/tasks/{id}/wait?timeout_ms=N` | | [`api::TaskStatus`] once final; 408 after N ms (at most 60 000) |
+//!
+//! A batch (an array body) holds at most [`api::MAX_BATCH`] (1,000) tasks and
+//! [`MAX_BODY`] (8 MiB) of JSON. It is acknowledged once, when every task in it is durable (and
+//! replicated, as for one task). An entry that is not a valid task is answered by its index
+//! with an `error`, and the others are submitted; a batch the node cannot take at all (not
+//! joined, too many entries, busy) gets an error status like a single submit. Bodies the API
+//! cannot parse are answered with the same `{"error": ...}` form and the status the parser gives
+//! (400 for malformed JSON, 415 without a JSON content type, 422 for a missing or mistyped
+//! field, 413 over the size limit).
 
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -22,6 +33,9 @@ use serde::Deserialize;
 
 use crate::{NodeHandle, QueueError, SubmitError, TaskError, api};
 
+/// The largest request body: a batch of tasks with their inputs.
+pub const MAX_BODY: usize = 8 << 20;
+
 /// The longest a wait request blocks.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -30,6 +44,18 @@ struct ApiError(StatusCode, String);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.0, Json(api::ApiError { error: self.1 })).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        ApiError(e.status(), e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError(e.status(), e.body_text())
     }
 }
 
@@ -52,6 +78,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
             SubmitError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SubmitError::TooMany(_) => StatusCode::PAYLOAD_TOO_LARGE,
             SubmitError::NotDurable(_) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -84,6 +111,7 @@ pub fn router(node: NodeHandle) -> Router {
         .route("/v1/queues/{id}/tasks", post(submit))
         .route("/v1/tasks/{id}", get(task_status))
         .route("/v1/tasks/{id}/wait", get(wait_task))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)
 }
 
@@ -98,8 +126,9 @@ async fn status(State(node): State<NodeHandle>) -> Result<Json<api::NodeStatus>,
 
 async fn create_queue(
     State(node): State<NodeHandle>,
-    Json(req): Json<api::CreateQueue>,
+    req: Result<Json<api::CreateQueue>, JsonRejection>,
 ) -> Result<Json<api::Created>, ApiError> {
+    let Json(req) = req?;
     if req.name.trim().is_empty() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
@@ -133,9 +162,67 @@ async fn join_queue(
 async fn submit(
     State(node): State<NodeHandle>,
     Path(id): Path<String>,
-    Json(req): Json<api::SubmitTask>,
-) -> Result<Json<api::Submitted>, ApiError> {
-    Ok(Json(node.submit(&QueueId::new(id), req).await?))
+    body: Result<Json<serde_json::Value>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(body) = body?;
+    let queue = QueueId::new(id);
+    match body {
+        serde_json::Value::Array(values) => {
+            if values.len() > api::MAX_BATCH {
+                return Err(SubmitError::TooMany(values.len()).into());
+            }
+            Ok(Json(submit_batch(&node, &queue, values).await?).into_response())
+        }
+        one => {
+            let req = serde_json::from_value::<api::SubmitTask>(one).map_err(|e| {
+                ApiError(StatusCode::UNPROCESSABLE_ENTITY, format!("not a task: {e}"))
+            })?;
+            Ok(Json(node.submit(&queue, req).await?).into_response())
+        }
+    }
+}
+
+/// Submits the entries that are tasks, and answers every entry by its index.
+async fn submit_batch(
+    node: &NodeHandle,
+    queue: &QueueId,
+    values: Vec<serde_json::Value>,
+) -> Result<Vec<api::BatchEntry>, SubmitError> {
+    let mut answers: Vec<Option<api::BatchEntry>> = vec![None; values.len()];
+    let mut tasks = Vec::with_capacity(values.len());
+    let mut positions = Vec::with_capacity(values.len());
+    for (index, v) in values.into_iter().enumerate() {
+        match serde_json::from_value::<api::SubmitTask>(v) {
+            Ok(t) => {
+                positions.push(index);
+                tasks.push(t);
+            }
+            Err(e) => {
+                answers[index] = Some(api::BatchEntry::Refused {
+                    index,
+                    error: format!("not a task: {e}"),
+                });
+            }
+        }
+    }
+    if !tasks.is_empty() {
+        let entries = node.submit_many(queue, tasks).await?;
+        for (entry, index) in entries.into_iter().zip(positions) {
+            answers[index] = Some(match entry {
+                api::BatchEntry::Submitted {
+                    task_id,
+                    replicated,
+                    ..
+                } => api::BatchEntry::Submitted {
+                    index,
+                    task_id,
+                    replicated,
+                },
+                api::BatchEntry::Refused { error, .. } => api::BatchEntry::Refused { index, error },
+            });
+        }
+    }
+    Ok(answers.into_iter().flatten().collect())
 }
 
 async fn task_status(
@@ -153,8 +240,9 @@ struct WaitQuery {
 async fn wait_task(
     State(node): State<NodeHandle>,
     Path(id): Path<String>,
-    Query(q): Query<WaitQuery>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> Result<Json<api::TaskStatus>, ApiError> {
+    let Query(q) = q?;
     let timeout = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
     Ok(Json(node.wait_task(&TaskId::new(id), timeout).await?))
 }

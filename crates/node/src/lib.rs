@@ -420,6 +420,27 @@ impl NodeHandle {
         }
     }
 
+    /// Submits up to [`api::MAX_BATCH`] tasks at once, with one change to the queue document
+    /// and one durable acknowledgement for the batch (the same wait as [`NodeHandle::submit`]).
+    /// The answer has one entry per task, in order: its id, or why that entry was refused (an
+    /// empty kind, a priority out of range); the valid entries are submitted either way. The
+    /// whole batch fails only if the node cannot take it (not joined, busy, too many entries,
+    /// not durable).
+    pub async fn submit_many(
+        &self,
+        queue: &QueueId,
+        tasks: Vec<api::SubmitTask>,
+    ) -> Result<Vec<api::BatchEntry>, SubmitError> {
+        let command = Command::SubmitMany {
+            queue: queue.clone(),
+            tasks,
+        };
+        match self.ask(command).await {
+            Some(Reply::SubmittedMany(r)) => r,
+            _ => Err(SubmitError::Stopped),
+        }
+    }
+
     /// A task's status: its state per this node's replica of its queue, its attempts and runs.
     pub async fn task_status(&self, id: &TaskId) -> Result<api::TaskStatus, TaskError> {
         self.task(id, None).await

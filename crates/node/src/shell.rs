@@ -18,8 +18,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{NodeEvent, Shared, now_ms};
 
-/// Network events handled per turn at most, before the shell drains the core's outputs.
-const NET_BATCH: usize = 256;
+/// Inputs (network events, storage and handler answers, API requests) handed to the core in
+/// one batch at most: one turn then answers them all.
+const BATCH: usize = 256;
 /// Capacity of the shell's internal input queue (run results, storage answers).
 const INPUT_QUEUE: usize = 1024;
 
@@ -100,39 +101,49 @@ impl Shell {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            self.core.begin_batch();
+            let open = tokio::select! {
                 biased;
-                input = self.inputs.recv() => match input {
-                    Some(i) => self.handle_input(i),
-                    None => break,
-                },
-                ev = net_events.recv() => match ev {
-                    Some(e) => {
-                        self.handle_net(e);
-                        // Take what else has arrived too, so that one turn answers them all.
-                        for _ in 0..NET_BATCH {
-                            match net_events.try_recv() {
-                                Ok(e) => self.handle_net(e),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    None => break,
-                },
-                req = commands.recv() => match req {
-                    Some(Request { command, reply }) => {
-                        self.next_command += 1;
-                        let id = CommandId(self.next_command);
-                        self.pending.insert(id, reply);
-                        self.core.handle_command(now(), id, command);
-                    }
-                    None => break,
-                },
-                () = sleep => self.core.handle_timeout(now()),
+                input = self.inputs.recv() => input.map(|i| self.handle_input(i)).is_some(),
+                ev = net_events.recv() => ev.map(|e| self.handle_net(e)).is_some(),
+                req = commands.recv() => req.map(|r| self.handle_request(r)).is_some(),
+                () = sleep => true,
+            };
+            if !open {
+                break;
             }
+            // Take whatever else is ready too (up to a bound, never waiting for more), so
+            // that one turn answers them all.
+            let mut taken = 0;
+            while taken < BATCH {
+                let before = taken;
+                if let Ok(i) = self.inputs.try_recv() {
+                    self.handle_input(i);
+                    taken += 1;
+                }
+                if let Ok(e) = net_events.try_recv() {
+                    self.handle_net(e);
+                    taken += 1;
+                }
+                if let Ok(r) = commands.try_recv() {
+                    self.handle_request(r);
+                    taken += 1;
+                }
+                if taken == before {
+                    break;
+                }
+            }
+            self.core.end_batch(now());
             self.drain();
         }
         tracing::debug!("node shell stopped");
+    }
+
+    fn handle_request(&mut self, Request { command, reply }: Request) {
+        self.next_command += 1;
+        let id = CommandId(self.next_command);
+        self.pending.insert(id, reply);
+        self.core.handle_command(now(), id, command);
     }
 
     fn handle_input(&mut self, input: Input) {

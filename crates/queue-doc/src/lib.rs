@@ -9,7 +9,7 @@
 //! - A **queue document** holds the queue's name and [`QueueConfig`], its members, the router
 //!   record, the pause flag, and the task index: for each task its kind, priority, submit time,
 //!   submitter and attempts. Operations: [`queue::create`], [`queue::set_member`],
-//!   [`queue::claim_router`], [`queue::submit`], [`queue::record_assignments`],
+//!   [`queue::claim_router`], [`queue::submit`] ([`queue::submit_many`] for a batch), [`queue::record_assignments`],
 //!   [`queue::record_start`], [`queue::record_finish`]. Read it with [`QueueView::read`].
 //! - A **task document** per task (its URL is the task id) holds the kind, the input and one
 //!   run record per started attempt: [`task::init`], [`task::record_run_start`],

@@ -292,13 +292,19 @@ pub fn set_paused(doc: &mut Automerge, paused: bool) -> Result<(), WriteError> {
 /// Like the queue's, it is clamped to
 /// `[QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS]`.
 pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
-    if s.kind.is_empty() {
+    submit_many(doc, std::slice::from_ref(s))
+}
+
+/// Indexes several tasks in one change, as [`submit`] does each. All or none: an error (an
+/// empty kind, a duplicate id) leaves the document as it was.
+pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), SubmitError> {
+    if subs.is_empty() {
+        return Ok(());
+    }
+    if subs.iter().any(|s| s.kind.is_empty()) {
         return Err(SubmitError::EmptyKind);
     }
-    let max_attempts = s
-        .max_attempts
-        .unwrap_or_else(|| crate::view::read_config_of(doc).map_or(1, |c| c.max_attempts))
-        .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
+    let default_max = crate::view::read_config_of(doc).map_or(1, |c| c.max_attempts);
     commit(doc, |tx| {
         if !is_queue(tx) {
             return Err(SubmitError::NotAQueue);
@@ -307,18 +313,24 @@ pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
             Some(t) => t,
             None => tx.put_object(ROOT, keys::TASKS, ObjType::Map)?,
         };
-        if tx.get(&tasks, s.id.as_str())?.is_some() {
-            return Err(SubmitError::Duplicate(s.id.clone()));
+        for s in subs {
+            if tx.get(&tasks, s.id.as_str())?.is_some() {
+                return Err(SubmitError::Duplicate(s.id.clone()));
+            }
+            let max_attempts = s
+                .max_attempts
+                .unwrap_or(default_max)
+                .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
+            let entry = packed::Entry {
+                k: s.kind.clone(),
+                t: s.submitted_at,
+                s: s.submitter.to_string(),
+                p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                u: s.urgent,
+                m: u64::from(max_attempts),
+            };
+            tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         }
-        let entry = packed::Entry {
-            k: s.kind.clone(),
-            t: s.submitted_at,
-            s: s.submitter.to_string(),
-            p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
-            u: s.urgent,
-            m: u64::from(max_attempts),
-        };
-        tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         Ok(())
     })
 }

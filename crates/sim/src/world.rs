@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::Automerge;
-use piecework_core::api::{StorageFailure, SubmitTask};
+use piecework_core::api::{BatchEntry, StorageFailure, SubmitTask};
 use piecework_core::{
     Command, CommandId, Config as CoreConfig, Core, Event, Io, Reply, RouterEvent, RunId,
     RunResult, Save, SaveId, Time,
@@ -27,6 +27,12 @@ use crate::{Config, Report, Target, Violation};
 const EPOCH_MS: u64 = 1_790_000_000_000;
 /// Steps after which a run counts as a livelock.
 const MAX_STEPS: u64 = 20_000_000;
+/// How often a message delivery takes the node's other messages due soon into one batch.
+const BATCH_CHANCE: f64 = 0.3;
+/// How far ahead a batch takes messages.
+const BATCH_WINDOW_US: u64 = 2_000;
+/// The most messages one batch takes besides the first.
+const MAX_BATCH: usize = 64;
 /// How often the settle phase checks whether the cluster has settled, virtual ms.
 const SETTLE_CHECK_MS: u64 = 250;
 /// Disk read latency, microseconds.
@@ -213,7 +219,8 @@ struct Node {
     timer_generation: u64,
     next_command: u64,
     /// Submits waiting for their reply: command → queue.
-    submits: BTreeMap<CommandId, QueueId>,
+    /// Submits waiting for their reply: the queue and how many tasks the command holds.
+    submits: BTreeMap<CommandId, (QueueId, usize)>,
     /// Joins waiting for their reply: command → queue index.
     joins: BTreeMap<CommandId, usize>,
     subscribed: BTreeSet<String>,
@@ -557,7 +564,16 @@ impl World {
                 self.violate(1, format!("no progress after {MAX_STEPS} steps (livelock)"));
                 break;
             }
-            self.step(ev);
+            let target = match &ev {
+                Ev::Sync { to, .. } | Ev::Gossip { to, .. } => Some(*to),
+                _ => None,
+            };
+            match target {
+                Some(n) if self.nodes[n].up && self.rng.random_bool(BATCH_CHANCE) => {
+                    self.step_batch(n, at, ev)
+                }
+                _ => self.step(ev),
+            }
             if self.settled || self.violations.len() > 20 {
                 break;
             }
@@ -567,6 +583,34 @@ impl World {
             }
         }
         self.report()
+    }
+
+    /// Delivers `ev` and every other message to node `n` due within [`BATCH_WINDOW_US`] as one
+    /// batch ([`Core::begin_batch`]), as a shell does with what is ready at once. Taking a
+    /// message a little early is a shorter latency, and messages stay in their order.
+    fn step_batch(&mut self, n: usize, at: u64, ev: Ev) {
+        let more: Vec<(u64, u64)> = self
+            .events
+            .range(..=(at + BATCH_WINDOW_US, u64::MAX))
+            .filter(|(_, e)| matches!(e, Ev::Sync { to, .. } | Ev::Gossip { to, .. } if *to == n))
+            .map(|(k, _)| *k)
+            .take(MAX_BATCH)
+            .collect();
+        if more.is_empty() {
+            self.step(ev);
+            return;
+        }
+        self.count("batched_inputs");
+        self.nodes[n].core.begin_batch();
+        self.step(ev);
+        for k in more {
+            if let Some(e) = self.events.remove(&k) {
+                self.step(e);
+            }
+        }
+        let t = self.time(n);
+        self.nodes[n].core.end_batch(t);
+        self.drive(n);
     }
 
     fn step(&mut self, ev: Ev) {
@@ -885,21 +929,33 @@ impl World {
     fn reply(&mut self, i: usize, cmd: CommandId, reply: Reply) {
         match reply {
             Reply::Submitted(r) => {
-                let Some(queue) = self.nodes[i].submits.remove(&cmd) else {
+                let Some((queue, _)) = self.nodes[i].submits.remove(&cmd) else {
                     return;
                 };
                 match r {
-                    Ok(s) => {
-                        self.trace(|| format!("node{i} acknowledged task {}", s.task_id));
-                        self.check_durable(i, &queue, &s.task_id);
-                        self.submitted.insert(s.task_id, queue);
+                    Ok(s) => self.acknowledged(i, &queue, s.task_id),
+                    Err(e) => self.submit_refused(i, 1, &e.to_string()),
+                }
+            }
+            Reply::SubmittedMany(r) => {
+                let Some((queue, n)) = self.nodes[i].submits.remove(&cmd) else {
+                    return;
+                };
+                match r {
+                    Ok(entries) => {
+                        self.count("batch_submit");
+                        for e in entries {
+                            match e {
+                                BatchEntry::Submitted { task_id, .. } => {
+                                    self.acknowledged(i, &queue, task_id)
+                                }
+                                BatchEntry::Refused { error, .. } => {
+                                    self.submit_refused(i, 1, &error)
+                                }
+                            }
+                        }
                     }
-                    Err(e) => {
-                        self.count("submit_refused");
-                        self.trace(|| format!("node{i} refused a submit: {e}"));
-                        self.to_submit += 1;
-                        self.schedule_at(self.now_us + RETRY_US, Ev::Submit);
-                    }
+                    Err(e) => self.submit_refused(i, n, &e.to_string()),
                 }
             }
             Reply::Joined(r) => {
@@ -912,6 +968,22 @@ impl World {
                 }
             }
             Reply::Created(_) | Reply::Paused(_) | Reply::Task(_) | Reply::Status(_) => {}
+        }
+    }
+
+    fn acknowledged(&mut self, i: usize, queue: &QueueId, task: TaskId) {
+        self.trace(|| format!("node{i} acknowledged task {task}"));
+        self.check_durable(i, queue, &task);
+        self.submitted.insert(task, queue.clone());
+    }
+
+    /// `n` tasks were not taken: the client submits them again a little later.
+    fn submit_refused(&mut self, i: usize, n: usize, error: &str) {
+        self.count("submit_refused");
+        self.trace(|| format!("node{i} refused {n} submit(s): {error}"));
+        self.to_submit += n;
+        for _ in 0..n {
+            self.schedule_at(self.now_us + RETRY_US, Ev::Submit);
         }
     }
 
@@ -1083,6 +1155,10 @@ impl World {
     }
 
     fn submit(&mut self) {
+        // A batch may have taken this event's task already.
+        if self.to_submit == 0 {
+            return;
+        }
         let q = self.rng.random_range(0..self.members.len());
         let Some(queue) = self.queues[q].clone() else {
             return;
@@ -1098,21 +1174,36 @@ impl World {
             return;
         }
         let i = candidates[self.rng.random_range(0..candidates.len())];
-        self.to_submit = self.to_submit.saturating_sub(1);
-        let cmd = self.command_id(i);
-        self.nodes[i].submits.insert(cmd, queue.clone());
-        let task = SubmitTask {
-            kind: "sim".into(),
-            input: serde_json::json!({"n": self.submitted.len()}),
-            priority: self.rng.random_range(-2..=2),
-            urgent: false,
-            max_attempts: None,
+        // One submit in four is a batch of up to 5 tasks (those other tasks' events find
+        // nothing left to submit).
+        let n = if self.to_submit >= 2 && self.rng.random_range(0..4) == 0 {
+            self.rng.random_range(2..=self.to_submit.min(5))
+        } else {
+            1
         };
-        self.trace(|| format!("node{i} takes a task for {queue}"));
+        self.to_submit -= n;
+        let cmd = self.command_id(i);
+        self.nodes[i].submits.insert(cmd, (queue.clone(), n));
+        let mut tasks: Vec<SubmitTask> = (0..n)
+            .map(|k| SubmitTask {
+                kind: "sim".into(),
+                input: serde_json::json!({"n": self.submitted.len() + k}),
+                priority: self.rng.random_range(-2..=2),
+                urgent: false,
+                max_attempts: None,
+            })
+            .collect();
+        self.trace(|| format!("node{i} takes {n} task(s) for {queue}"));
         let t = self.time(i);
-        self.nodes[i]
-            .core
-            .handle_command(t, cmd, Command::Submit { queue, task });
+        let command = if n == 1 {
+            Command::Submit {
+                queue,
+                task: tasks.pop().expect("one task"),
+            }
+        } else {
+            Command::SubmitMany { queue, tasks }
+        };
+        self.nodes[i].core.handle_command(t, cmd, command);
         self.drive(i);
     }
 

@@ -90,6 +90,8 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "input_revived",
         "silent_cut",
         "fetch_timeout",
+        "batched_inputs",
+        "batch_submit",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,

@@ -1,0 +1,1024 @@
+//! Golden tests of the HTTP API (`piecework_node::http`): every route's success and error
+//! answers, status code and JSON, against files under `tests/golden/http/`.
+//!
+//! One in-process node (one worker, the built-in kinds plus `block`, a handler that runs until
+//! it is cancelled) serves the API on an ephemeral loopback port. [`steps`] lists the requests
+//! in order, with *settle* steps in between that wait (on the node's handle, polling under a
+//! generous deadline; nothing sleeps) until the node reaches a known state, so that every
+//! answer is deterministic once volatile values are normalised:
+//!
+//! - ids become named placeholders: `<peer>`, `<addr>` (the node's listen address),
+//!   `<queue:NAME>` and `<task:NAME>` (captured from the answers that created them) and
+//!   `<unknown-id>` (a well-formed document id nobody has);
+//! - numbers under time keys (`*_at`, `at`) become `"<ms>"`, incarnations `"<incarnation>"`,
+//!   `documents_loaded` `"<count>"` (eviction runs on a timer);
+//! - durations inside strings (`50ms`, `1.2s`) become `<duration>`.
+//!
+//! Everything else (field names, nesting, types, status codes, messages) must match exactly.
+//! Run with `PIECEWORK_BLESS=1` to rewrite the golden files from the current answers.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use piecework::node::{Config, Node, NodeHandle};
+use piecework::queue_doc::{QueueId, TaskId, TaskState};
+use piecework::worker_pool::{Context, HandlerError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use support::{GENEROUS, poll};
+
+/// Set to `1` to rewrite the golden files instead of comparing.
+const BLESS_VAR: &str = "PIECEWORK_BLESS";
+
+/// A well-formed (base58check, 16 bytes) document id that no node has.
+const UNKNOWN_ID: &str = "automerge:pEbmSWqJdBuPadRGm8tDZXgWR6";
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/http")
+}
+
+// ----- the cases -----
+
+/// Every request of the test, in order. Add cases here; a case's name is its golden file's
+/// name, so it must be unique. Paths and JSON bodies may use placeholders known at that point
+/// (`<queue:main>`, `<task:hashed>`, …; see [`Case::capture`]).
+///
+/// The order matters where an answer shows the node's state (status, join, task status):
+/// the settle steps before such a case make that state deterministic. With one worker, held by
+/// the `block` task from the `Running` settle on, every task submitted later stays pending.
+fn steps() -> Vec<Step> {
+    vec![
+        // Slow (the node looks for a peer that has the queue until FIND_TIMEOUT), so it runs in
+        // the background while the rest goes on.
+        case(
+            "join_unknown_queue",
+            "joining a well-formed id no connected peer has",
+        )
+        .post("/v1/queues/<unknown-id>/join")
+        .background()
+        .into(),
+        // GET /v1/status
+        case("status_fresh", "a node with no queue and an idle worker")
+            .get("/v1/status")
+            .into(),
+        // POST /v1/queues
+        case(
+            "create_queue",
+            "creating a queue with the default configuration",
+        )
+        .post("/v1/queues")
+        .json(json!({ "name": "golden" }))
+        .capture("queue_id", "<queue:main>")
+        .into(),
+        Step::Settle(Settle::RouterActive("<queue:main>")),
+        case(
+            "status_one_queue",
+            "a node with one queue whose router is active",
+        )
+        .get("/v1/status")
+        .into(),
+        // POST /v1/queues/{id}/join
+        case(
+            "join_joined_queue",
+            "joining a queue this node is already a member of",
+        )
+        .post("/v1/queues/<queue:main>/join")
+        .into(),
+        // POST /v1/queues/{id}/tasks
+        case("submit", "submitting a task (alone, so not replicated)")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": "sha256", "input": { "data": "abc", "rounds": 1 } }))
+            .capture("task_id", "<task:hashed>")
+            .into(),
+        Step::Settle(Settle::Finished("<task:hashed>")),
+        // GET /v1/tasks/{id}
+        case("task_succeeded", "a task that succeeded, with its result")
+            .get("/v1/tasks/<task:hashed>")
+            .into(),
+        // GET /v1/tasks/{id}/wait
+        case(
+            "wait_succeeded",
+            "waiting on a task that has succeeded answers at once",
+        )
+        .get("/v1/tasks/<task:hashed>/wait?timeout_ms=60000")
+        .into(),
+        case("wait_default_timeout", "the timeout is optional")
+            .get("/v1/tasks/<task:hashed>/wait")
+            .into(),
+        case(
+            "submit_all_fields",
+            "submitting with every field set (a `block` task: it holds the only worker)",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({
+            "kind": "block",
+            "input": { "why": "holds the only worker" },
+            "priority": 5,
+            "urgent": true,
+            "max_attempts": 1,
+        }))
+        .capture("task_id", "<task:blocking>")
+        .into(),
+        Step::Settle(Settle::Running("<task:blocking>")),
+        case(
+            "submit_minimal",
+            "submitting with only a kind (the worker is busy: stays pending)",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({ "kind": "noop" }))
+        .capture("task_id", "<task:pending>")
+        .into(),
+        case("task_running", "a task running on this node's worker")
+            .get("/v1/tasks/<task:blocking>")
+            .into(),
+        case("task_pending", "a task waiting for a worker")
+            .get("/v1/tasks/<task:pending>")
+            .into(),
+        case(
+            "status_busy",
+            "a node whose worker runs a task, with one task pending",
+        )
+        .get("/v1/status")
+        .into(),
+        case("join_busy_queue", "the queue's counts after three submits")
+            .post("/v1/queues/<queue:main>/join")
+            .into(),
+        case("wait_timeout", "a wait that ends before the task does")
+            .get("/v1/tasks/<task:blocking>/wait?timeout_ms=50")
+            .into(),
+        case("wait_zero_timeout", "a wait of 0 ms on an unfinished task")
+            .get("/v1/tasks/<task:pending>/wait?timeout_ms=0")
+            .into(),
+        // Errors of POST /v1/queues.
+        case("create_queue_empty_name", "a queue needs a name")
+            .post("/v1/queues")
+            .json(json!({ "name": "" }))
+            .into(),
+        case("create_queue_blank_name", "a name of spaces is empty too")
+            .post("/v1/queues")
+            .json(json!({ "name": "   " }))
+            .into(),
+        case(
+            "create_queue_missing_name",
+            "a body without a name (axum's rejection)",
+        )
+        .post("/v1/queues")
+        .json(json!({}))
+        .into(),
+        case(
+            "create_queue_malformed_json",
+            "a body that is not JSON (axum's rejection)",
+        )
+        .post("/v1/queues")
+        .raw(Some("application/json"), "{\"name\": ")
+        .into(),
+        case(
+            "create_queue_no_content_type",
+            "a JSON body without a content type (axum's rejection)",
+        )
+        .post("/v1/queues")
+        .raw(None, "{\"name\": \"golden\"}")
+        .into(),
+        case(
+            "create_queue_invalid_config",
+            "a configuration that cannot work",
+        )
+        .post("/v1/queues")
+        .json(
+            json!({ "name": "bad", "config": { "heartbeat_ms": 1000, "takeover_after_ms": 1500 } }),
+        )
+        .into(),
+        case(
+            "create_queue_config_wrong_type",
+            "a configuration field of the wrong type (axum's rejection)",
+        )
+        .post("/v1/queues")
+        .json(json!({ "name": "bad", "config": { "order": "random" } }))
+        .into(),
+        // Errors of POST /v1/queues/{id}/join (and `join_unknown_queue` above).
+        case("join_bad_id", "an id that is not a document id")
+            .post("/v1/queues/not-a-queue/join")
+            .into(),
+        case("join_task_id", "joining a task's document")
+            .post("/v1/queues/<task:hashed>/join")
+            .into(),
+        // Errors of POST /v1/queues/{id}/tasks. Batch submits (a JSON array body) go here too:
+        // `.json(json!([{ "kind": "noop" }, ...]))`; a successful one before `status_busy`
+        // changes the counts that case and `join_busy_queue` record.
+        case(
+            "submit_not_joined",
+            "submitting to a queue this node has not joined",
+        )
+        .post("/v1/queues/<unknown-id>/tasks")
+        .json(json!({ "kind": "noop" }))
+        .into(),
+        case(
+            "submit_bad_queue_id",
+            "submitting to an id that is not a document id",
+        )
+        .post("/v1/queues/not-a-queue/tasks")
+        .json(json!({ "kind": "noop" }))
+        .into(),
+        case("submit_empty_kind", "a task needs a kind")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": " " }))
+            .into(),
+        case("submit_priority_too_high", "priority above 99999")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": "noop", "priority": 100_000 }))
+            .into(),
+        case("submit_priority_too_low", "priority below -99999")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": "noop", "priority": -100_000 }))
+            .into(),
+        case("submit_zero_max_attempts", "a task allowed no attempt")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": "noop", "max_attempts": 0 }))
+            .into(),
+        case(
+            "submit_max_attempts_too_high",
+            "more attempts than a queue may allow",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({ "kind": "noop", "max_attempts": 1001 }))
+        .into(),
+        // Once crashed the node's core (`priority.abs()` overflowed).
+        case("submit_priority_min", "the lowest i64 as a priority")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!({ "kind": "noop", "priority": i64::MIN }))
+            .into(),
+        case(
+            "submit_object_not_task",
+            "a JSON value that is neither a task nor an array",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!("noop"))
+        .into(),
+        // Batches (an array body). The tasks stay pending behind the blocking task.
+        case(
+            "submit_batch_mixed",
+            "a batch: valid entries are submitted, each bad one is answered by its index",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!([
+            { "kind": "noop" },
+            { "kind": " " },
+            { "input": 1 },
+            { "kind": "noop", "priority": 100_000 },
+            "not a task",
+            { "kind": "sha256", "input": { "data": "x", "rounds": 1 }, "priority": -3 },
+        ]))
+        .into(),
+        case("submit_batch_empty", "an empty batch")
+            .post("/v1/queues/<queue:main>/tasks")
+            .json(json!([]))
+            .into(),
+        case(
+            "submit_batch_not_joined",
+            "a batch to a queue this node has not joined",
+        )
+        .post("/v1/queues/<unknown-id>/tasks")
+        .json(json!([{ "kind": "noop" }]))
+        .into(),
+        case(
+            "submit_batch_too_many",
+            "a batch over the 1,000-entry limit",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(Value::Array(vec![json!({ "kind": "noop" }); 1001]))
+        .into(),
+        case(
+            "submit_missing_kind",
+            "a body without a kind (axum's rejection)",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({ "input": 1 }))
+        .into(),
+        case(
+            "submit_wrong_type",
+            "a priority that is not an integer (axum's rejection)",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({ "kind": "noop", "priority": "high" }))
+        .into(),
+        case(
+            "submit_malformed_json",
+            "a body that is not JSON (axum's rejection)",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .raw(Some("application/json"), "[")
+        .into(),
+        // Errors of GET /v1/tasks/{id}.
+        case("task_bad_id", "an id that is not a document id")
+            .get("/v1/tasks/not-a-task")
+            .into(),
+        case("task_unknown", "a well-formed id nobody has")
+            .get("/v1/tasks/<unknown-id>")
+            .into(),
+        case("task_queue_id", "a queue's id is not a task's")
+            .get("/v1/tasks/<queue:main>")
+            .into(),
+        // Errors of GET /v1/tasks/{id}/wait.
+        case("wait_bad_id", "an id that is not a document id")
+            .get("/v1/tasks/not-a-task/wait?timeout_ms=10")
+            .into(),
+        case("wait_unknown", "a well-formed id nobody has")
+            .get("/v1/tasks/<unknown-id>/wait?timeout_ms=10")
+            .into(),
+        case(
+            "wait_bad_timeout",
+            "a timeout that is not a number (axum's rejection)",
+        )
+        .get("/v1/tasks/<task:hashed>/wait?timeout_ms=soon")
+        .into(),
+        // Outside the routes.
+        case("unknown_route", "a path no route serves")
+            .get("/v1/nothing")
+            .into(),
+        case("wrong_method", "a route asked with the wrong method")
+            .get("/v1/queues")
+            .into(),
+        // Last, as it adds a second queue to the node's status.
+        case(
+            "create_queue_with_config",
+            "creating a queue with a configuration",
+        )
+        .post("/v1/queues")
+        .json(json!({
+            "name": "configured",
+            "config": { "heartbeat_ms": 200, "takeover_after_ms": 1000, "order": "lifo" },
+        }))
+        .capture("queue_id", "<queue:configured>")
+        .into(),
+    ]
+}
+
+/// One step of the test.
+enum Step {
+    /// Send a request and check its answer.
+    Case(Case),
+    /// Wait until the node reaches a state.
+    Settle(Settle),
+}
+
+impl From<Case> for Step {
+    fn from(c: Case) -> Step {
+        Step::Case(c)
+    }
+}
+
+/// A state to wait for before the next case; each names a placeholder.
+enum Settle {
+    /// The queue's router on this node is active.
+    RouterActive(&'static str),
+    /// The task succeeded, its runs ended (per its document) and no worker runs anything.
+    Finished(&'static str),
+    /// The task runs on a worker, per its queue entry, its document and the pool.
+    Running(&'static str),
+}
+
+/// A request body.
+enum Body {
+    None,
+    Json(Value),
+    /// Sent as is, with this content type if any.
+    Raw(Option<&'static str>, &'static str),
+}
+
+/// One request and what to keep from its answer.
+struct Case {
+    name: &'static str,
+    about: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: Body,
+    /// Record this string field of the answer under this placeholder.
+    capture: Option<(&'static str, &'static str)>,
+    /// Send it now but collect its answer at the end (for slow answers).
+    background: bool,
+}
+
+fn case(name: &'static str, about: &'static str) -> Case {
+    Case {
+        name,
+        about,
+        method: "GET",
+        path: "",
+        body: Body::None,
+        capture: None,
+        background: false,
+    }
+}
+
+impl Case {
+    fn get(mut self, path: &'static str) -> Self {
+        self.method = "GET";
+        self.path = path;
+        self
+    }
+
+    fn post(mut self, path: &'static str) -> Self {
+        self.method = "POST";
+        self.path = path;
+        self
+    }
+
+    fn json(mut self, body: Value) -> Self {
+        self.body = Body::Json(body);
+        self
+    }
+
+    fn raw(mut self, content_type: Option<&'static str>, body: &'static str) -> Self {
+        self.body = Body::Raw(content_type, body);
+        self
+    }
+
+    fn capture(mut self, field: &'static str, placeholder: &'static str) -> Self {
+        self.capture = Some((field, placeholder));
+        self
+    }
+
+    fn background(mut self) -> Self {
+        self.background = true;
+        self
+    }
+}
+
+// ----- the golden files -----
+
+/// A golden file: one request and its normalised answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Golden {
+    case: String,
+    about: String,
+    request: GoldenRequest,
+    response: GoldenResponse,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct GoldenRequest {
+    method: String,
+    path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    raw_body: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct GoldenResponse {
+    status: u16,
+    content_type: Option<String>,
+    /// The answer, if it is JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    body: Option<Value>,
+    /// The answer as text, if it is not JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+}
+
+/// An answer as received.
+struct Answer {
+    status: u16,
+    content_type: Option<String>,
+    bytes: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.bytes).ok()
+    }
+}
+
+// ----- running -----
+
+struct Session {
+    base: String,
+    http: reqwest::Client,
+    node: NodeHandle,
+    /// Placeholders and the values they stand for.
+    names: Vec<(String, String)>,
+}
+
+impl Session {
+    fn value_of(&self, placeholder: &str) -> &str {
+        self.names
+            .iter()
+            .find(|(p, _)| p == placeholder)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("{placeholder} is not known yet"))
+    }
+
+    /// Replaces every known placeholder in `s` by its value.
+    fn fill(&self, s: &str) -> String {
+        self.names
+            .iter()
+            .fold(s.to_owned(), |s, (p, v)| s.replace(p.as_str(), v))
+    }
+
+    fn fill_json(&self, v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(self.fill(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|v| self.fill_json(v)).collect()),
+            Value::Object(o) => Value::Object(
+                o.iter()
+                    .map(|(k, v)| (k.clone(), self.fill_json(v)))
+                    .collect(),
+            ),
+            v => v.clone(),
+        }
+    }
+
+    /// Sends the case's request in a task of its own.
+    fn send(&self, case: &Case) -> tokio::task::JoinHandle<Answer> {
+        let path = self.fill(case.path);
+        assert!(
+            !path.contains('<'),
+            "{}: a placeholder in {path} is not known yet",
+            case.name
+        );
+        let url = format!("{}{path}", self.base);
+        let method = reqwest::Method::from_bytes(case.method.as_bytes()).expect("a method");
+        let mut req = self.http.request(method, &url).timeout(GENEROUS);
+        match &case.body {
+            Body::None => {}
+            Body::Json(v) => req = req.json(&self.fill_json(v)),
+            Body::Raw(content_type, text) => {
+                if let Some(ct) = content_type {
+                    req = req.header(reqwest::header::CONTENT_TYPE, *ct);
+                }
+                req = req.body(self.fill(text));
+            }
+        }
+        tokio::spawn(async move {
+            let resp = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+            let status = resp.status().as_u16();
+            let content_type = resp
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .map(|v| v.to_str().expect("an ASCII content type").to_owned());
+            let bytes = resp.bytes().await.expect("the answer's body").to_vec();
+            Answer {
+                status,
+                content_type,
+                bytes,
+            }
+        })
+    }
+
+    fn capture(&mut self, case: &Case, answer: &Answer) {
+        let Some((field, placeholder)) = case.capture else {
+            return;
+        };
+        let value = answer
+            .json()
+            .as_ref()
+            .and_then(|b| b.get(field))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: no string field {field:?} to capture as {placeholder} in the answer \
+                     ({}): {}",
+                    case.name,
+                    answer.status,
+                    String::from_utf8_lossy(&answer.bytes)
+                )
+            });
+        self.names.push((placeholder.to_owned(), value));
+    }
+
+    async fn settle(&self, settle: &Settle) {
+        let node = self.node.clone();
+        match *settle {
+            Settle::RouterActive(q) => {
+                let id = QueueId::new(self.value_of(q));
+                poll(&format!("{q}'s router to be active"), || {
+                    let (node, id) = (node.clone(), id.clone());
+                    async move {
+                        let status = node.status().await.map_err(|e| e.to_string())?;
+                        let q = status
+                            .queues
+                            .iter()
+                            .find(|q| q.id == id)
+                            .ok_or("the queue is not joined")?;
+                        if q.role == "active" && q.router.is_some() {
+                            Ok(())
+                        } else {
+                            Err(format!("role {}, router {:?}", q.role, q.router))
+                        }
+                    }
+                })
+                .await;
+            }
+            Settle::Finished(t) => {
+                let id = TaskId::new(self.value_of(t));
+                poll(&format!("{t} to succeed"), || {
+                    let (node, id) = (node.clone(), id.clone());
+                    async move {
+                        let s = node
+                            .wait_task(&id, GENEROUS)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if s.state != TaskState::Succeeded {
+                            return Err(format!("state {:?}", s.state));
+                        }
+                        if s.runs.is_empty() || s.runs.iter().any(|r| r.end.is_none()) {
+                            return Err(format!("runs not all ended: {:?}", s.runs));
+                        }
+                        let status = node.status().await.map_err(|e| e.to_string())?;
+                        if status.workers.iter().any(|w| w.running.is_some()) {
+                            return Err(format!("workers busy: {:?}", status.workers));
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+            }
+            Settle::Running(t) => {
+                let id = TaskId::new(self.value_of(t));
+                poll(&format!("{t} to run"), || {
+                    let (node, id) = (node.clone(), id.clone());
+                    async move {
+                        let s = node.task_status(&id).await.map_err(|e| e.to_string())?;
+                        if s.state != TaskState::Running {
+                            return Err(format!("state {:?}", s.state));
+                        }
+                        if s.runs.len() != 1 || s.attempts.iter().any(|a| a.started.is_none()) {
+                            return Err(format!("runs {:?}, attempts {:?}", s.runs, s.attempts));
+                        }
+                        let status = node.status().await.map_err(|e| e.to_string())?;
+                        if !status
+                            .workers
+                            .iter()
+                            .any(|w| w.running.as_ref().is_some_and(|r| r.task == id))
+                        {
+                            return Err(format!("no worker reports it: {:?}", status.workers));
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+            }
+        }
+    }
+
+    /// The golden record of a case's answer, normalised.
+    fn record(&self, case: &Case, answer: &Answer) -> Golden {
+        let (content_type, body, raw_body) = match &case.body {
+            Body::None => (None, None, None),
+            Body::Json(v) => (None, Some(v.clone()), None),
+            Body::Raw(ct, text) => (ct.map(str::to_owned), None, Some((*text).to_owned())),
+        };
+        let (body_out, text) = match answer.json() {
+            Some(v) => (Some(self.normalise(None, v)), None),
+            None => {
+                let text = String::from_utf8_lossy(&answer.bytes);
+                (None, Some(self.normalise_str(&text)))
+            }
+        };
+        Golden {
+            case: case.name.to_owned(),
+            about: case.about.to_owned(),
+            request: GoldenRequest {
+                method: case.method.to_owned(),
+                path: case.path.to_owned(),
+                content_type,
+                body,
+                raw_body,
+            },
+            response: GoldenResponse {
+                status: answer.status,
+                content_type: answer.content_type.clone(),
+                body: body_out,
+                text,
+            },
+        }
+    }
+
+    /// Known values become their placeholders (longest first, so that an address is replaced
+    /// before the peer id inside it); then durations become `<duration>`.
+    fn normalise_str(&self, s: &str) -> String {
+        let mut names: Vec<&(String, String)> = self.names.iter().collect();
+        names.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+        let s = names
+            .iter()
+            .fold(s.to_owned(), |s, (p, v)| s.replace(v.as_str(), p));
+        normalise_durations(&s)
+    }
+
+    /// Normalises a JSON answer; `key` is the field `v` is the value of, if any.
+    fn normalise(&self, key: Option<&str>, v: Value) -> Value {
+        match v {
+            Value::String(s) if key == Some("listen") => {
+                let s = self.normalise_str(&s);
+                Value::String(if s.starts_with('/') {
+                    "<addr>".into()
+                } else {
+                    s
+                })
+            }
+            Value::String(s) => {
+                let s = self.normalise_str(&s);
+                // Ids no case captured (a batch's new tasks).
+                Value::String(if s.starts_with("automerge:") {
+                    "<new-id>".into()
+                } else {
+                    s
+                })
+            }
+            Value::Number(n) => match key.and_then(volatile_number) {
+                Some(placeholder) => Value::String(placeholder.into()),
+                None => Value::Number(n),
+            },
+            // Array elements keep their field's key, so that `listen: [...]` is normalised.
+            Value::Array(a) => {
+                Value::Array(a.into_iter().map(|v| self.normalise(key, v)).collect())
+            }
+            Value::Object(o) => Value::Object(
+                o.into_iter()
+                    .map(|(k, v)| {
+                        let v = self.normalise(Some(&k), v);
+                        (k, v)
+                    })
+                    .collect(),
+            ),
+            v => v,
+        }
+    }
+}
+
+/// The placeholder of a number under field `key`, if its value is volatile.
+fn volatile_number(key: &str) -> Option<&'static str> {
+    if key == "at" || key.ends_with("_at") {
+        Some("<ms>")
+    } else if key == "incarnation" || key.ends_with("_incarnation") {
+        Some("<incarnation>")
+    } else if key == "documents_loaded" {
+        Some("<count>")
+    } else {
+        None
+    }
+}
+
+/// Replaces durations as `Debug` prints them (`50ms`, `1.5s`, `0ns`, `3µs`) by `<duration>`.
+fn normalise_durations(s: &str) -> String {
+    const UNITS: [&str; 4] = ["ns", "µs", "ms", "s"];
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    let mut prev: Option<char> = None;
+    while let Some(c) = rest.chars().next() {
+        if c.is_ascii_digit() && !prev.is_some_and(|p| p.is_alphanumeric() || p == '.') {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(rest.len());
+            let (number, after) = rest.split_at(end);
+            let unit = UNITS.iter().find(|u| {
+                after
+                    .strip_prefix(**u)
+                    .is_some_and(|tail| !tail.chars().next().is_some_and(char::is_alphanumeric))
+            });
+            match unit {
+                Some(u) => {
+                    out.push_str("<duration>");
+                    rest = &after[u.len()..];
+                    prev = u.chars().last();
+                }
+                None => {
+                    out.push_str(number);
+                    rest = after;
+                    prev = number.chars().last();
+                }
+            }
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+        prev = Some(c);
+    }
+    out
+}
+
+/// A line diff of two texts: `  ` same, `- ` expected only, `+ ` actual only.
+fn line_diff(expected: &str, actual: &str) -> String {
+    let a: Vec<&str> = expected.lines().collect();
+    let b: Vec<&str> = actual.lines().collect();
+    // lcs[i][j]: the longest common subsequence of a[i..] and b[j..].
+    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let (mut i, mut j) = (0, 0);
+    let mut out = String::new();
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            let _ = writeln!(out, "  {}", a[i]);
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            let _ = writeln!(out, "- {}", a[i]);
+            i += 1;
+        } else {
+            let _ = writeln!(out, "+ {}", b[j]);
+            j += 1;
+        }
+    }
+    out
+}
+
+fn pretty(g: &Golden) -> String {
+    let mut s = serde_json::to_string_pretty(g).expect("a golden record serialises");
+    s.push('\n');
+    s
+}
+
+/// Compares (or, when blessing, writes) every record; returns the complaints.
+fn check(records: &[Golden], bless: bool) -> Vec<String> {
+    let dir = golden_dir();
+    let mut complaints = vec![];
+    if bless {
+        std::fs::create_dir_all(&dir).expect("create the golden directory");
+    }
+    for g in records {
+        let path = dir.join(format!("{}.json", g.case));
+        let actual = pretty(g);
+        if bless {
+            std::fs::write(&path, &actual).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            continue;
+        }
+        let expected_text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                complaints.push(format!(
+                    "case {}: no golden file {} ({e}); run with {BLESS_VAR}=1 to create it.\n\
+                     actual:\n{actual}",
+                    g.case,
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        let expected: Golden = match serde_json::from_str(&expected_text) {
+            Ok(e) => e,
+            Err(e) => {
+                complaints.push(format!(
+                    "case {}: {} does not parse ({e}); actual:\n{actual}",
+                    g.case,
+                    path.display()
+                ));
+                continue;
+            }
+        };
+        if &expected != g {
+            complaints.push(format!(
+                "case {} ({} {}): the answer differs from {}\n\
+                 expected: status {}, actual: status {}\n\
+                 diff (- expected, + actual):\n{}",
+                g.case,
+                g.request.method,
+                g.request.path,
+                path.display(),
+                expected.response.status,
+                g.response.status,
+                line_diff(&pretty(&expected), &actual)
+            ));
+        }
+    }
+    // Golden files of cases that no longer exist.
+    let names: BTreeSet<String> = records.iter().map(|g| format!("{}.json", g.case)).collect();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if !file.ends_with(".json") || names.contains(&file) {
+                continue;
+            }
+            if bless {
+                std::fs::remove_file(entry.path()).expect("remove a stale golden file");
+            } else {
+                complaints.push(format!(
+                    "{}: no case has this golden file; run with {BLESS_VAR}=1 to remove it",
+                    entry.path().display()
+                ));
+            }
+        }
+    }
+    complaints
+}
+
+/// The registry: the built-in kinds, plus `block`, which runs until it is cancelled.
+fn registry() -> piecework::worker_pool::Registry {
+    let mut r = piecework::kinds::builtin();
+    r.register("block", |ctx: Context, _input: Value| async move {
+        ctx.cancellation().cancelled().await;
+        Err::<Value, _>(HandlerError::new("cancelled"))
+    });
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_as_recorded() {
+    let steps = steps();
+    let mut seen = BTreeSet::new();
+    for s in &steps {
+        if let Step::Case(c) = s {
+            assert!(seen.insert(c.name), "two cases are named {}", c.name);
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(dir.path().join("node"), registry());
+    config.workers = 1;
+    let node = Node::start(config).await.expect("the node starts");
+    let handle = node.handle().clone();
+    let addr = handle.wait_listening().await.to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(piecework::node::http::serve(handle.clone(), listener));
+
+    let mut session = Session {
+        base,
+        http: reqwest::Client::new(),
+        names: vec![
+            ("<peer>".into(), handle.peer_id().to_string()),
+            ("<addr>".into(), addr),
+            ("<unknown-id>".into(), UNKNOWN_ID.into()),
+        ],
+        node: handle,
+    };
+
+    let mut answers: Vec<(&Case, Option<Answer>)> = vec![];
+    let mut pending = vec![];
+    for step in &steps {
+        match step {
+            Step::Settle(s) => session.settle(s).await,
+            Step::Case(c) if c.background => {
+                pending.push((answers.len(), session.send(c)));
+                answers.push((c, None));
+            }
+            Step::Case(c) => {
+                let answer = session.send(c).await.expect("the request task");
+                session.capture(c, &answer);
+                answers.push((c, Some(answer)));
+            }
+        }
+    }
+    for (i, task) in pending {
+        let answer = task.await.expect("the request task");
+        session.capture(answers[i].0, &answer);
+        answers[i].1 = Some(answer);
+    }
+
+    let records: Vec<Golden> = answers
+        .iter()
+        .map(|(c, a)| session.record(c, a.as_ref().expect("answered")))
+        .collect();
+    let bless = std::env::var(BLESS_VAR).is_ok_and(|v| v == "1");
+    let complaints = check(&records, bless);
+    if bless {
+        eprintln!(
+            "wrote {} golden files to {}",
+            records.len(),
+            golden_dir().display()
+        );
+    }
+    assert!(
+        complaints.is_empty(),
+        "{} problem(s) with the golden files of the {} HTTP cases (run with {BLESS_VAR}=1 to accept \
+         the new answers):\n\n{}",
+        complaints.len(),
+        records.len(),
+        complaints.join("\n\n")
+    );
+}
+
+#[test]
+fn durations_are_normalised_and_nothing_else() {
+    assert_eq!(
+        normalise_durations("task x had not finished after 50ms"),
+        "task x had not finished after <duration>"
+    );
+    assert_eq!(
+        normalise_durations("1.5s, 0ns, 3µs and 12s."),
+        "<duration>, <duration>, <duration> and <duration>."
+    );
+    assert_eq!(
+        normalise_durations("priority 100000 is outside [-99999, 99999]; 12D3Koo 5ms2 v1.2s"),
+        "priority 100000 is outside [-99999, 99999]; 12D3Koo 5ms2 v1.2s"
+    );
+}
+
+#[test]
+fn the_line_diff_marks_changed_lines() {
+    assert_eq!(line_diff("a\nb\nc", "a\nx\nc"), "  a\n- b\n+ x\n  c\n");
+}
