@@ -107,7 +107,7 @@ fn s01_ids_round_trip_and_refuse_garbage() {
     }
     // New ids are automerge-repo's form (base58check of 16 bytes); legacy ids (plain base58)
     // still parse, and a checked id with one character changed does not.
-    let fresh = DocId::generate(&mut rand::rng());
+    let fresh = DocId::generate(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(7));
     assert!(fresh.is_checked(), "{fresh}");
     assert_eq!(DocId::parse(fresh.as_str()), Some(fresh.clone()));
     assert!(!d.is_checked());
