@@ -299,7 +299,7 @@ impl Display {
 
 /// The queue view's tasks: the one place that knows how a view exposes them.
 fn entries(v: &QueueView) -> impl Iterator<Item = &TaskEntry> + '_ {
-    v.tasks().values()
+    v.tasks().values().map(|t| &**t)
 }
 
 /// One task of a queue view.

@@ -1488,7 +1488,7 @@ impl Core {
         // request only and may leave memory. Only the tasks this refresh changed are looked at
         // (all of them after a whole read).
         let changed: Vec<&TaskEntry> = match q.cache.changed() {
-            Changed::Everything => view.tasks().values().collect(),
+            Changed::Everything => view.tasks().values().map(|t| &**t).collect(),
             Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
         };
         for t in changed {

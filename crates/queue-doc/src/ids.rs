@@ -53,14 +53,16 @@ impl FromStr for WorkerId {
 }
 
 /// A task's id: the `automerge:` URL of its task document.
+///
+/// Shared text: cloning an id (views hold it in several indexes) copies a pointer.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct TaskId(String);
+pub struct TaskId(std::sync::Arc<str>);
 
 impl TaskId {
     /// Wraps a task document's URL.
     pub fn new(id: impl Into<String>) -> Self {
-        TaskId(id.into())
+        TaskId(std::sync::Arc::from(id.into()))
     }
 
     /// The id's text.

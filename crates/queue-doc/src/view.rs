@@ -4,6 +4,7 @@
 //! computes the same view, whatever order the changes arrived in.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
 
@@ -318,7 +319,7 @@ pub struct QueueView {
     /// the one it knows ([`QueueView::routable_version`]).
     pub version: u64,
     /// Every indexed task by id.
-    tasks: OrdMap<TaskId, TaskEntry>,
+    tasks: OrdMap<TaskId, Arc<TaskEntry>>,
     /// Derived from `tasks` (and `config.order`); updated by [`QueueView::set_task`].
     index: TaskIndex,
     /// Task entries, attempts and router claims that could not be read or were ignored (written
@@ -477,13 +478,13 @@ impl QueueView {
     }
 
     /// Every indexed task by id.
-    pub fn tasks(&self) -> &OrdMap<TaskId, TaskEntry> {
+    pub fn tasks(&self) -> &OrdMap<TaskId, Arc<TaskEntry>> {
         &self.tasks
     }
 
     /// One task's entry.
     pub fn task(&self, id: &TaskId) -> Option<&TaskEntry> {
-        self.tasks.get(id)
+        self.tasks.get(id).map(|t| &**t)
     }
 
     /// Replaces (or, with `None`, removes) one task's entry and updates the indexes:
@@ -495,7 +496,7 @@ impl QueueView {
         match entry {
             Some(e) => {
                 self.index.add(&e);
-                self.tasks.insert(id, e);
+                self.tasks.insert(id, Arc::new(e));
             }
             None => {
                 self.tasks.remove(&id);
@@ -515,7 +516,7 @@ impl QueueView {
             .index
             .routable
             .iter()
-            .filter_map(|k| self.tasks.get(&k.id))
+            .filter_map(|k| self.task(&k.id))
             .map(|t| RouteKey::of(t, order))
             .collect();
         self.index.routable = pending.into_iter().collect();
@@ -523,26 +524,17 @@ impl QueueView {
 
     /// Pending tasks in routing order, lazily: taking the first k costs O(k log n).
     pub fn routable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
-        self.index
-            .routable
-            .iter()
-            .filter_map(|k| self.tasks.get(&k.id))
+        self.index.routable.iter().filter_map(|k| self.task(&k.id))
     }
 
     /// Pending tasks that failed or were refused before, so wait a retry delay.
     pub fn retrying(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
-        self.index
-            .retrying
-            .iter()
-            .filter_map(|id| self.tasks.get(id))
+        self.index.retrying.iter().filter_map(|id| self.task(id))
     }
 
     /// Tasks waiting for a member that holds their document.
     pub fn input_unavailable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
-        self.index
-            .unavailable
-            .iter()
-            .filter_map(|id| self.tasks.get(id))
+        self.index.unavailable.iter().filter_map(|id| self.task(id))
     }
 
     /// Tasks with an open attempt (of any state: a task with an outcome can still have a run
@@ -551,7 +543,7 @@ impl QueueView {
         let mut ids: Vec<&TaskId> = self.index.open.values().flat_map(|s| s.iter()).collect();
         ids.sort();
         ids.dedup();
-        ids.into_iter().filter_map(|id| self.tasks.get(id))
+        ids.into_iter().filter_map(|id| self.task(id))
     }
 
     /// Peers whose workers hold open attempts, with how many tasks each.
@@ -586,7 +578,7 @@ impl QueueView {
             .get(peer)
             .into_iter()
             .flat_map(|s| s.iter())
-            .filter_map(|id| self.tasks.get(id))
+            .filter_map(|id| self.task(id))
             .flat_map(move |t| {
                 t.attempts
                     .iter()

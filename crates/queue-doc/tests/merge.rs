@@ -257,6 +257,7 @@ fn check_indexes(view: &QueueView) -> Result<(), TestCaseError> {
     let mut pending: Vec<&TaskEntry> = view
         .tasks()
         .values()
+        .map(|t| &**t)
         .filter(|t| t.state() == TaskState::Pending)
         .collect();
     pending.sort_by(|a, b| a.route_cmp(b, view.config.order));
