@@ -70,6 +70,7 @@ mod am;
 pub mod beat;
 mod cache;
 mod config;
+pub mod epoch;
 mod ids;
 mod keys;
 mod packed;

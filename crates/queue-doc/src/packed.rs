@@ -60,8 +60,10 @@ pub(crate) struct Entry {
 pub(crate) struct Assigned {
     /// Worker (`PEER/INDEX`).
     pub(crate) w: String,
-    /// The pool incarnation it is addressed to.
-    pub(crate) i: u64,
+    /// The pool incarnation it is addressed to (absent in attempts carried from a layout-1
+    /// attempt that named none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) i: Option<u64>,
     /// Time (unix ms, the router's clock).
     pub(crate) a: u64,
 }
@@ -85,6 +87,16 @@ pub(crate) struct End {
     /// Error or refusal reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) e: Option<String>,
+}
+
+impl End {
+    pub(crate) fn of(f: &crate::view::Finished) -> Self {
+        End {
+            a: f.at,
+            o: f.outcome.as_str().to_owned(),
+            e: f.error.clone(),
+        }
+    }
 }
 
 pub(crate) fn encode<T: Serialize>(v: &T) -> String {

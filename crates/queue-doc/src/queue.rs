@@ -200,7 +200,10 @@ pub fn create(
     })
 }
 
-fn write_config(tx: &mut Transaction<'_>, c: &QueueConfig) -> Result<(), AutomergeError> {
+pub(crate) fn write_config(
+    tx: &mut Transaction<'_>,
+    c: &QueueConfig,
+) -> Result<(), AutomergeError> {
     let obj = tx.put_object(ROOT, keys::CONFIG, ObjType::Map)?;
     for (k, v) in [
         ("heartbeat_ms", c.heartbeat_ms),
@@ -220,7 +223,7 @@ fn write_config(tx: &mut Transaction<'_>, c: &QueueConfig) -> Result<(), Automer
     Ok(())
 }
 
-fn write_member(
+pub(crate) fn write_member(
     tx: &mut Transaction<'_>,
     members: &ObjId,
     peer: &PeerId,
@@ -440,7 +443,7 @@ pub fn record_assignments(
             }
             let record = packed::Assigned {
                 w: a.worker.to_string(),
-                i: a.incarnation,
+                i: Some(a.incarnation),
                 a: now_ms,
             };
             tx.put(

@@ -318,6 +318,17 @@ pub struct QueueView {
     /// The document's schema version. A node does not route a queue whose version is above
     /// the one it knows ([`QueueView::routable_version`]).
     pub version: u64,
+    /// This document's epoch: 0 for a queue's first document ([`crate::epoch`]).
+    pub epoch: u64,
+    /// The queue this document continues (its first document's id); `None` in epoch 0.
+    pub origin: Option<crate::QueueId>,
+    /// The sealed document this one continues, and its heads at sealing; `None` in epoch 0.
+    pub prev: Option<crate::epoch::Prev>,
+    /// Seals written into this document: successors that continue it, in order (the last is
+    /// the [winner](crate::epoch::winner)).
+    pub seals: Vec<crate::epoch::Seal>,
+    /// In a queue's first document: the newest epoch it knows of.
+    pub latest: Option<crate::epoch::Latest>,
     /// Every indexed task by id.
     tasks: OrdMap<TaskId, Arc<TaskEntry>>,
     /// Derived from `tasks` (and `config.order`); updated by [`QueueView::set_task`].
@@ -604,8 +615,20 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     view.name.clear();
     view.paused = false;
     view.version = 1;
+    view.epoch = 0;
+    view.origin = None;
+    let mut prev = None;
+    let mut prev_heads = Vec::new();
     for item in doc.map_range(ROOT, ..) {
         match (item.key.as_ref(), &item.value) {
+            (crate::epoch::EPOCH, v) => view.epoch = am::as_uint(v).unwrap_or(0),
+            (crate::epoch::ORIGIN, v) => view.origin = am::as_str(v).map(crate::QueueId::new),
+            (crate::epoch::PREV, v) => prev = am::as_str(v).map(str::to_owned),
+            (crate::epoch::PREV_HEADS, v) => {
+                prev_heads = am::as_str(v)
+                    .map(crate::epoch::decode_heads)
+                    .unwrap_or_default()
+            }
             (keys::SCHEMA, v) => schema_ok = am::as_str(v) == Some(keys::QUEUE_SCHEMA),
             (keys::VERSION, v) => view.version = am::as_uint(v).unwrap_or(u64::MAX),
             (keys::NAME, v) => view.name = am::as_str(v).unwrap_or_default().to_owned(),
@@ -619,6 +642,12 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     if !schema_ok {
         return None;
     }
+    view.prev = prev.map(|doc| crate::epoch::Prev {
+        doc,
+        heads: prev_heads,
+    });
+    view.seals = crate::epoch::read_seals(doc);
+    view.latest = crate::epoch::read_latest(doc);
     view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
     view.reorder();
     let (claims, bad_claims) = read_claims(doc);
@@ -789,7 +818,7 @@ fn read_packed_attempt(doc: &Automerge, key: &str, value: &ValueRef<'_>) -> Opti
     Some(Attempt {
         id,
         worker: rec.w.parse().ok()?,
-        pool_incarnation: Some(rec.i),
+        pool_incarnation: rec.i,
         assigned_at: rec.a,
         started: packed_started(doc, key),
         finished: packed_finished(doc, key),
@@ -857,7 +886,7 @@ fn packed_values<'a, R: ReadDoc>(
 }
 
 /// The order among concurrent ends: outcome, then time, then error text.
-fn later_finish(a: &Finished, b: &Finished) -> std::cmp::Ordering {
+pub(crate) fn later_finish(a: &Finished, b: &Finished) -> std::cmp::Ordering {
     a.outcome
         .cmp(&b.outcome)
         .then(a.at.cmp(&b.at))

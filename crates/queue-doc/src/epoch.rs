@@ -1,0 +1,539 @@
+//! Epochs: a queue as a chain of bounded documents.
+//!
+//! A queue document that keeps every task forever grows with history. Instead, the queue's
+//! effective router **rotates** it: it writes a fresh successor document that holds only what
+//! is live (config, members, the router record, and every pending or running task with all its
+//! attempt records, under the same keys), then **seals** the old one with a pointer to the
+//! successor. Finished tasks are not carried; their task documents keep their summary.
+//!
+//! - Epoch 0 is the queue's first document, and its id stays the queue's id. Each successor
+//!   records its epoch number, the queue it belongs to ([`QueueView::origin`]), and its
+//!   predecessor with the predecessor's heads at sealing ([`QueueView::prev`]).
+//! - [`build_successor`] writes a successor in one change, [`seal`] writes the pointer into
+//!   the old document (under a key named by the successor, so two seals never share an
+//!   object), and [`set_latest`] records the newest epoch in epoch 0 so that a node opening the
+//!   queue by its id finds the current document at once.
+//! - Two routers on either side of a partition may both seal one epoch. Every replica picks the
+//!   same successor with [`winner`]: the greatest seal by (claim, successor id).
+//! - Writes made to a sealed epoch after its seal (an offline submitter, a late outcome) are
+//!   **carried** into the successor by [`carry`]: it reads only the changes after the heads
+//!   carried so far, and puts, for every key they touched, the greatest value under the same
+//!   key in the successor, where readers resolve it the same way. Carrying any number of
+//!   times, by any replicas, concurrently, gives the state of carrying once. A task that was
+//!   finished when the epoch was sealed ([`known_at`] the seal heads, but absent from the
+//!   successor) is not carried back.
+//!
+//! [`QueueView::origin`]: crate::QueueView::origin
+//! [`QueueView::prev`]: crate::QueueView::prev
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use automerge::legacy::{Key, ObjectId, OpId};
+use automerge::transaction::{Transactable, Transaction};
+use automerge::{ActorId, Automerge, AutomergeError, ChangeHash, ObjId, ObjType, ROOT, ReadDoc};
+use serde::{Deserialize, Serialize};
+
+use crate::am;
+use crate::ids::{Claim, PeerId, QueueId, TaskId};
+use crate::keys;
+use crate::packed;
+use crate::queue::{WriteError, write_config, write_member};
+use crate::view::{QueueView, StateCounts, later_finish, packed_finished, packed_started};
+
+pub(crate) const EPOCH: &str = "epoch";
+pub(crate) const ORIGIN: &str = "origin";
+pub(crate) const PREV: &str = "prev";
+pub(crate) const PREV_HEADS: &str = "prev_heads";
+pub(crate) const SEALS: &str = "seals";
+pub(crate) const LATEST: &str = "latest";
+
+/// A seal in a queue document: this epoch ended, and `successor` holds what was live.
+///
+/// Seals order by claim, then successor id: the greatest is the [`winner`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Seal {
+    /// The sealer's router claim in the successor.
+    pub claim: Claim,
+    /// The successor document's id.
+    pub successor: String,
+    /// The successor's epoch number.
+    pub epoch: u64,
+}
+
+/// The sealed document a successor continues, and its heads when it was sealed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prev {
+    /// The predecessor document's id.
+    pub doc: String,
+    /// Its heads when the successor was built: the writes after them are carried.
+    pub heads: Vec<ChangeHash>,
+}
+
+/// The newest epoch a queue's first document knows of.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Latest {
+    /// Its epoch number.
+    pub epoch: u64,
+    /// Its document's id.
+    pub doc: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PackedSeal {
+    e: u64,
+    t: u64,
+    p: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PackedLatest {
+    e: u64,
+    d: String,
+}
+
+/// The successor every replica follows: the greatest seal.
+pub fn winner(seals: &[Seal]) -> Option<&Seal> {
+    seals.iter().max()
+}
+
+/// When a queue document is due for rotation: its finished tasks outweigh `ratio` times its
+/// live ones (and at least `ratio × min_live`). Counted from the view's O(1) counts.
+pub fn should_rotate(counts: &StateCounts, ratio: usize, min_live: usize) -> bool {
+    let finished = counts.succeeded + counts.failed;
+    let live = counts.pending + counts.assigned + counts.running + counts.input_unavailable;
+    finished > ratio.saturating_mul(live.max(min_live))
+}
+
+/// What the successor of a rotation is.
+#[derive(Clone, Debug)]
+pub struct Rotation<'a> {
+    /// The queue (its first document's id).
+    pub origin: &'a QueueId,
+    /// The document being sealed.
+    pub prev: &'a str,
+    /// The successor's epoch number.
+    pub epoch: u64,
+    /// The sealer's router record in the successor: a term above every term it knows.
+    pub claim: &'a Claim,
+    /// Now, unix ms.
+    pub now_ms: u64,
+}
+
+/// What [`build_successor`] wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rotated {
+    /// Live tasks written into the successor.
+    pub carried: usize,
+    /// Finished tasks left behind.
+    pub dropped: usize,
+}
+
+/// Rotating failed; the successor is left empty.
+#[derive(Debug, thiserror::Error)]
+pub enum RotateError {
+    /// The old document is not a queue document.
+    #[error("not a queue document")]
+    NotAQueue,
+    /// The successor already has content.
+    #[error("the successor document is not empty")]
+    NotEmpty,
+    /// Automerge refused the change.
+    #[error(transparent)]
+    Automerge(#[from] AutomergeError),
+}
+
+/// Writes into the empty document `succ` the successor of `old` (read as `view`): the name,
+/// config, pause flag and members, the router record `r.claim`, the epoch records, and every
+/// task that is not final with all its attempt records, in the packed layout. One change.
+///
+/// Its cost is in proportion to the tasks of `old` (it looks at each to drop the finished
+/// ones) plus the records of the live ones; a rotation happens once per many finished tasks.
+pub fn build_successor(
+    old: &Automerge,
+    view: &QueueView,
+    succ: &mut Automerge,
+    r: &Rotation<'_>,
+) -> Result<Rotated, RotateError> {
+    if am::string(old, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+        return Err(RotateError::NotAQueue);
+    }
+    if !succ.get_heads().is_empty() {
+        return Err(RotateError::NotEmpty);
+    }
+    let creator = am::string(old, &ROOT, keys::CREATOR).unwrap_or_default();
+    let heads = old.get_heads();
+    let mut stats = Rotated::default();
+    succ.transact(|tx| {
+        tx.put(ROOT, keys::SCHEMA, keys::QUEUE_SCHEMA)?;
+        tx.put(ROOT, keys::VERSION, keys::QUEUE_VERSION)?;
+        tx.put(ROOT, keys::NAME, view.name.as_str())?;
+        tx.put(ROOT, keys::CREATED_AT, r.now_ms)?;
+        tx.put(ROOT, keys::CREATOR, creator.as_str())?;
+        tx.put(ROOT, keys::PAUSED, view.paused)?;
+        tx.put(ROOT, EPOCH, r.epoch)?;
+        tx.put(ROOT, ORIGIN, r.origin.as_str())?;
+        tx.put(ROOT, PREV, r.prev)?;
+        tx.put(ROOT, PREV_HEADS, encode_heads(&heads))?;
+        write_config(tx, &view.config)?;
+        let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
+        for (peer, m) in &view.members {
+            write_member(tx, &members, peer, &m.addrs, r.now_ms)?;
+        }
+        let router = tx.put_object(ROOT, keys::ROUTER, ObjType::Map)?;
+        tx.put(&router, keys::TERM, r.claim.term)?;
+        tx.put(&router, keys::PEER, r.claim.peer.as_str())?;
+        tx.put(&router, keys::CLAIMED_AT, r.now_ms)?;
+        tx.put_object(ROOT, SEALS, ObjType::Map)?;
+        let tasks = tx.put_object(ROOT, keys::TASKS, ObjType::Map)?;
+        let assigned = tx.put_object(ROOT, packed::ASSIGNED, ObjType::Map)?;
+        let started = tx.put_object(ROOT, packed::STARTED, ObjType::Map)?;
+        let ended = tx.put_object(ROOT, packed::ENDED, ObjType::Map)?;
+        let seen = tx.put_object(ROOT, packed::SEEN, ObjType::Map)?;
+        for t in view.tasks().values() {
+            if t.state().is_final() {
+                stats.dropped += 1;
+                continue;
+            }
+            stats.carried += 1;
+            let entry = packed::Entry {
+                k: t.kind.clone(),
+                t: t.submitted_at,
+                s: t.submitter.to_string(),
+                p: t.priority,
+                u: t.urgent,
+                m: u64::from(t.max_attempts),
+            };
+            tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
+            for a in &t.attempts {
+                let key = packed::attempt_key(&t.id, &a.id);
+                let rec = packed::Assigned {
+                    w: a.worker.to_string(),
+                    i: a.pool_incarnation,
+                    a: a.assigned_at,
+                };
+                tx.put(&assigned, key.as_str(), packed::encode(&rec))?;
+                if let Some(s) = &a.started {
+                    let rec = packed::Start {
+                        a: s.at,
+                        i: s.incarnation,
+                    };
+                    tx.put(&started, key.as_str(), packed::encode(&rec))?;
+                }
+                if let Some(f) = &a.finished {
+                    tx.put(&ended, key.as_str(), packed::encode(&packed::End::of(f)))?;
+                }
+            }
+            if t.input_seen > 0 {
+                tx.put(&seen, t.id.as_str(), t.input_seen)?;
+            }
+        }
+        Ok::<_, RotateError>(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(stats)
+}
+
+/// Writes a seal into `doc` (the epoch being sealed): `seal.successor` continues it.
+pub fn seal(doc: &mut Automerge, seal: &Seal) -> Result<(), WriteError> {
+    doc.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let seals = match am::object(tx, &ROOT, SEALS, ObjType::Map) {
+            Some(s) => s,
+            None => tx.put_object(ROOT, SEALS, ObjType::Map)?,
+        };
+        let rec = PackedSeal {
+            e: seal.epoch,
+            t: seal.claim.term,
+            p: seal.claim.peer.to_string(),
+        };
+        tx.put(&seals, seal.successor.as_str(), packed::encode(&rec))?;
+        Ok(())
+    })
+    .map(|s| s.result)
+    .map_err(|f| f.error)
+}
+
+/// Records in the queue's first document that `latest` is its newest epoch, unless it already
+/// names a newer one. Concurrent values resolve to the greatest.
+pub fn set_latest(doc: &mut Automerge, latest: &Latest) -> Result<(), WriteError> {
+    if read_latest(doc).is_some_and(|l| l >= *latest) {
+        return Ok(());
+    }
+    doc.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let rec = PackedLatest {
+            e: latest.epoch,
+            d: latest.doc.clone(),
+        };
+        tx.put(ROOT, LATEST, packed::encode(&rec))?;
+        Ok(())
+    })
+    .map(|s| s.result)
+    .map_err(|f| f.error)
+}
+
+/// Every seal written into a queue document, in order (the last is the [`winner`]).
+pub fn read_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
+    let mut seals: Vec<Seal> = am::all_objects(doc, &ROOT, SEALS, ObjType::Map)
+        .into_iter()
+        .flat_map(|m| {
+            doc.map_range(&m, ..)
+                .filter_map(|item| {
+                    let rec: PackedSeal = packed::decode(am::as_str(&item.value)?)?;
+                    let claim = Claim::new(rec.t, PeerId::new(rec.p));
+                    claim.is_valid().then(|| Seal {
+                        claim,
+                        successor: item.key.to_string(),
+                        epoch: rec.e,
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    seals.sort();
+    seals.dedup();
+    seals
+}
+
+/// The newest epoch recorded in a queue's first document, if any.
+pub fn read_latest<R: ReadDoc>(doc: &R) -> Option<Latest> {
+    doc.get_all(ROOT, LATEST)
+        .ok()?
+        .into_iter()
+        .filter_map(|(v, _)| match v {
+            automerge::Value::Scalar(s) => match s.as_ref() {
+                automerge::ScalarValue::Str(s) => packed::decode::<PackedLatest>(s),
+                _ => None,
+            },
+            _ => None,
+        })
+        .map(|l| Latest {
+            epoch: l.e,
+            doc: l.d,
+        })
+        .max()
+}
+
+pub(crate) fn encode_heads(heads: &[ChangeHash]) -> String {
+    heads
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(crate) fn decode_heads(s: &str) -> Vec<ChangeHash> {
+    s.split(',').filter_map(|h| h.parse().ok()).collect()
+}
+
+/// The heads among `heads` that `doc` has.
+pub fn known_heads(doc: &Automerge, heads: &[ChangeHash]) -> Vec<ChangeHash> {
+    heads
+        .iter()
+        .filter(|h| doc.get_change_meta_by_hash(h).is_some())
+        .copied()
+        .collect()
+}
+
+/// Whether `task` was indexed in `doc` at `heads` (the heads `doc` does not have are left
+/// out).
+pub fn known_at(doc: &Automerge, heads: &[ChangeHash], task: &TaskId) -> bool {
+    let heads = known_heads(doc, heads);
+    if heads.is_empty() {
+        return false;
+    }
+    am::all_objects(doc, &ROOT, keys::TASKS, ObjType::Map)
+        .iter()
+        .any(|t| {
+            doc.get_all_at(t, task.as_str(), &heads)
+                .is_ok_and(|v| !v.is_empty())
+        })
+}
+
+/// What [`carry`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Values written into the successor.
+    pub writes: usize,
+    /// Keys left behind: records of tasks that are not in the successor (finished before the
+    /// seal), and values that are not packed records.
+    pub skipped: usize,
+    /// `from`'s heads: pass them as `since` next time.
+    pub heads: Vec<ChangeHash>,
+}
+
+type ObjKey = (u64, ActorId);
+
+fn key_of(obj: &ObjId) -> Option<ObjKey> {
+    match obj {
+        ObjId::Id(counter, actor, _) => Some((*counter, actor.clone())),
+        ObjId::Root => None,
+    }
+}
+
+/// The maps carried, in the order they are carried: task entries first, so that the records
+/// of a task submitted late find it.
+const CARRIED: [&str; 5] = [
+    keys::TASKS,
+    packed::ASSIGNED,
+    packed::STARTED,
+    packed::ENDED,
+    packed::SEEN,
+];
+
+/// Carries into `into` the writes `from` received after `since`: for every key of the task
+/// index and the attempt maps that they touched, `into` ends up resolving to the greatest value
+/// of the two documents, written under the same key. `dropped(task)` says that a task absent
+/// from `into` was finished and left behind when it was sealed (see [`known_at`]); other
+/// absent tasks were submitted late and are carried. One change (none if nothing is new).
+///
+/// Costs the changes after `since`, not `from`'s history.
+pub fn carry(
+    from: &Automerge,
+    since: &[ChangeHash],
+    into: &mut Automerge,
+    dropped: &dyn Fn(&TaskId) -> bool,
+) -> Result<Carried, WriteError> {
+    let since = known_heads(from, since);
+    let mut maps: HashMap<ObjKey, usize> = HashMap::new();
+    for (i, name) in CARRIED.iter().enumerate() {
+        for obj in am::all_objects(from, &ROOT, name, ObjType::Map) {
+            if let Some(k) = key_of(&obj) {
+                maps.insert(k, i);
+            }
+        }
+    }
+    let mut touched: BTreeSet<(usize, String)> = BTreeSet::new();
+    for change in from.get_changes(&since) {
+        let expanded = change.decode();
+        for op in &expanded.operations {
+            if let (ObjectId::Id(OpId(counter, actor)), Key::Map(key)) = (&op.obj, &op.key)
+                && let Some(&i) = maps.get(&(*counter, actor.clone()))
+            {
+                touched.insert((i, key.to_string()));
+            }
+        }
+    }
+    let mut out = Carried {
+        heads: from.get_heads(),
+        ..Carried::default()
+    };
+    if touched.is_empty() {
+        return Ok(out);
+    }
+    let mut writes: BTreeMap<(usize, String), automerge::ScalarValue> = BTreeMap::new();
+    into.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let mut targets = Vec::new();
+        for name in CARRIED {
+            targets.push(match am::object(tx, &ROOT, name, ObjType::Map) {
+                Some(m) => m,
+                None => tx.put_object(ROOT, name, ObjType::Map)?,
+            });
+        }
+        for (i, key) in &touched {
+            let value = match *i {
+                0 => carry_entry(from, tx, key, dropped),
+                _ if !has_task(tx, packed::task_of(key)) => None,
+                1 => strings(from, packed::ASSIGNED, key)
+                    .max()
+                    .filter(|_| strings(tx, packed::ASSIGNED, key).next().is_none())
+                    .map(automerge::ScalarValue::from),
+                2 => {
+                    let mine = packed_started(tx, key);
+                    packed_started(from, key)
+                        .filter(|s| {
+                            mine.is_none_or(|m| (s.incarnation, s.at) > (m.incarnation, m.at))
+                        })
+                        .map(|s| {
+                            let rec = packed::Start {
+                                a: s.at,
+                                i: s.incarnation,
+                            };
+                            automerge::ScalarValue::from(packed::encode(&rec))
+                        })
+                }
+                3 => {
+                    let mine = packed_finished(tx, key);
+                    packed_finished(from, key)
+                        .filter(|f| {
+                            mine.as_ref()
+                                .is_none_or(|m| later_finish(f, m) == std::cmp::Ordering::Greater)
+                        })
+                        .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
+                }
+                _ => {
+                    let theirs = max_uint_all(from, packed::SEEN, key);
+                    (theirs > max_uint_all(tx, packed::SEEN, key))
+                        .then_some(automerge::ScalarValue::Uint(theirs))
+                }
+            };
+            match value {
+                Some(v) => {
+                    tx.put(&targets[*i], key.as_str(), v.clone())?;
+                    writes.insert((*i, key.clone()), v);
+                }
+                None => out.skipped += 1,
+            }
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    out.writes = writes.len();
+    out.skipped = touched.len() - out.writes;
+    Ok(out)
+}
+
+/// A late task entry to carry: absent from the successor, and not a task that was finished
+/// and left behind at the seal.
+fn carry_entry(
+    from: &Automerge,
+    tx: &Transaction<'_>,
+    task: &str,
+    dropped: &dyn Fn(&TaskId) -> bool,
+) -> Option<automerge::ScalarValue> {
+    if has_task(tx, task) || dropped(&TaskId::new(task)) {
+        return None;
+    }
+    strings(from, keys::TASKS, task)
+        .max()
+        .map(automerge::ScalarValue::from)
+}
+
+fn has_task<R: ReadDoc>(doc: &R, task: &str) -> bool {
+    am::all_objects(doc, &ROOT, keys::TASKS, ObjType::Map)
+        .iter()
+        .any(|t| doc.get_all(t, task).is_ok_and(|v| !v.is_empty()))
+}
+
+/// Every concurrent string value of `key` in every copy of the root map `map`.
+fn strings<'a, R: ReadDoc>(
+    doc: &'a R,
+    map: &str,
+    key: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    am::all_objects(doc, &ROOT, map, ObjType::Map)
+        .into_iter()
+        .flat_map(move |m| doc.get_all(&m, key).unwrap_or_default())
+        .filter_map(|(v, _)| match v {
+            automerge::Value::Scalar(s) => match s.as_ref() {
+                automerge::ScalarValue::Str(s) => Some(s.to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+}
+
+fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {
+    am::all_objects(doc, &ROOT, map, ObjType::Map)
+        .iter()
+        .map(|m| am::max_uint(doc, m, key))
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,289 @@
+//! Epochs, property-tested: a queue document is rotated into a successor at a random point,
+//! two replicas of the sealed document keep receiving late writes (submits, assignments,
+//! starts, outcomes, input marks), and the writes are carried into the successor once, in
+//! steps, twice, or by two carriers concurrently whose successors then merge. Every way gives
+//! the state of carrying once, and that state is the sealed document's own view of every task
+//! that was live at the seal or submitted after it.
+
+use automerge::{ActorId, Automerge};
+use piecework_queue_doc::epoch::{self, Latest, Rotation, Seal};
+use piecework_queue_doc::{
+    AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, Submission, TaskId,
+    WorkerId, queue,
+};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Submit,
+    Assign { pick: u8 },
+    Start { pick: u8 },
+    Finish { pick: u8, outcome: u8 },
+    Mark { pick: u8 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => Just(Op::Submit),
+        3 => any::<u8>().prop_map(|pick| Op::Assign { pick }),
+        3 => any::<u8>().prop_map(|pick| Op::Start { pick }),
+        3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, outcome)| Op::Finish { pick, outcome }),
+        1 => any::<u8>().prop_map(|pick| Op::Mark { pick }),
+    ]
+}
+
+fn worker() -> WorkerId {
+    WorkerId::new(PeerId::new("w"), 0)
+}
+
+struct Writer {
+    next: u64,
+    clock: u64,
+    /// Distinct task ids per writer, and its own router claim (one writer per attempt key,
+    /// as in the system: routers on either side of a partition hold distinct claims).
+    prefix: &'static str,
+}
+
+impl Writer {
+    fn router(&self) -> Claim {
+        Claim::new(1, PeerId::new(format!("router-{}", self.prefix)))
+    }
+}
+
+impl Writer {
+    fn apply(&mut self, doc: &mut Automerge, op: &Op) {
+        self.clock += 1;
+        let now = self.clock;
+        let view = QueueView::read(doc).unwrap();
+        let tasks: Vec<_> = view.tasks().values().map(|t| (**t).clone()).collect();
+        let pick = |p: u8, len: usize| -> Option<usize> { (len > 0).then(|| usize::from(p) % len) };
+        match *op {
+            Op::Submit => {
+                self.next += 1;
+                queue::submit(
+                    doc,
+                    &Submission {
+                        id: TaskId::new(format!("automerge:{}{}", self.prefix, self.next)),
+                        kind: "k".into(),
+                        submitter: PeerId::new("s"),
+                        submitted_at: now,
+                        priority: 0,
+                        urgent: false,
+                        max_attempts: Some(2),
+                    },
+                )
+                .unwrap();
+            }
+            Op::Assign { pick: p } => {
+                let pending: Vec<_> = view.pending().into_iter().cloned().collect();
+                let Some(i) = pick(p, pending.len()) else {
+                    return;
+                };
+                let t = &pending[i];
+                let a = piecework_queue_doc::Assignment {
+                    task: t.id.clone(),
+                    attempt: AttemptId {
+                        n: t.last_n() + 1,
+                        claim: self.router(),
+                    },
+                    worker: worker(),
+                    incarnation: 1,
+                };
+                let _ = queue::record_assignments(doc, &[a], now);
+            }
+            Op::Start { pick: p } => {
+                let Some(i) = pick(p, tasks.len()) else {
+                    return;
+                };
+                let t = &tasks[i];
+                if let Some(a) = t
+                    .attempts
+                    .iter()
+                    .find(|a| a.is_open() && a.started.is_none())
+                {
+                    let _ = queue::record_start(doc, &t.id, &a.id, &worker(), 1, now);
+                }
+            }
+            Op::Finish { pick: p, outcome } => {
+                let Some(i) = pick(p, tasks.len()) else {
+                    return;
+                };
+                let t = &tasks[i];
+                if let Some(a) = t.attempts.iter().find(|a| a.is_open()) {
+                    let outcome = match (a.started.is_some(), outcome % 3) {
+                        (true, 0) => AttemptOutcome::Failed,
+                        (true, _) => AttemptOutcome::Succeeded,
+                        (false, 0) => AttemptOutcome::Unavailable,
+                        (false, _) => AttemptOutcome::Refused,
+                    };
+                    let _ =
+                        queue::record_finish(doc, &t.id, &a.id, &worker(), outcome, Some("e"), now);
+                }
+            }
+            Op::Mark { pick: p } => {
+                let Some(i) = pick(p, tasks.len()) else {
+                    return;
+                };
+                let t = &tasks[i];
+                let _ = queue::mark_input_available(doc, &t.id, t.last_n());
+            }
+        }
+    }
+}
+
+fn fork(doc: &Automerge, actor: u8) -> Automerge {
+    doc.fork().with_actor(ActorId::from(vec![actor; 16]))
+}
+
+fn carry_all(
+    from: &Automerge,
+    since: &[automerge::ChangeHash],
+    into: &mut Automerge,
+    sealed: &Automerge,
+    seal_heads: &[automerge::ChangeHash],
+) -> epoch::Carried {
+    epoch::carry(from, since, into, &|t| {
+        epoch::known_at(sealed, seal_heads, t)
+    })
+    .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn carrying_late_writes_is_idempotent(
+        before in prop::collection::vec(op(), 0..40),
+        late_a in prop::collection::vec(op(), 0..25),
+        late_b in prop::collection::vec(op(), 0..25),
+    ) {
+        let origin = QueueId::new("automerge:q0");
+        let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+        queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+        let mut w = Writer { next: 0, clock: 0, prefix: "t" };
+        for o in &before {
+            w.apply(&mut old, o);
+        }
+        // Rotate.
+        let view = QueueView::read(&old).unwrap();
+        let claim = Claim::new(2, PeerId::new("router"));
+        let mut succ = Automerge::new().with_actor(ActorId::from(vec![9u8; 16]));
+        let rotated = epoch::build_successor(&old, &view, &mut succ, &Rotation {
+            origin: &origin, prev: "automerge:q0", epoch: 1, claim: &claim, now_ms: 1_000,
+        }).unwrap();
+        let seal_heads = old.get_heads();
+        epoch::seal(&mut old, &Seal { claim: claim.clone(), successor: "automerge:q1".into(), epoch: 1 }).unwrap();
+        epoch::set_latest(&mut old, &Latest { epoch: 1, doc: "automerge:q1".into() }).unwrap();
+        let live_at_seal: Vec<TaskId> = view.tasks().values().filter(|t| !t.state().is_final()).map(|t| t.id.clone()).collect();
+        prop_assert_eq!(rotated.carried, live_at_seal.len());
+        let sv = QueueView::read(&succ).unwrap();
+        prop_assert_eq!(sv.epoch, 1);
+        prop_assert_eq!(sv.origin.as_ref(), Some(&origin));
+        prop_assert_eq!(sv.router.as_ref(), Some(&claim));
+        prop_assert_eq!(sv.tasks().len(), live_at_seal.len());
+        for id in &live_at_seal {
+            prop_assert_eq!(sv.task(id), view.task(id));
+        }
+        let ov = QueueView::read(&old).unwrap();
+        prop_assert_eq!(epoch::winner(&ov.seals).map(|s| s.successor.as_str()), Some("automerge:q1"));
+
+        // Two offline replicas of the sealed epoch write late, concurrently.
+        let mut a = fork(&old, 2);
+        let mut b = fork(&old, 3);
+        let mut wa = Writer { next: 0, clock: 2_000, prefix: "a" };
+        let mut wb = Writer { next: 0, clock: 3_000, prefix: "b" };
+        let half = late_a.len() / 2;
+        for o in &late_a[..half] {
+            wa.apply(&mut a, o);
+        }
+        let a_half = fork(&a, 4);
+        for o in &late_a[half..] {
+            wa.apply(&mut a, o);
+        }
+        for o in &late_b {
+            wb.apply(&mut b, o);
+        }
+        let mut merged = fork(&a, 5);
+        merged.merge(&mut b.clone()).unwrap();
+
+        // Once.
+        let mut once = fork(&succ, 10);
+        carry_all(&merged, &seal_heads, &mut once, &old, &seal_heads);
+        let reference = QueueView::read(&once).unwrap();
+
+        // Twice: the second carry writes nothing.
+        let again = carry_all(&merged, &seal_heads, &mut once, &old, &seal_heads);
+        prop_assert_eq!(again.writes, 0);
+        prop_assert_eq!(QueueView::read(&once).unwrap().tasks().clone(), reference.tasks().clone());
+
+        // In steps, from what the carrier held at each step.
+        let mut steps = fork(&succ, 11);
+        let first = carry_all(&a_half, &seal_heads, &mut steps, &old, &seal_heads);
+        let second = carry_all(&a, &first.heads, &mut steps, &old, &seal_heads);
+        carry_all(&merged, &second.heads, &mut steps, &old, &seal_heads);
+        prop_assert_eq!(QueueView::read(&steps).unwrap().tasks().clone(), reference.tasks().clone());
+
+        // Two carriers at once, each from its own replica, then their successors merge.
+        let mut c1 = fork(&succ, 12);
+        let mut c2 = fork(&succ, 13);
+        carry_all(&a, &seal_heads, &mut c1, &old, &seal_heads);
+        carry_all(&b, &seal_heads, &mut c2, &old, &seal_heads);
+        c1.merge(&mut c2.clone()).unwrap();
+        let mut c3 = fork(&succ, 14);
+        carry_all(&merged, &seal_heads, &mut c3, &old, &seal_heads);
+        c1.merge(&mut c3).unwrap();
+        prop_assert_eq!(QueueView::read(&c1).unwrap().tasks().clone(), reference.tasks().clone());
+
+        // What carrying gives: the sealed epoch's own entries of every task live at the seal
+        // or submitted after it; nothing of the tasks finished before the seal.
+        let full = QueueView::read(&merged).unwrap();
+        for (id, t) in full.tasks() {
+            match reference.task(id) {
+                Some(r) => prop_assert_eq!(r, &**t),
+                None => prop_assert!(view.task(id).is_some_and(|v| v.state().is_final())),
+            }
+        }
+        for id in reference.tasks().keys() {
+            prop_assert!(full.task(id).is_some());
+        }
+    }
+}
+
+#[test]
+fn a_double_seal_has_one_winner_everywhere() {
+    let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+    queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+    let mut left = fork(&old, 2);
+    let mut right = fork(&old, 3);
+    let low = Seal {
+        claim: Claim::new(3, PeerId::new("a")),
+        successor: "automerge:z".into(),
+        epoch: 1,
+    };
+    let high = Seal {
+        claim: Claim::new(3, PeerId::new("b")),
+        successor: "automerge:a".into(),
+        epoch: 1,
+    };
+    epoch::seal(&mut left, &low).unwrap();
+    epoch::seal(&mut right, &high).unwrap();
+    left.merge(&mut right.clone()).unwrap();
+    right.merge(&mut left.clone()).unwrap();
+    for d in [&left, &right] {
+        let v = QueueView::read(d).unwrap();
+        assert_eq!(v.seals, vec![low.clone(), high.clone()]);
+        assert_eq!(epoch::winner(&v.seals), Some(&high));
+    }
+}
+
+#[test]
+fn rotation_is_due_when_finished_tasks_outweigh_live_ones() {
+    let mut c = piecework_queue_doc::StateCounts::default();
+    assert!(!epoch::should_rotate(&c, 4, 10));
+    c.succeeded = 40;
+    assert!(!epoch::should_rotate(&c, 4, 10));
+    c.failed = 1;
+    assert!(epoch::should_rotate(&c, 4, 10));
+    c.pending = 20;
+    assert!(!epoch::should_rotate(&c, 4, 10));
+}
