@@ -134,7 +134,25 @@ pub struct Config {
     /// Seeds every random choice: document ids, and this incarnation's Automerge actor id.
     /// A node draws it from the OS at start, a simulation from its seed.
     pub seed: u64,
+    /// When this node, as a queue's active router, rotates the queue document into a new
+    /// epoch: its finished tasks outweigh `rotate_ratio` times its live ones, and at least
+    /// `rotate_ratio × rotate_min_live` ([`piecework_queue_doc::epoch::should_rotate`]).
+    pub rotate_ratio: usize,
+    /// See `rotate_ratio`.
+    pub rotate_min_live: usize,
+    /// How long a sealed epoch's document is kept after this node moved past it
+    /// ([`EPOCH_RETAIN`] by default).
+    pub epoch_retain: Duration,
 }
+
+/// The default `Config::rotate_ratio`.
+pub const ROTATE_RATIO: usize = 2;
+/// The default `Config::rotate_min_live`: a queue document rotates after about
+/// `ROTATE_RATIO × ROTATE_MIN_LIVE` finished tasks when few are live.
+pub const ROTATE_MIN_LIVE: usize = 512;
+/// How long a node keeps a sealed epoch's document after it moved on, carrying the late writes
+/// it receives; then the document leaves memory.
+pub const EPOCH_RETAIN: Duration = Duration::from_secs(60);
 
 impl Config {
     /// The settings of node `peer` in its `incarnation`-th start.
@@ -144,7 +162,24 @@ impl Config {
             incarnation,
             workers: workers.min(MAX_WORKERS),
             seed,
+            rotate_ratio: ROTATE_RATIO,
+            rotate_min_live: ROTATE_MIN_LIVE,
+            epoch_retain: EPOCH_RETAIN,
         }
+    }
+
+    /// The same settings, keeping sealed epochs for `retain` (see `Config::epoch_retain`).
+    pub fn with_epoch_retain(mut self, retain: Duration) -> Self {
+        self.epoch_retain = retain;
+        self
+    }
+
+    /// The same settings, rotating queue documents at another threshold (see
+    /// `Config::rotate_ratio`).
+    pub fn with_rotation(mut self, ratio: usize, min_live: usize) -> Self {
+        self.rotate_ratio = ratio.max(1);
+        self.rotate_min_live = min_live.max(1);
+        self
     }
 }
 
@@ -407,6 +442,13 @@ pub enum Event {
         /// Why.
         error: String,
     },
+    /// A queue's epochs changed (see [`piecework_queue_doc::epoch`]).
+    Epoch {
+        /// The queue.
+        queue: QueueId,
+        /// What happened.
+        event: EpochEvent,
+    },
     /// A fetch of a task's document for a run ended with no member having it: the attempt
     /// ended `unavailable`.
     FetchFailed {
@@ -414,6 +456,42 @@ pub enum Event {
         task: TaskId,
         /// Whether it ended at the fetch's deadline (no answer) rather than on answers.
         timed_out: bool,
+    },
+}
+
+/// What happened to a queue's chain of epoch documents ([`Event::Epoch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EpochEvent {
+    /// This node, as the active router, sealed the current epoch into a successor.
+    Rotated {
+        /// The successor's epoch number.
+        epoch: u64,
+        /// Live tasks carried into it.
+        carried: usize,
+        /// Finished tasks left behind.
+        dropped: usize,
+    },
+    /// This node moved to another epoch document (a newer epoch, or the winner of a double
+    /// seal of the same epoch).
+    Switched {
+        /// The epoch it moved to.
+        epoch: u64,
+        /// The epoch number it left.
+        from: u64,
+        /// Whether it left a successor that lost a double seal.
+        sideways: bool,
+    },
+    /// Writes made to a sealed epoch after its seal were carried into its successor.
+    Carried {
+        /// Values written.
+        writes: usize,
+        /// Whether they came from a successor that lost a double seal.
+        from_loser: bool,
+    },
+    /// A sealed epoch's document left memory.
+    Evicted {
+        /// Its epoch number.
+        epoch: u64,
     },
 }
 

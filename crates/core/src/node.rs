@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::{ActorId, Automerge, ChangeHash};
+use piecework_queue_doc::epoch::{self, Latest, Seal};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
     AttemptOutcome, Changed, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
@@ -16,6 +17,7 @@ use piecework_worker_pool::{Action as PoolAction, Config as PoolConfig, Pool, Ru
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::EpochEvent;
 use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
 use crate::saves::{Acked, Saves};
 use crate::{
@@ -45,6 +47,8 @@ enum DocWaiter {
     },
     /// A run waiting for its task's document, since when.
     Start { run: Run, since: Instant },
+    /// An epoch document of a queue (a successor, or a successor that lost a double seal).
+    Epoch { queue: QueueId },
     /// A task whose input was unavailable: if this node has its document, mark it available.
     Revive {
         queue: QueueId,
@@ -52,6 +56,24 @@ enum DocWaiter {
         n: u64,
     },
 }
+
+/// A sealed epoch this node holds.
+#[derive(Debug)]
+struct Sealed {
+    /// The document its late writes are carried into.
+    into: DocId,
+    /// Its heads carried so far.
+    carried: Vec<ChangeHash>,
+    /// It changed since the last carry.
+    dirty: bool,
+    /// Its epoch number.
+    epoch: u64,
+    /// When this node moved past it.
+    since: Instant,
+}
+
+/// Bound on the documents remembered as false epoch announcements, per queue.
+const MAX_REJECTED_EPOCHS: usize = 64;
 
 #[derive(Debug)]
 struct TaskWaiter {
@@ -84,7 +106,26 @@ enum SubmitAnswer {
 
 #[derive(Debug)]
 struct Queue {
+    /// The current epoch's document: where this node writes, and what its view reads.
     doc: DocId,
+    /// The queue's first document (epoch 0), whose id is the queue's: the group its members
+    /// and task documents are scoped to.
+    root: DocId,
+    /// The current epoch's number.
+    epoch: u64,
+    /// Sealed epoch documents this node still holds, and where their late writes are carried:
+    /// at most the epochs of the last `Config::epoch_retain`, plus losers of double seals.
+    sealed: BTreeMap<DocId, Sealed>,
+    /// Epoch documents being fetched: a few (one per announced successor).
+    fetching: BTreeSet<DocId>,
+    /// The newest epoch a router heartbeat announced.
+    announced: Option<Latest>,
+    /// The successor this node waits to take until it holds what the seal covered, once the
+    /// members were asked for it (asked again when a peer connects).
+    asked_behind: Option<DocId>,
+    /// Documents announced as epochs of this queue that are not: never followed again
+    /// (at most [`MAX_REJECTED_EPOCHS`]).
+    rejected: BTreeSet<DocId>,
     router: Router,
     cache: ViewCache,
     view: Arc<QueueView>,
@@ -108,6 +149,9 @@ pub struct Core {
     queues: BTreeMap<QueueId, Queue>,
     /// One per joined queue.
     topics: BTreeMap<String, QueueId>,
+    /// Every epoch document of a joined queue this node holds (current, sealed, the first),
+    /// and its queue.
+    epoch_docs: BTreeMap<DocId, QueueId>,
     /// Peers with an open sync stream (bounded by the transport's connections).
     connected: BTreeSet<PeerId>,
     advertised: Vec<String>,
@@ -184,6 +228,7 @@ impl Core {
             pool,
             queues: BTreeMap::new(),
             topics: BTreeMap::new(),
+            epoch_docs: BTreeMap::new(),
             connected: BTreeSet::new(),
             advertised: vec![],
             next_dial: now.mono,
@@ -255,6 +300,21 @@ impl Core {
         self.queues.get(queue).map(|q| &q.view)
     }
 
+    /// A joined queue's current epoch: its number and its document.
+    pub fn epoch(&self, queue: &QueueId) -> Option<(u64, &DocId)> {
+        self.queues.get(queue).map(|q| (q.epoch, &q.doc))
+    }
+
+    /// Every epoch document of a joined queue this node holds: the current one first, then
+    /// the sealed ones it keeps (the queue's first document among them).
+    pub fn epoch_docs(&self, queue: &QueueId) -> Vec<DocId> {
+        self.queues.get(queue).map_or_else(Vec::new, |q| {
+            std::iter::once(q.doc.clone())
+                .chain(q.sealed.keys().cloned())
+                .collect()
+        })
+    }
+
     /// This node's router role for a queue.
     pub fn role(&self, queue: &QueueId) -> Option<&Role> {
         self.queues.get(queue).map(|q| q.router.role())
@@ -274,6 +334,11 @@ impl Core {
     /// Documents held in memory.
     pub fn documents_loaded(&self) -> usize {
         self.replica.loaded()
+    }
+
+    /// A document held in memory, read-only (for checks and displays).
+    pub fn document(&self, doc: &DocId) -> Option<&Automerge> {
+        self.replica.get(doc)
     }
 
     /// Whether a document is held in memory.
@@ -324,6 +389,11 @@ impl Core {
         self.submits_dirty = true;
         self.connected.insert(peer.clone());
         self.replica.handle_connected(peer);
+        for q in self.queues.values_mut() {
+            if q.asked_behind.take().is_some() {
+                self.stale.insert(QueueId::new(q.root.as_str()));
+            }
+        }
         // A member that comes back may hold the documents of tasks whose input was unavailable.
         for (qid, q) in &self.queues {
             for t in q.view.input_unavailable() {
@@ -411,6 +481,18 @@ impl Core {
                 )));
             }
             Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
+                if let Some(l) = &beat.epoch
+                    && l.epoch > q.epoch
+                {
+                    // A newer epoch, or one whose fetch ended without it: look (again).
+                    let retry = DocId::parse(&l.doc).is_some_and(|d| !q.fetching.contains(&d));
+                    if q.announced.as_ref().is_none_or(|a| l > a) {
+                        q.announced = Some(l.clone());
+                        self.stale.insert(id.clone());
+                    } else if retry {
+                        self.stale.insert(id.clone());
+                    }
+                }
                 q.router.handle_router_beat(now.mono, &beat);
                 self.pool.handle_router_beat(&beat);
                 see(&mut self.seen, &id, &beat.claim);
@@ -620,7 +702,16 @@ impl Core {
                     DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                         earliest(*deadline)
                     }
-                    DocWaiter::Start { .. } | DocWaiter::Revive { .. } => {}
+                    DocWaiter::Start { .. }
+                    | DocWaiter::Revive { .. }
+                    | DocWaiter::Epoch { .. } => {}
+                }
+            }
+        }
+        for q in self.queues.values() {
+            for (d, sealed) in &q.sealed {
+                if *d != q.root {
+                    earliest(sealed.since + self.config.epoch_retain);
                 }
             }
         }
@@ -669,6 +760,10 @@ impl Core {
             self.drain_replica(now);
             for id in std::mem::take(&mut self.stale) {
                 self.refresh(now, &id);
+            }
+            let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+            for id in &ids {
+                self.epoch_work(now, id);
             }
             for (queue, task, n) in std::mem::take(&mut self.to_revive) {
                 self.revive(now, queue, task, n);
@@ -722,9 +817,14 @@ impl Core {
     /// A document changed (here or from a peer): save it, and refresh its queue's view.
     fn changed(&mut self, doc: &DocId) {
         self.saves.changed(doc);
-        let q = QueueId::new(doc.as_str());
-        if self.queues.contains_key(&q) {
-            self.stale.insert(q);
+        let Some(id) = self.epoch_docs.get(doc) else {
+            return;
+        };
+        if let Some(q) = self.queues.get_mut(id) {
+            if let Some(s) = q.sealed.get_mut(doc) {
+                s.dirty = true;
+            }
+            self.stale.insert(id.clone());
         }
     }
 
@@ -772,6 +872,16 @@ impl Core {
                 } => self.answer_status(now, cmd, task, wait_until),
                 DocWaiter::Start { run, .. } => self.start_run(now, run),
                 DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
+                DocWaiter::Epoch { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.fetching.remove(doc);
+                        // A carry may have waited for this document of the chain.
+                        for s in q.sealed.values_mut() {
+                            s.dirty = true;
+                        }
+                        self.stale.insert(queue);
+                    }
+                }
             }
         }
         // A task's document loaded from disk may be behind: this node may have been down when
@@ -828,6 +938,12 @@ impl Core {
                 }
                 // Not here either: another member may have it.
                 DocWaiter::Revive { .. } => {}
+                // Asked again at the next change of the queue.
+                DocWaiter::Epoch { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.fetching.remove(doc);
+                    }
+                }
             }
         }
     }
@@ -837,7 +953,7 @@ impl Core {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                 now.mono >= *deadline
             }
-            DocWaiter::Start { .. } | DocWaiter::Revive { .. } => false,
+            DocWaiter::Start { .. } | DocWaiter::Revive { .. } | DocWaiter::Epoch { .. } => false,
         };
         let mut gone = vec![];
         for ws in self.doc_waiters.values_mut() {
@@ -859,7 +975,7 @@ impl Core {
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
-                DocWaiter::Start { .. } | DocWaiter::Revive { .. } => {}
+                DocWaiter::Start { .. } | DocWaiter::Revive { .. } | DocWaiter::Epoch { .. } => {}
             }
         }
     }
@@ -868,7 +984,10 @@ impl Core {
     /// one a request waits on, or one a run of this node uses.
     fn is_live(&self, doc: &DocId) -> bool {
         let id = QueueId::new(doc.as_str());
-        if self.queues.contains_key(&id) || self.doc_waiters.contains_key(doc) {
+        if self.queues.contains_key(&id)
+            || self.epoch_docs.contains_key(doc)
+            || self.doc_waiters.contains_key(doc)
+        {
             return true;
         }
         let task = TaskId::new(doc.as_str());
@@ -887,6 +1006,7 @@ impl Core {
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     fn evict(&mut self, now: Time) {
+        self.retire_epochs(now);
         let due = self.to_evict.due(now.mono, IDLE_EVICT);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
@@ -1107,10 +1227,18 @@ impl Core {
             topic: topic.clone(),
         });
         self.topics.insert(topic.clone(), id.clone());
+        self.epoch_docs.insert(doc.clone(), id.clone());
         self.queues.insert(
             id.clone(),
             Queue {
-                doc,
+                doc: doc.clone(),
+                root: doc,
+                epoch: 0,
+                sealed: BTreeMap::new(),
+                fetching: BTreeSet::new(),
+                announced: None,
+                asked_behind: None,
+                rejected: BTreeSet::new(),
                 router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
                 cache: ViewCache::new(),
                 view: Arc::new(QueueView::default()),
@@ -1190,7 +1318,11 @@ impl Core {
         if !many && let Some(req) = reqs.first() {
             Self::check_request(req)?;
         }
-        let Some(qdoc) = self.queues.get(&queue_id).map(|q| q.doc.clone()) else {
+        let Some((qdoc, root)) = self
+            .queues
+            .get(&queue_id)
+            .map(|q| (q.doc.clone(), q.root.clone()))
+        else {
             return Err(SubmitError::NotJoined(queue_id));
         };
         if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
@@ -1242,7 +1374,7 @@ impl Core {
                 tdoc.clone(),
                 doc,
                 Some(Scope {
-                    group: qdoc.clone(),
+                    group: root.clone(),
                     announce: true,
                     requestable: false,
                 }),
@@ -1372,29 +1504,23 @@ impl Core {
             .queues
             .get(&t.queue)
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
-        let entry = q
-            .view
-            .tasks()
-            .get(task)
-            .ok_or_else(|| TaskError::NotIndexed(task.clone(), t.queue.clone()))?;
-        let error = entry
-            .attempts
-            .iter()
-            .filter_map(|a| a.finished.as_ref())
-            .filter(|f| f.outcome.is_failure())
-            .max_by_key(|f| f.at)
-            .and_then(|f| f.error.clone());
+        let (state, attempts, error) = match (q.view.task(task), &t.summary) {
+            (Some(entry), _) => (entry.state(), entry.attempts.clone(), last_error(entry)),
+            // Finished and no longer carried by the queue's current epoch: its summary.
+            (None, Some(s)) => (s.state, s.attempts.clone(), s.error.clone()),
+            (None, None) => return Err(TaskError::NotIndexed(task.clone(), t.queue.clone())),
+        };
         Ok(api::TaskStatus {
             id: task.clone(),
             queue: t.queue.clone(),
             kind: t.kind.clone(),
-            state: entry.state(),
+            state,
             submitted_at: t.submitted_at,
             submitter: t.submitter.to_string(),
             result: t.result().cloned(),
             input: t.input.clone(),
             error,
-            attempts: entry.attempts.clone(),
+            attempts,
             runs: t.runs,
         })
     }
@@ -1465,6 +1591,7 @@ impl Core {
 
     /// Re-reads a queue's view and hands it to the router and the pool.
     fn refresh(&mut self, now: Time, id: &QueueId) {
+        let switched = self.follow_epochs(now, id);
         let Some(q) = self.queues.get_mut(id) else {
             return;
         };
@@ -1479,7 +1606,7 @@ impl Core {
             return;
         }
         let old = std::mem::replace(&mut q.view, view.clone());
-        let qdoc = q.doc.clone();
+        let qdoc = q.root.clone();
         q.router.handle_view(now.mono, view.clone());
         if let Some(r) = &view.router {
             see(&mut self.seen, id, r);
@@ -1491,6 +1618,7 @@ impl Core {
             Changed::Everything => view.tasks().values().map(|t| &**t).collect(),
             Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
         };
+        let mut summarize = Vec::new();
         for t in changed {
             let tid = &t.id;
             let state = t.state();
@@ -1514,8 +1642,14 @@ impl Core {
                 },
             );
             if final_now {
+                if before == Some(false) {
+                    summarize.push(td.clone());
+                }
                 self.to_evict.insert_if_absent(td, now.mono);
             }
+        }
+        for td in summarize {
+            self.summarize(&view, &td);
         }
         // A member that joined or moved: dial it now rather than at the next round, so that a
         // full mesh forms before the peer everyone bootstrapped from can go away.
@@ -1534,6 +1668,522 @@ impl Core {
             queue: id.clone(),
             view,
         });
+        if switched {
+            // Membership is not carried across epochs: a node (re)writes its own.
+            self.write_member(now, id);
+        }
+    }
+
+    // ----- epochs -----
+
+    /// Writes a task's final summary into its document, if this node ran the attempt that
+    /// decided it and holds the document: the task's status stays known after the queue
+    /// document stops carrying it.
+    fn summarize(&mut self, view: &QueueView, td: &DocId) {
+        let Some(t) = view.task(&TaskId::new(td.as_str())) else {
+            return;
+        };
+        let decisive = t
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.finished.as_ref().is_some_and(|f| {
+                    f.outcome.is_failure() || f.outcome == AttemptOutcome::Succeeded
+                })
+            })
+            .max_by_key(|a| a.finished.as_ref().map(|f| (f.outcome, f.at)));
+        if decisive.is_none_or(|a| a.worker.peer != self.config.peer) {
+            return;
+        }
+        let summary = task::Summary {
+            state: t.state(),
+            attempts: t.attempts.clone(),
+            error: last_error(t),
+        };
+        if let Some(Err(e)) = self.change(td, |d| task::record_summary(d, &summary)) {
+            tracing::warn!(task = %t.id, "cannot record the task's summary: {e}");
+        }
+    }
+
+    /// Moves a queue to the newest epoch document this node knows of: the winner of its
+    /// current document's seals, the winner of a double seal of its own epoch, the newest
+    /// epoch its first document records, or the one a router heartbeat announced. A document
+    /// that is not here yet is fetched first. True if it moved.
+    fn follow_epochs(&mut self, now: Time, id: &QueueId) -> bool {
+        let Some(q) = self.queues.get(id) else {
+            return false;
+        };
+        let cur = q.doc.clone();
+        // Every epoch document of the queue this node has heard of and not yet placed.
+        let mut names: BTreeSet<DocId> = BTreeSet::new();
+        let successors = |d: &Automerge| {
+            epoch::read_seals(d)
+                .into_iter()
+                .filter_map(|s| DocId::parse(&s.successor))
+                .collect::<Vec<_>>()
+        };
+        if let Some(d) = self.replica.get(&cur) {
+            names.extend(successors(d));
+            if let Some(p) = epoch::read_prev(d)
+                .and_then(|p| DocId::parse(&p.doc))
+                .and_then(|p| self.replica.get(&p))
+            {
+                names.extend(successors(p));
+            }
+        }
+        if let Some(l) = self.replica.get(&q.root).and_then(epoch::read_latest) {
+            names.extend(DocId::parse(&l.doc));
+        }
+        if let Some(l) = &q.announced {
+            names.extend(DocId::parse(&l.doc));
+        }
+        names.retain(|n| *n != cur && !q.rejected.contains(n) && !q.sealed.contains_key(n));
+        if names.is_empty() {
+            return false;
+        }
+        let lineage = |d: &DocId| {
+            self.replica
+                .get(d)
+                .map(epoch::read_lineage)
+                .unwrap_or_default()
+        };
+        let mut best = (lineage(&cur), cur.clone(), 0);
+        let mut here = Vec::new();
+        let mut absent = Vec::new();
+        let mut rejected = Vec::new();
+        for n in names {
+            match self.epoch_here(id, &n) {
+                Some(Ok(e)) => {
+                    let l = lineage(&n);
+                    if epoch::cmp_lineage(&l, &best.0) == std::cmp::Ordering::Greater {
+                        best = (l, n.clone(), e);
+                    }
+                    here.push(n);
+                }
+                Some(Err(())) => rejected.push(n),
+                None => absent.push(n),
+            }
+        }
+        for n in absent {
+            self.fetch_epoch(now, id, &n);
+        }
+        if let Some(q) = self.queues.get_mut(id) {
+            for n in rejected {
+                if q.rejected.len() < MAX_REJECTED_EPOCHS {
+                    q.rejected.insert(n);
+                }
+            }
+        }
+        let (best_lineage, to, epoch_no) = best;
+        // A successor of this very document is taken only once this node holds everything
+        // the seal covered: the writes after it are then exactly what to carry.
+        let behind = self
+            .replica
+            .get(&to)
+            .and_then(epoch::read_prev)
+            .is_some_and(|p| {
+                p.doc == cur.as_str()
+                    && self
+                        .replica
+                        .get(&cur)
+                        .is_some_and(|c| epoch::known_heads(c, &p.heads).len() < p.heads.len())
+            });
+        if behind
+            && let Some(q) = self.queues.get_mut(id)
+            && q.asked_behind.as_ref() != Some(&to)
+        {
+            // Ask the members for what the seal covered (they may hold it on disk only).
+            q.asked_behind = Some(to.clone());
+            self.replica.resync_with_members(&cur);
+        }
+        let switched = to != cur && !behind;
+        if switched {
+            self.switch_epoch(now, id, to.clone(), epoch_no);
+            // Before the view moves: this node's own writes after the seal are in the new
+            // document as soon as it is shown.
+            self.carry_late(now, id);
+        }
+        let to = if switched { to } else { cur.clone() };
+        // Documents of a losing branch (a double seal's loser and what grew from it): their
+        // writes are carried into the current document.
+        let ancestors: BTreeSet<String> = best_lineage.iter().map(|l| l.doc.clone()).collect();
+        let Some(q) = self.queues.get_mut(id) else {
+            return switched;
+        };
+        for n in here {
+            if n == to || ancestors.contains(n.as_str()) || q.sealed.contains_key(&n) {
+                continue;
+            }
+            q.sealed.insert(
+                n.clone(),
+                Sealed {
+                    into: to.clone(),
+                    carried: vec![],
+                    dirty: true,
+                    epoch: epoch_no,
+                    since: now.mono,
+                },
+            );
+            self.epoch_docs.insert(n, id.clone());
+        }
+        switched
+    }
+
+    /// Whether `doc` is here: `Some(Ok(epoch))` if it is an epoch document of queue `id`,
+    /// `Some(Err(()))` if it is something else, `None` if it has not arrived.
+    fn epoch_here(&self, id: &QueueId, doc: &DocId) -> Option<Result<u64, ()>> {
+        let d = self.replica.get(doc)?;
+        if d.get_heads().is_empty() {
+            return None;
+        }
+        Some(match epoch::read_epoch(d) {
+            Some((e, Some(origin))) if origin == *id && e > 0 => Ok(e),
+            _ => Err(()),
+        })
+    }
+
+    fn fetch_epoch(&mut self, now: Time, id: &QueueId, doc: &DocId) {
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        if !q.fetching.insert(doc.clone()) {
+            return;
+        }
+        let scope = epoch_scope(&q.root);
+        self.replica.set_scope(doc, scope);
+        self.wait_for(now, doc, DocWaiter::Epoch { queue: id.clone() });
+    }
+
+    /// Makes `to` the queue's current document; the one it leaves is kept as a sealed epoch
+    /// whose late writes are carried into `to`.
+    fn switch_epoch(&mut self, now: Time, id: &QueueId, to: DocId, epoch_no: u64) {
+        let prev = self.replica.get(&to).and_then(epoch::read_prev);
+        let lineage: BTreeSet<String> = self
+            .replica
+            .get(&to)
+            .map(epoch::read_lineage)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| l.doc)
+            .collect();
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        let from = std::mem::replace(&mut q.doc, to.clone());
+        let from_epoch = q.epoch;
+        let sideways = !lineage.contains(from.as_str()) && from != q.root;
+        q.epoch = epoch_no;
+        q.cache = ViewCache::new();
+        q.fetching.remove(&to);
+        q.sealed.remove(&to);
+        q.sealed.insert(
+            from.clone(),
+            Sealed {
+                into: to.clone(),
+                carried: vec![],
+                dirty: true,
+                epoch: from_epoch,
+                since: now.mono,
+            },
+        );
+        // Where each sealed document's late writes go now: the document `to` continues
+        // carries from `to`'s seal heads; one whose target left `to`'s chain (a losing
+        // branch) is carried into `to` whole. Carrying again is harmless.
+        let root = q.root.clone();
+        for (d, s) in q.sealed.iter_mut() {
+            if prev.as_ref().is_some_and(|p| p.doc == d.as_str()) {
+                s.into = to.clone();
+                s.carried = prev.as_ref().map(|p| p.heads.clone()).unwrap_or_default();
+                s.dirty = true;
+            } else if s.into != to && s.into != root && !lineage.contains(s.into.as_str()) {
+                s.into = to.clone();
+                s.carried = vec![];
+                s.dirty = true;
+            }
+        }
+        let scope = epoch_scope(&q.root);
+        self.replica.set_scope(&to, scope);
+        self.epoch_docs.insert(to, id.clone());
+        self.stale.insert(id.clone());
+        self.events.push_back(Event::Epoch {
+            queue: id.clone(),
+            event: EpochEvent::Switched {
+                epoch: epoch_no,
+                from: from_epoch,
+                sideways,
+            },
+        });
+    }
+
+    /// A queue's epoch work for this turn: carry late writes out of the sealed epochs that
+    /// changed, and, as the active router, rotate the current document when it is due.
+    fn epoch_work(&mut self, now: Time, id: &QueueId) {
+        self.carry_late(now, id);
+        self.maybe_rotate(now, id);
+    }
+
+    /// Carries the late writes of every sealed epoch that changed into its successor.
+    fn carry_late(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        let dirty: Vec<(DocId, DocId, Vec<ChangeHash>)> = q
+            .sealed
+            .iter_mut()
+            .filter(|(_, s)| s.dirty)
+            .map(|(d, s)| {
+                s.dirty = false;
+                (d.clone(), s.into.clone(), s.carried.clone())
+            })
+            .collect();
+        for (from, into, since) in dirty {
+            // Claims written into a sealed epoch still fence.
+            if let Some(c) = self.replica.get(&from).and_then(epoch::effective_claim) {
+                see(&mut self.seen, id, &c);
+            }
+            let Some(target) = self.replica.get(&into) else {
+                continue;
+            };
+            let prev = epoch::read_prev(target);
+            let lineage = epoch::read_lineage(target);
+            let root = self.queues.get(id).map(|q| q.root.clone());
+            let from_epoch = self
+                .replica
+                .get(&from)
+                .and_then(epoch::read_epoch)
+                .map_or(0, |e| e.0);
+            let direct = prev.as_ref().is_some_and(|p| p.doc == from.as_str());
+            let ancestor =
+                root.as_ref() == Some(&from) || lineage.iter().any(|l| l.doc == from.as_str());
+            // The documents of the target's chain this node holds, newer than `from` if `from`
+            // is on it: a task one of them indexes was carried along the chain already.
+            let chain: Vec<DocId> = lineage
+                .iter()
+                .filter(|l| l.doc != into.as_str() && (!ancestor || l.epoch > from_epoch))
+                .filter_map(|l| DocId::parse(&l.doc))
+                .chain(root.clone().filter(|_| !ancestor))
+                .filter(|d| *d != from && self.replica.is_loaded(d))
+                .collect();
+            // A carrier that jumped epochs (a restart) must see every document of the chain
+            // between: a task carried along it and dropped there would otherwise come back.
+            if ancestor && !direct {
+                let missing: Vec<DocId> = lineage
+                    .iter()
+                    .filter(|l| l.epoch > from_epoch && l.doc != into.as_str())
+                    .filter_map(|l| DocId::parse(&l.doc))
+                    .filter(|d| {
+                        !self
+                            .replica
+                            .get(d)
+                            .is_some_and(|d| !d.get_heads().is_empty())
+                    })
+                    .collect();
+                if !missing.is_empty() {
+                    for d in &missing {
+                        self.fetch_epoch(now, id, d);
+                    }
+                    if let Some(s) = self
+                        .queues
+                        .get_mut(id)
+                        .and_then(|q| q.sealed.get_mut(&from))
+                    {
+                        s.dirty = true;
+                    }
+                    continue;
+                }
+            }
+            // Where `from` was sealed into the target's chain: the seal heads.
+            let heads = if direct {
+                prev.as_ref().map(|p| p.heads.clone())
+            } else if ancestor {
+                let next = lineage
+                    .iter()
+                    .filter(|l| l.epoch > from_epoch)
+                    .min_by_key(|l| l.epoch)
+                    .map(|l| l.doc.clone());
+                self.replica
+                    .get(&from)
+                    .zip(next)
+                    .and_then(|(d, n)| epoch::seal_heads(d, &n))
+            } else {
+                None
+            };
+            // A carrier behind the seal (it lacks some of the changes the seal covered) cannot
+            // tell a late submit from a task that ended before the seal: it waits for them.
+            if let (Some(h), Some(f)) = (&heads, self.replica.get(&from))
+                && epoch::known_heads(f, h).len() < h.len()
+            {
+                continue;
+            }
+            let from_loser = !direct && !ancestor;
+            let mut others: Vec<&DocId> = vec![&from];
+            others.extend(chain.iter());
+            let carried = self.replica.change_reading(&into, &others, |d, docs| {
+                let f = docs[0]?;
+                let held: Vec<&Automerge> = docs[1..].iter().flatten().copied().collect();
+                let dropped = |t: &TaskId| {
+                    if held.iter().any(|h| epoch::indexes(*h, t)) {
+                        return true;
+                    }
+                    match (&heads, ancestor || direct) {
+                        (Some(h), _) => epoch::known_at(f, h, t),
+                        // On the chain, but the seal is not here: never bring back a task
+                        // that ended (at worst a live one runs again).
+                        (None, true) => epoch::task_state(f, t).is_some_and(|s| s.is_final()),
+                        // A losing branch: a task no document of the chain indexes was
+                        // submitted on that branch.
+                        (None, false) => false,
+                    }
+                };
+                Some(epoch::carry(f, &since, d, &dropped))
+            });
+            match carried.flatten() {
+                Some(Ok(c)) => {
+                    if c.writes > 0 {
+                        self.changed(&into);
+                        self.events.push_back(Event::Epoch {
+                            queue: id.clone(),
+                            event: EpochEvent::Carried {
+                                writes: c.writes,
+                                from_loser,
+                            },
+                        });
+                    }
+                    if let Some(s) = self
+                        .queues
+                        .get_mut(id)
+                        .and_then(|q| q.sealed.get_mut(&from))
+                    {
+                        s.carried = c.heads;
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(queue = %id, "cannot carry late writes: {e}"),
+                // The predecessor is not here: nothing can tell a late submit from a task
+                // finished before the seal, so nothing is carried.
+                None => {}
+            }
+        }
+    }
+
+    /// As the queue's active router, seals the current epoch into a successor holding what is
+    /// live, once its finished tasks outweigh the live ones ([`epoch::should_rotate`]).
+    fn maybe_rotate(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let Role::Active { claim, .. } = q.router.role() else {
+            return;
+        };
+        let view = q.view.clone();
+        if view.router.as_ref() != Some(claim)
+            || !view.routable_version()
+            || !view.seals.is_empty()
+            || !epoch::should_rotate(
+                &view.counts(),
+                self.config.rotate_ratio,
+                self.config.rotate_min_live,
+            )
+        {
+            return;
+        }
+        let claim = claim.clone();
+        let (old, root, epoch_no) = (q.doc.clone(), q.root.clone(), q.epoch + 1);
+        let Some(old_doc) = self.replica.get(&old) else {
+            return;
+        };
+        if !epoch::read_seals(old_doc).is_empty() {
+            return;
+        }
+        let old_heads = old_doc.get_heads();
+        let succ_id = DocId::generate(&mut self.rng);
+        let mut succ = self.new_doc();
+        let rotated = epoch::build_successor(
+            old_doc,
+            &view,
+            &mut succ,
+            &epoch::Rotation {
+                origin: id,
+                prev: old.as_str(),
+                successor: succ_id.as_str(),
+                epoch: epoch_no,
+                claim: &claim,
+                now_ms: now.unix_ms,
+            },
+        );
+        let rotated = match rotated {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(queue = %id, "cannot rotate the queue document: {e}");
+                return;
+            }
+        };
+        self.replica
+            .create(succ_id.clone(), succ, Some(epoch_scope(&root)));
+        self.epoch_docs.insert(succ_id.clone(), id.clone());
+        self.saves.changed(&succ_id);
+        let seal = Seal {
+            claim,
+            successor: succ_id.to_string(),
+            epoch: epoch_no,
+        };
+        let heads = old_heads;
+        if let Some(Err(e)) = self.change(&old, |d| epoch::seal(d, &seal, &heads)) {
+            tracing::warn!(queue = %id, "cannot seal the queue document: {e}");
+        }
+        let latest = Latest {
+            epoch: epoch_no,
+            doc: succ_id.to_string(),
+        };
+        if let Some(Err(e)) = self.change(&root, |d| epoch::set_latest(d, &latest)) {
+            tracing::warn!(queue = %id, "cannot record the newest epoch: {e}");
+        }
+        self.events.push_back(Event::Epoch {
+            queue: id.clone(),
+            event: EpochEvent::Rotated {
+                epoch: epoch_no,
+                carried: rotated.carried,
+                dropped: rotated.dropped,
+            },
+        });
+        self.switch_epoch(now, id, succ_id, epoch_no);
+    }
+
+    /// Drops sealed epochs this node moved past more than `Config::epoch_retain` ago (never the
+    /// queue's first document) from its chain; they then leave memory like any idle document.
+    fn retire_epochs(&mut self, now: Time) {
+        let mut gone = Vec::new();
+        let retain = self.config.epoch_retain;
+        for (id, q) in &mut self.queues {
+            let root = q.root.clone();
+            q.sealed.retain(|d, s| {
+                let keep =
+                    *d == root || s.dirty || now.mono.saturating_duration_since(s.since) < retain;
+                if !keep {
+                    gone.push((id.clone(), d.clone(), s.epoch));
+                }
+                keep
+            });
+        }
+        for (id, doc, epoch_no) in gone {
+            self.epoch_docs.remove(&doc);
+            // No longer announced, but still served from disk to a member that asks: one
+            // that comes back behind the seal catches up through it.
+            if let Some(root) = self.queues.get(&id).map(|q| q.root.clone()) {
+                self.replica.set_scope(
+                    &doc,
+                    Scope {
+                        group: root,
+                        announce: false,
+                        requestable: true,
+                    },
+                );
+            }
+            self.to_evict.insert_if_absent(doc, now.mono);
+            self.events.push_back(Event::Epoch {
+                queue: id,
+                event: EpochEvent::Evicted { epoch: epoch_no },
+            });
+        }
     }
 
     /// Carries out the routers' and the pool's actions; true if there were any.
@@ -1594,10 +2244,16 @@ impl Core {
                     queue::record_assignments(d, &list, now.unix_ms)
                 });
             }
-            RouterAction::Beat(beat) => {
+            RouterAction::Beat(mut beat) => {
                 self.pool.handle_router_beat(&beat);
                 see(&mut self.seen, id, &beat.claim);
                 if let Some(q) = self.queues.get(id) {
+                    if q.epoch > 0 {
+                        beat.epoch = Some(Latest {
+                            epoch: q.epoch,
+                            doc: q.doc.to_string(),
+                        });
+                    }
                     self.io.push_back(Io::Publish {
                         topic: q.topic.clone(),
                         data: Wire::Router(beat).encode(),
@@ -1818,6 +2474,26 @@ impl Core {
 /// The gossipsub topic carrying a queue's heartbeats.
 pub fn topic_for(queue: &QueueId) -> String {
     format!("piecework/v1/queue/{queue}")
+}
+
+/// An epoch document's scope: announced to the queue's members, and requestable (a node
+/// that learns of an epoch from a heartbeat fetches it).
+fn epoch_scope(root: &DocId) -> Scope {
+    Scope {
+        group: root.clone(),
+        announce: true,
+        requestable: true,
+    }
+}
+
+/// The error of a task's latest failed attempt.
+fn last_error(t: &TaskEntry) -> Option<String> {
+    t.attempts
+        .iter()
+        .filter_map(|a| a.finished.as_ref())
+        .filter(|f| f.outcome.is_failure())
+        .max_by_key(|f| f.at)
+        .and_then(|f| f.error.clone())
 }
 
 fn queue_scope(doc: &DocId) -> Scope {

@@ -378,6 +378,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         queue: q.clone(),
         claim: Claim::new(u64::MAX, other.clone()),
         counter: u64::MAX,
+        epoch: None,
     });
     one.core
         .handle_gossip(one.now, &topic, &other, &beat.encode());

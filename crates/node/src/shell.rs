@@ -358,6 +358,9 @@ impl Shell {
 
     fn event(&mut self, ev: Event) {
         match ev {
+            Event::Epoch { queue, event } => {
+                tracing::info!(%queue, ?event, "epoch");
+            }
             Event::Router { queue, event } => {
                 tracing::info!(%queue, ?event, "router");
                 let _ = self.shared.events.send(NodeEvent::Router { queue, event });

@@ -16,6 +16,10 @@ pub struct RouterBeat {
     pub claim: Claim,
     /// Strictly increasing per claim.
     pub counter: u64,
+    /// The sender's current epoch document ([`crate::epoch`]): a peer that missed a rotation
+    /// learns it here. Absent before epochs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<crate::epoch::Latest>,
 }
 
 /// What one worker of a pool is doing.

@@ -46,6 +46,53 @@ pub(crate) const PREV: &str = "prev";
 pub(crate) const PREV_HEADS: &str = "prev_heads";
 pub(crate) const SEALS: &str = "seals";
 pub(crate) const LATEST: &str = "latest";
+pub(crate) const LINEAGE: &str = "lineage";
+
+/// The most links a lineage keeps (the oldest are dropped): forks further back than this many
+/// epochs are not told apart.
+pub const MAX_LINEAGE: usize = 64;
+
+/// One link of an epoch document's lineage: the seal that made epoch `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Link {
+    /// The epoch number.
+    pub epoch: u64,
+    /// The sealer's claim.
+    pub claim: Claim,
+    /// The document of that epoch.
+    pub doc: String,
+}
+
+/// Orders two epoch documents of one queue by their lineages (each the links from the
+/// queue's first epoch to the document itself, as [`read_lineage`] gives them). At the first
+/// epoch where they differ, the greater seal (claim, then document id) wins, as in [`winner`];
+/// a document that descends from the other is greater. Every replica computes the same order,
+/// so all follow the same chain after a double seal, however far either side went on.
+pub fn cmp_lineage(a: &[Link], b: &[Link]) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let at = |l: &[Link], e: u64| l.iter().find(|x| x.epoch == e).cloned();
+    let lo = a.iter().chain(b).map(|l| l.epoch).min().unwrap_or(0);
+    let hi = a.iter().chain(b).map(|l| l.epoch).max().unwrap_or(0);
+    for e in lo..=hi {
+        match (at(a, e), at(b, e)) {
+            (Some(x), Some(y)) if x != y => {
+                return (&x.claim, &x.doc).cmp(&(&y.claim, &y.doc));
+            }
+            (Some(_), None) if b.iter().all(|l| l.epoch < e) => return Ordering::Greater,
+            (None, Some(_)) if a.iter().all(|l| l.epoch < e) => return Ordering::Less,
+            _ => {}
+        }
+    }
+    Ordering::Equal
+}
+
+/// A queue document's lineage: the seals from the queue's first epoch to this one (empty in
+/// epoch 0; at most [`MAX_LINEAGE`], the newest).
+pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
+    am::string(doc, &ROOT, LINEAGE)
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default()
+}
 
 /// A seal in a queue document: this epoch ended, and `successor` holds what was live.
 ///
@@ -83,6 +130,9 @@ struct PackedSeal {
     e: u64,
     t: u64,
     p: String,
+    /// The sealed document's heads at sealing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    h: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -111,6 +161,8 @@ pub struct Rotation<'a> {
     pub origin: &'a QueueId,
     /// The document being sealed.
     pub prev: &'a str,
+    /// The successor's own id (its lineage names it).
+    pub successor: &'a str,
     /// The successor's epoch number.
     pub epoch: u64,
     /// The sealer's router record in the successor: a term above every term it knows.
@@ -161,6 +213,16 @@ pub fn build_successor(
         return Err(RotateError::NotEmpty);
     }
     let creator = am::string(old, &ROOT, keys::CREATOR).unwrap_or_default();
+    let mut lineage = read_lineage(old);
+    lineage.push(Link {
+        epoch: r.epoch,
+        claim: r.claim.clone(),
+        doc: r.successor.to_owned(),
+    });
+    if lineage.len() > MAX_LINEAGE {
+        lineage.drain(..lineage.len() - MAX_LINEAGE);
+    }
+    let lineage = serde_json::to_string(&lineage).expect("links serialize");
     let heads = old.get_heads();
     let mut stats = Rotated::default();
     succ.transact(|tx| {
@@ -174,6 +236,7 @@ pub fn build_successor(
         tx.put(ROOT, ORIGIN, r.origin.as_str())?;
         tx.put(ROOT, PREV, r.prev)?;
         tx.put(ROOT, PREV_HEADS, encode_heads(&heads))?;
+        tx.put(ROOT, LINEAGE, lineage.as_str())?;
         write_config(tx, &view.config)?;
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         for (peer, m) in &view.members {
@@ -233,8 +296,9 @@ pub fn build_successor(
     Ok(stats)
 }
 
-/// Writes a seal into `doc` (the epoch being sealed): `seal.successor` continues it.
-pub fn seal(doc: &mut Automerge, seal: &Seal) -> Result<(), WriteError> {
+/// Writes a seal into `doc` (the epoch being sealed): `seal.successor` continues it, from
+/// `doc`'s heads `heads` (the writes after them are carried).
+pub fn seal(doc: &mut Automerge, seal: &Seal, heads: &[ChangeHash]) -> Result<(), WriteError> {
     doc.transact(|tx| {
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
@@ -247,6 +311,7 @@ pub fn seal(doc: &mut Automerge, seal: &Seal) -> Result<(), WriteError> {
             e: seal.epoch,
             t: seal.claim.term,
             p: seal.claim.peer.to_string(),
+            h: Some(encode_heads(heads)),
         };
         tx.put(&seals, seal.successor.as_str(), packed::encode(&rec))?;
         Ok(())
@@ -276,6 +341,33 @@ pub fn set_latest(doc: &mut Automerge, latest: &Latest) -> Result<(), WriteError
     .map_err(|f| f.error)
 }
 
+/// A queue document's epoch number and the queue it continues (`None` in epoch 0); `None` if
+/// it is not a queue document.
+pub fn read_epoch<R: ReadDoc>(doc: &R) -> Option<(u64, Option<QueueId>)> {
+    if am::string(doc, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+        return None;
+    }
+    Some((
+        am::uint(doc, &ROOT, EPOCH).unwrap_or(0),
+        am::string(doc, &ROOT, ORIGIN).map(QueueId::new),
+    ))
+}
+
+/// The effective router claim of a queue document (the greatest of its concurrent claims).
+pub fn effective_claim<R: ReadDoc>(doc: &R) -> Option<Claim> {
+    crate::view::read_claims(doc).0.into_iter().max()
+}
+
+/// The sealed document a queue document continues, and its heads at sealing (`None` in
+/// epoch 0).
+pub fn read_prev<R: ReadDoc>(doc: &R) -> Option<Prev> {
+    let doc_id = am::string(doc, &ROOT, PREV)?;
+    let heads = am::string(doc, &ROOT, PREV_HEADS)
+        .map(|h| decode_heads(&h))
+        .unwrap_or_default();
+    Some(Prev { doc: doc_id, heads })
+}
+
 /// Every seal written into a queue document, in order (the last is the [`winner`]).
 pub fn read_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
     let mut seals: Vec<Seal> = am::all_objects(doc, &ROOT, SEALS, ObjType::Map)
@@ -297,6 +389,32 @@ pub fn read_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
     seals.sort();
     seals.dedup();
     seals
+}
+
+/// The heads a queue document had when it was sealed into `successor`, if it holds that
+/// seal.
+pub fn seal_heads<R: ReadDoc>(doc: &R, successor: &str) -> Option<Vec<ChangeHash>> {
+    am::all_objects(doc, &ROOT, SEALS, ObjType::Map)
+        .iter()
+        .find_map(|m| am::string(doc, m, successor))
+        .and_then(|v| packed::decode::<PackedSeal>(&v))
+        .and_then(|s| s.h)
+        .map(|h| decode_heads(&h))
+}
+
+/// A task's state in a queue document, if the document indexes it (reads that one entry).
+pub fn task_state(doc: &Automerge, task: &TaskId) -> Option<crate::TaskState> {
+    let tasks = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)?;
+    let (v, o) = doc.get(&tasks, task.as_str()).ok()??;
+    let value = match v {
+        automerge::Value::Object(ObjType::Map) => crate::view::EntryValue::Map(o),
+        automerge::Value::Scalar(s) => match s.as_ref() {
+            automerge::ScalarValue::Str(s) => crate::view::EntryValue::Packed(s.to_string()),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    crate::view::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {}).map(|t| t.state())
 }
 
 /// The newest epoch recorded in a queue's first document, if any.
@@ -422,13 +540,22 @@ pub fn carry(
         heads: from.get_heads(),
         ..Carried::default()
     };
-    if touched.is_empty() {
+    // A router claim written into the sealed document above every claim of `into` (a
+    // follower that claimed there) still fences pools: `into`'s routers must see it too.
+    let claim = effective_claim(from).filter(|c| effective_claim(into).is_none_or(|m| *c > m));
+    if touched.is_empty() && claim.is_none() {
         return Ok(out);
     }
     let mut writes: BTreeMap<(usize, String), automerge::ScalarValue> = BTreeMap::new();
     into.transact(|tx| {
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
+        }
+        if let Some(c) = &claim {
+            let r = tx.put_object(ROOT, keys::ROUTER, ObjType::Map)?;
+            tx.put(&r, keys::TERM, c.term)?;
+            tx.put(&r, keys::PEER, c.peer.as_str())?;
+            out.writes += 1;
         }
         let mut targets = Vec::new();
         for name in CARRIED {
@@ -485,8 +612,8 @@ pub fn carry(
         Ok(())
     })
     .map_err(|f| f.error)?;
-    out.writes = writes.len();
-    out.skipped = touched.len() - out.writes;
+    out.writes += writes.len();
+    out.skipped = touched.len() - writes.len();
     Ok(out)
 }
 
@@ -504,6 +631,11 @@ fn carry_entry(
     strings(from, keys::TASKS, task)
         .max()
         .map(automerge::ScalarValue::from)
+}
+
+/// Whether a queue document indexes `task` (at its current heads).
+pub fn indexes<R: ReadDoc>(doc: &R, task: &TaskId) -> bool {
+    has_task(doc, task.as_str())
 }
 
 fn has_task<R: ReadDoc>(doc: &R, task: &str) -> bool {

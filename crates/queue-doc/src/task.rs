@@ -83,6 +83,56 @@ pub struct TaskDoc {
     pub submitted_at: u64,
     /// Every run, in document order.
     pub runs: Vec<Run>,
+    /// The task's final summary, once it reached an outcome ([`record_summary`]).
+    pub summary: Option<Summary>,
+}
+
+/// What a task came to, written into its document when it reaches an outcome, so that its
+/// status is known after the queue document stops carrying it (see [`crate::epoch`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The final state.
+    pub state: crate::TaskState,
+    /// Every attempt, as the queue document had them.
+    pub attempts: Vec<crate::Attempt>,
+    /// The error of the latest failed attempt, if any.
+    pub error: Option<String>,
+}
+
+/// The summary key in a task document: one scalar (JSON); concurrent values resolve to the
+/// greatest state rank.
+const SUMMARY: &str = "summary";
+
+/// Writes a task's final summary, unless one of at least its rank is already there.
+pub fn record_summary(doc: &mut Automerge, summary: &Summary) -> Result<(), TaskWriteError> {
+    if !summary.state.is_final() {
+        return Ok(());
+    }
+    if read_summary(doc).is_some_and(|s| s.state.rank() >= summary.state.rank()) {
+        return Ok(());
+    }
+    let json = serde_json::to_string(summary)?;
+    commit(doc, |tx| {
+        if !is_task(tx) {
+            return Err(TaskWriteError::NotATask);
+        }
+        tx.put(ROOT, SUMMARY, json.as_str())?;
+        Ok(())
+    })
+}
+
+fn read_summary<R: ReadDoc>(doc: &R) -> Option<Summary> {
+    doc.get_all(ROOT, SUMMARY)
+        .ok()?
+        .into_iter()
+        .filter_map(|(v, _)| match v {
+            automerge::Value::Scalar(s) => match s.as_ref() {
+                automerge::ScalarValue::Str(s) => serde_json::from_str::<Summary>(s).ok(),
+                _ => None,
+            },
+            _ => None,
+        })
+        .max_by_key(|s| (s.state.rank(), s.attempts.len()))
 }
 
 impl TaskDoc {
@@ -302,5 +352,6 @@ pub fn read(doc: &Automerge) -> Result<TaskDoc, TaskReadError> {
         submitted_at: am::uint(doc, &ROOT, keys::SUBMITTED_AT)
             .ok_or(TaskReadError::Malformed(keys::SUBMITTED_AT))?,
         runs,
+        summary: read_summary(doc),
     })
 }

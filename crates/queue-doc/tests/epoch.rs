@@ -6,7 +6,7 @@
 //! that was live at the seal or submitted after it.
 
 use automerge::{ActorId, Automerge};
-use piecework_queue_doc::epoch::{self, Latest, Rotation, Seal};
+use piecework_queue_doc::epoch::{self, Latest, Link, Rotation, Seal};
 use piecework_queue_doc::{
     AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, Submission, TaskId,
     WorkerId, queue,
@@ -169,10 +169,11 @@ proptest! {
         let claim = Claim::new(2, PeerId::new("router"));
         let mut succ = Automerge::new().with_actor(ActorId::from(vec![9u8; 16]));
         let rotated = epoch::build_successor(&old, &view, &mut succ, &Rotation {
-            origin: &origin, prev: "automerge:q0", epoch: 1, claim: &claim, now_ms: 1_000,
+            origin: &origin, prev: "automerge:q0", successor: "automerge:q1", epoch: 1, claim: &claim, now_ms: 1_000,
         }).unwrap();
         let seal_heads = old.get_heads();
-        epoch::seal(&mut old, &Seal { claim: claim.clone(), successor: "automerge:q1".into(), epoch: 1 }).unwrap();
+        epoch::seal(&mut old, &Seal { claim: claim.clone(), successor: "automerge:q1".into(), epoch: 1 }, &seal_heads).unwrap();
+        prop_assert_eq!(epoch::seal_heads(&old, "automerge:q1"), Some(seal_heads.clone()));
         epoch::set_latest(&mut old, &Latest { epoch: 1, doc: "automerge:q1".into() }).unwrap();
         let live_at_seal: Vec<TaskId> = view.tasks().values().filter(|t| !t.state().is_final()).map(|t| t.id.clone()).collect();
         prop_assert_eq!(rotated.carried, live_at_seal.len());
@@ -265,8 +266,8 @@ fn a_double_seal_has_one_winner_everywhere() {
         successor: "automerge:a".into(),
         epoch: 1,
     };
-    epoch::seal(&mut left, &low).unwrap();
-    epoch::seal(&mut right, &high).unwrap();
+    epoch::seal(&mut left, &low, &[]).unwrap();
+    epoch::seal(&mut right, &high, &[]).unwrap();
     left.merge(&mut right.clone()).unwrap();
     right.merge(&mut left.clone()).unwrap();
     for d in [&left, &right] {
@@ -274,6 +275,34 @@ fn a_double_seal_has_one_winner_everywhere() {
         assert_eq!(v.seals, vec![low.clone(), high.clone()]);
         assert_eq!(epoch::winner(&v.seals), Some(&high));
     }
+}
+
+#[test]
+fn lineages_order_a_fork_by_its_first_seal_and_descendants_above_ancestors() {
+    let link = |e: u64, t: u64, p: &str, d: &str| Link {
+        epoch: e,
+        claim: Claim::new(t, PeerId::new(p)),
+        doc: d.into(),
+    };
+    let w2 = vec![link(1, 1, "a", "d1"), link(2, 2, "b", "w2")];
+    let l2 = vec![link(1, 1, "a", "d1"), link(2, 2, "a", "l2")];
+    let l3 = [l2.clone(), vec![link(3, 9, "a", "l3")]].concat();
+    let w3 = [w2.clone(), vec![link(3, 2, "b", "w3")]].concat();
+    use std::cmp::Ordering::*;
+    assert_eq!(epoch::cmp_lineage(&w2, &l2), Greater);
+    assert_eq!(
+        epoch::cmp_lineage(&w2, &l3),
+        Greater,
+        "the fork decides, not the depth"
+    );
+    assert_eq!(epoch::cmp_lineage(&l3, &w3), Less);
+    assert_eq!(
+        epoch::cmp_lineage(&w3, &w2),
+        Greater,
+        "a descendant is newer"
+    );
+    assert_eq!(epoch::cmp_lineage(&[], &w2), Less);
+    assert_eq!(epoch::cmp_lineage(&w3, &w3), Equal);
 }
 
 #[test]

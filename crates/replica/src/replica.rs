@@ -433,6 +433,32 @@ impl Replica {
         Some(r)
     }
 
+    /// As [`Replica::change`], with read access to other loaded documents (`None` for one that
+    /// is not loaded, or is `id` itself): for a change computed from other documents, such as
+    /// carrying an epoch's late writes into its successor.
+    pub fn change_reading<R>(
+        &mut self,
+        id: &DocId,
+        others: &[&DocId],
+        f: impl FnOnce(&mut Automerge, &[Option<&Automerge>]) -> R,
+    ) -> Option<R> {
+        let mut e = self.docs.remove(id)?;
+        let before = e.doc.get_heads();
+        let r = {
+            let refs: Vec<Option<&Automerge>> = others
+                .iter()
+                .map(|o| self.docs.get(*o).map(|e| &e.doc))
+                .collect();
+            f(&mut e.doc, &refs)
+        };
+        let changed = e.doc.get_heads() != before;
+        self.docs.insert(id.clone(), e);
+        if changed {
+            self.sync_all(id);
+        }
+        Some(r)
+    }
+
     /// Asks for a document. Loaded with content → [`Event::Arrived`] at once. Otherwise load it
     /// from storage ([`Event::Load`]) and, failing that, request it from the connected peers (a
     /// scoped document only from its group's connected members, an unscoped one from all) and
@@ -1151,6 +1177,16 @@ impl Replica {
     /// document changed), and a document that is no longer announced would otherwise stay so.
     pub fn refresh_from_members(&mut self, id: &DocId) {
         if self.docs.contains_key(id) {
+            self.announce(id);
+        }
+    }
+
+    /// As [`Replica::refresh_from_members`], starting the sync with each member over: a copy
+    /// whose sync state says the peer has nothing new (the peer dropped the document from
+    /// memory since) still asks for what it lacks.
+    pub fn resync_with_members(&mut self, id: &DocId) {
+        if let Some(e) = self.docs.get_mut(id) {
+            e.peers.clear();
             self.announce(id);
         }
     }

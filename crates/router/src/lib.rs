@@ -448,6 +448,7 @@ impl Router {
                     queue: self.queue.clone(),
                     claim: claim.clone(),
                     counter: self.beat_counter,
+                    epoch: None,
                 }));
                 self.next_beat = later(now, ms(config.heartbeat_ms));
             }

@@ -403,11 +403,13 @@ fn fencing_by_heartbeat() {
         queue: QueueId::new(QUEUE),
         claim: Claim::new(5, c.peers[1].id.clone()),
         counter: 1,
+        epoch: None,
     };
     let lower = RouterBeat {
         queue: QueueId::new(QUEUE),
         claim: Claim::new(0, c.peers[1].id.clone()),
         counter: 99,
+        epoch: None,
     };
     let t = c.at(150);
     c.peers[0].router.handle_router_beat(t, &lower);
@@ -635,6 +637,7 @@ fn a_heartbeat_with_an_impossible_term_is_ignored() {
         queue: QueueId::new(QUEUE),
         claim: Claim::new(u64::MAX, c.peers[2].id.clone()),
         counter: 1,
+        epoch: None,
     };
     let t = c.at(150);
     for i in [0, 1] {
@@ -690,6 +693,7 @@ fn no_claim_beyond_max_term() {
         queue: QueueId::new(QUEUE),
         claim: Claim::new(MAX_TERM, c.peers[1].id.clone()),
         counter: 1,
+        epoch: None,
     };
     let p = &mut c.peers[0];
     p.router.handle_router_beat(c.t0, &beat);

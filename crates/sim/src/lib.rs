@@ -193,6 +193,10 @@ pub struct Config {
     pub queue: Option<QueueConfig>,
     /// How many of the trace's last lines the report keeps.
     pub trace_lines: usize,
+    /// When routers rotate the queue document, as `(ratio, min_live)` (see
+    /// `piecework_core::Config::rotate_ratio`). The default is tiny, so that every seed
+    /// rotates several times while partitions, crashes and late writes go on.
+    pub rotation: (usize, usize),
     /// Make every node skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
     pub broken_fencing: bool,
@@ -210,6 +214,7 @@ impl Default for Config {
             schedule: vec![],
             queue: None,
             trace_lines: 60,
+            rotation: (2, 3),
             #[cfg(feature = "broken")]
             broken_fencing: false,
         }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use automerge::Automerge;
 use piecework_core::api::{BatchEntry, StorageFailure, SubmitTask};
 use piecework_core::{
-    Command, CommandId, Config as CoreConfig, Core, Event, Io, Reply, RouterEvent, RunId,
-    RunResult, Save, SaveId, Time,
+    Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, RouterEvent,
+    RunId, RunResult, Save, SaveId, Time,
 };
 use piecework_queue_doc::{
     AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, TaskState,
@@ -267,6 +267,9 @@ pub(crate) struct World {
     submitted: BTreeMap<TaskId, QueueId>,
     to_submit: usize,
     seen_states: BTreeMap<(usize, TaskId), TaskState>,
+    /// Tasks some node's view showed final, ever (crashes do not forget it): a task that a
+    /// rotation left behind was final on its sealer.
+    ever_final: BTreeSet<TaskId>,
     /// Each node's last view of each task's state, for the situations it passes through.
     last_state: BTreeMap<(usize, TaskId), TaskState>,
     runs: BTreeMap<TaskId, Vec<RunRec>>,
@@ -334,7 +337,9 @@ impl World {
             let peer = PeerId::new(format!("node{i}"));
             let t = time_at(base, offset_us, drift_ppm, 0);
             let core = Core::new(
-                CoreConfig::new(peer.clone(), 1, config.workers, node_seed(seed, i, 1)),
+                CoreConfig::new(peer.clone(), 1, config.workers, node_seed(seed, i, 1))
+                    .with_rotation(config.rotation.0, config.rotation.1)
+                    .with_epoch_retain(EPOCH_RETAIN),
                 t,
             );
             nodes.push(Node {
@@ -382,6 +387,7 @@ impl World {
             submitted: BTreeMap::new(),
             to_submit: config.tasks,
             seen_states: BTreeMap::new(),
+            ever_final: BTreeSet::new(),
             last_state: BTreeMap::new(),
             runs: BTreeMap::new(),
             crashes: vec![],
@@ -1029,6 +1035,27 @@ impl World {
                 self.count("rejected");
                 self.trace(|| format!("node{i} rejected {peer}: {reason}"));
             }
+            Event::Epoch { queue, event } => {
+                match &event {
+                    EpochEvent::Rotated { .. } => self.count("rotation"),
+                    EpochEvent::Switched { sideways: true, .. } => {
+                        self.count("double_seal_followed")
+                    }
+                    EpochEvent::Switched { .. } => self.count("epoch_switch"),
+                    EpochEvent::Carried {
+                        from_loser: false,
+                        writes,
+                    } => {
+                        *self.faults.entry("carried_late_writes".into()).or_default() +=
+                            u64::try_from(*writes).unwrap_or(u64::MAX)
+                    }
+                    EpochEvent::Carried {
+                        from_loser: true, ..
+                    } => self.count("successor_merge"),
+                    EpochEvent::Evicted { .. } => self.count("epoch_evicted"),
+                }
+                self.trace(|| format!("node{i} {queue}: {event:?}"));
+            }
             Event::RunStarted { .. } | Event::RunEnded { .. } => {}
         }
     }
@@ -1058,6 +1085,9 @@ impl World {
                         s.as_str()
                     ));
                 }
+            }
+            if s.is_final() && !self.ever_final.contains(id) {
+                self.ever_final.insert(id.clone());
             }
             if s.is_final() || !self.seen_states.contains_key(&key) {
                 self.seen_states.insert(key, s);
@@ -1601,7 +1631,9 @@ impl World {
             inc,
             self.config.workers,
             node_seed(self.seed, i, inc),
-        );
+        )
+        .with_rotation(self.config.rotation.0, self.config.rotation.1)
+        .with_epoch_retain(EPOCH_RETAIN);
         let n = &mut self.nodes[i];
         n.incarnation = inc;
         n.up = true;
@@ -1739,10 +1771,15 @@ impl World {
     /// index entry both, so no crash can lose it.
     fn check_durable(&mut self, i: usize, queue: &QueueId, task: &TaskId) {
         let disk = &self.nodes[i].disk;
-        let indexed = DocId::parse(queue.as_str())
-            .and_then(|d| disk.load(&d))
-            .and_then(|d| QueueView::read(&d))
-            .is_some_and(|v| v.tasks().contains_key(task));
+        // In whichever epoch document the node wrote it to (the current one, or one it has
+        // moved past since).
+        let indexed = self.nodes[i]
+            .core
+            .epoch_docs(queue)
+            .into_iter()
+            .filter_map(|d| disk.load(&d))
+            .filter_map(|d| QueueView::read(&d))
+            .any(|v| v.tasks().contains_key(task));
         let stored = DocId::parse(task.as_str()).is_some_and(|d| disk.load(&d).is_some());
         if !indexed || !stored {
             self.violate(
@@ -1754,15 +1791,32 @@ impl World {
         }
     }
 
+    /// Whether a document this node stores says it belongs to a queue the node joined: an
+    /// epoch document of it, or a task document of it (a finished task that the current epoch
+    /// no longer carries).
+    fn of_joined_queue(&self, i: usize, doc: &DocId) -> bool {
+        let n = &self.nodes[i];
+        let origin = |d: &automerge::Automerge| match piecework_queue_doc::epoch::read_epoch(d) {
+            Some((_, Some(origin))) => Some(origin),
+            _ => piecework_queue_doc::task::read(d).ok().map(|t| t.queue),
+        };
+        let queue = match n.core.document(doc).filter(|d| !d.get_heads().is_empty()) {
+            Some(d) => origin(d),
+            None => n.disk.load(doc).and_then(|d| origin(&d)),
+        };
+        queue.is_some_and(|q| n.core.view(&q).is_some())
+    }
+
     /// Invariant 9: a node stores only documents of queues it joined.
     fn check_scope(&mut self, i: usize, doc: &DocId) {
         let core = &self.nodes[i].core;
         let ok = core.queues().any(|q| {
             q.as_str() == doc.as_str()
+                || core.epoch_docs(q).contains(doc)
                 || core
                     .view(q)
                     .is_some_and(|v| v.tasks().contains_key(&TaskId::new(doc.as_str())))
-        });
+        }) || self.of_joined_queue(i, doc);
         if !ok {
             self.violate(
                 9,
@@ -1857,6 +1911,7 @@ impl World {
                     .and_then(|d| piecework_queue_doc::task::read(&d).ok())
                     .is_some_and(|t| t.submitter == n.peer && n.core.view(&t.queue).is_some());
                 let ok = ours
+                    || self.of_joined_queue(i, doc)
                     || n.core.queues().any(|q| {
                         q.as_str() == doc.as_str()
                             || n.core
@@ -1873,18 +1928,31 @@ impl World {
         }
     }
 
+    /// Acknowledged tasks that have no outcome on some member. A task counts as done on a
+    /// member if its view shows it final, or if the member is on the queue's newest epoch,
+    /// whose document no longer carries the task, and some node saw it final (a rotation
+    /// leaves only final tasks behind).
     fn lost(&self) -> usize {
         self.submitted
             .iter()
             .filter(|(id, queue)| {
                 let q = self.queues.iter().position(|x| x.as_ref() == Some(*queue));
                 let members = q.map(|q| self.members[q].clone()).unwrap_or_default();
+                let newest = members
+                    .iter()
+                    .filter_map(|&i| self.nodes[i].core.epoch(queue))
+                    .max()
+                    .map(|(e, d)| (e, d.clone()));
+                let seen_final = || self.ever_final.contains(*id);
                 !members.iter().all(|&i| {
-                    self.nodes[i]
-                        .core
-                        .view(queue)
-                        .and_then(|v| v.task(id))
-                        .is_some_and(|t| t.state().is_final())
+                    let core = &self.nodes[i].core;
+                    match core.view(queue).map(|v| v.task(id)) {
+                        Some(Some(t)) => t.state().is_final(),
+                        Some(None) => {
+                            core.epoch(queue).map(|(e, d)| (e, d.clone())) == newest && seen_final()
+                        }
+                        None => false,
+                    }
                 })
             })
             .count()
@@ -1892,6 +1960,37 @@ impl World {
 
     fn unsettled(&mut self) {
         let lost = self.lost();
+        for (id, queue) in self.submitted.clone().iter().take(200) {
+            let q = self.queues.iter().position(|x| x.as_ref() == Some(queue));
+            let members = q.map(|q| self.members[q].clone()).unwrap_or_default();
+            let states: Vec<String> = members
+                .iter()
+                .map(|&i| {
+                    let core = &self.nodes[i].core;
+                    let st = core
+                        .view(queue)
+                        .map(|v| v.task(id).map(|t| t.state().as_str()));
+                    format!(
+                        "node{i} {:?} epoch {:?}",
+                        st,
+                        core.epoch(queue).map(|e| e.0)
+                    )
+                })
+                .collect();
+            if states
+                .iter()
+                .any(|s| !s.contains("succeeded") && !s.contains("failed"))
+            {
+                let seen: Vec<_> = (0..self.nodes.len())
+                    .filter_map(|j| {
+                        self.seen_states
+                            .get(&(j, id.clone()))
+                            .map(|s| (j, s.as_str()))
+                    })
+                    .collect();
+                self.trace(|| format!("unsettled {id}: {states:?} seen {seen:?}"));
+            }
+        }
         if lost > 0 {
             self.violate(
                 1,
@@ -1953,6 +2052,10 @@ impl World {
         }
     }
 }
+
+/// Sealed epochs are kept this long in the simulation (a node's default is a minute): short
+/// enough that evictions happen while faults go on.
+const EPOCH_RETAIN: Duration = Duration::from_secs(10);
 
 fn local_us(offset_us: u64, drift_ppm: i64, now_us: u64) -> u64 {
     let scaled = i128::from(now_us) * (1_000_000 + i128::from(drift_ppm)) / 1_000_000;

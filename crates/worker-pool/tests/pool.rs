@@ -207,6 +207,7 @@ fn fences_assignments_from_a_superseded_router() {
         queue: qid(),
         claim: router(3, "newer"),
         counter: 1,
+        epoch: None,
     });
     f.assign(&t2, &router(2, "new"), 0);
     let actions = f.step();
@@ -518,6 +519,7 @@ fn a_heartbeat_beyond_max_term_does_not_fence() {
         queue: qid(),
         claim: router(u64::MAX, "hostile"),
         counter: 1,
+        epoch: None,
     });
     f.assign(&t, &router(1, "r"), 0);
     let actions = f.step();
