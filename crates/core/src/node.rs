@@ -72,6 +72,9 @@ struct Sealed {
     since: Instant,
 }
 
+/// Bound on the announced epoch documents a queue keeps to look at.
+const MAX_ANNOUNCED: usize = 16;
+
 /// Bound on the documents remembered as false epoch announcements, per queue.
 const MAX_REJECTED_EPOCHS: usize = 64;
 
@@ -118,13 +121,14 @@ struct Queue {
     sealed: BTreeMap<DocId, Sealed>,
     /// Epoch documents being fetched: a few (one per announced successor).
     fetching: BTreeSet<DocId>,
-    /// The newest epoch a router heartbeat announced.
-    announced: Option<Latest>,
+    /// Epoch documents of this queue that peers' heartbeats say they are on, other than this
+    /// node's current one: at most [`MAX_ANNOUNCED`], forgotten once placed.
+    announced: BTreeSet<DocId>,
     /// The successor this node waits to take until it holds what the seal covered, once the
     /// members were asked for it (asked again when a peer connects).
     asked_behind: Option<DocId>,
-    /// Documents announced as epochs of this queue that are not: never followed again
-    /// (at most [`MAX_REJECTED_EPOCHS`]).
+    /// Documents announced as epochs of this queue that are not, or that are older epochs of
+    /// its chain: never looked at again (at most [`MAX_REJECTED_EPOCHS`]).
     rejected: BTreeSet<DocId>,
     router: Router,
     cache: ViewCache,
@@ -482,22 +486,20 @@ impl Core {
             }
             Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
                 if let Some(l) = &beat.epoch
-                    && l.epoch > q.epoch
+                    && announce(q, l)
                 {
-                    // A newer epoch, or one whose fetch ended without it: look (again).
-                    let retry = DocId::parse(&l.doc).is_some_and(|d| !q.fetching.contains(&d));
-                    if q.announced.as_ref().is_none_or(|a| l > a) {
-                        q.announced = Some(l.clone());
-                        self.stale.insert(id.clone());
-                    } else if retry {
-                        self.stale.insert(id.clone());
-                    }
+                    self.stale.insert(id.clone());
                 }
                 q.router.handle_router_beat(now.mono, &beat);
                 self.pool.handle_router_beat(&beat);
                 see(&mut self.seen, &id, &beat.claim);
             }
             Wire::Pool(beat) if beat.peer == *source => {
+                if let Some(l) = &beat.epoch
+                    && announce(q, l)
+                {
+                    self.stale.insert(id.clone());
+                }
                 q.router.handle_pool_beat(now.mono, &beat);
             }
             _ => self.events.push_back(reject(format!(
@@ -1236,7 +1238,7 @@ impl Core {
                 epoch: 0,
                 sealed: BTreeMap::new(),
                 fetching: BTreeSet::new(),
-                announced: None,
+                announced: BTreeSet::new(),
                 asked_behind: None,
                 rejected: BTreeSet::new(),
                 router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
@@ -1734,9 +1736,7 @@ impl Core {
         if let Some(l) = self.replica.get(&q.root).and_then(epoch::read_latest) {
             names.extend(DocId::parse(&l.doc));
         }
-        if let Some(l) = &q.announced {
-            names.extend(DocId::parse(&l.doc));
-        }
+        names.extend(q.announced.iter().cloned());
         names.retain(|n| *n != cur && !q.rejected.contains(n) && !q.sealed.contains_key(n));
         if names.is_empty() {
             return false;
@@ -1769,6 +1769,7 @@ impl Core {
         }
         if let Some(q) = self.queues.get_mut(id) {
             for n in rejected {
+                q.announced.remove(&n);
                 if q.rejected.len() < MAX_REJECTED_EPOCHS {
                     q.rejected.insert(n);
                 }
@@ -1811,7 +1812,15 @@ impl Core {
             return switched;
         };
         for n in here {
-            if n == to || ancestors.contains(n.as_str()) || q.sealed.contains_key(&n) {
+            q.announced.remove(&n);
+            if n == to || q.sealed.contains_key(&n) {
+                continue;
+            }
+            if ancestors.contains(n.as_str()) {
+                // An older epoch of this chain: nothing to follow or carry there.
+                if q.rejected.len() < MAX_REJECTED_EPOCHS {
+                    q.rejected.insert(n);
+                }
                 continue;
             }
             q.sealed.insert(
@@ -1876,6 +1885,7 @@ impl Core {
         q.cache = ViewCache::new();
         q.fetching.remove(&to);
         q.sealed.remove(&to);
+        q.announced.remove(&to);
         q.sealed.insert(
             from.clone(),
             Sealed {
@@ -1966,10 +1976,26 @@ impl Core {
                 .collect();
             // A carrier that jumped epochs (a restart) must see every document of the chain
             // between: a task carried along it and dropped there would otherwise come back.
-            if ancestor && !direct {
+            // A carrier from a losing branch must see every document of the target's chain
+            // since the fork, for the same reason.
+            let from_lineage = self
+                .replica
+                .get(&from)
+                .map(epoch::read_lineage)
+                .unwrap_or_default();
+            let fork = lineage
+                .iter()
+                .find(|l| !from_lineage.contains(l))
+                .map_or(u64::MAX, |l| l.epoch);
+            let needed_from = match (direct, ancestor) {
+                (true, _) => None,
+                (false, true) => Some(from_epoch + 1),
+                (false, false) => Some(fork.saturating_sub(1)),
+            };
+            if let Some(first) = needed_from {
                 let missing: Vec<DocId> = lineage
                     .iter()
-                    .filter(|l| l.epoch > from_epoch && l.doc != into.as_str())
+                    .filter(|l| l.epoch >= first && l.doc != into.as_str())
                     .filter_map(|l| DocId::parse(&l.doc))
                     .filter(|d| {
                         !self
@@ -2325,12 +2351,19 @@ impl Core {
                 });
             }
             PoolAction::Beat(beat) => {
-                let bytes = Wire::Pool(beat.clone()).encode();
                 for q in self.queues.values_mut() {
                     q.router.handle_pool_beat(now.mono, &beat);
+                    // Each queue's copy names this node's epoch document of that queue.
+                    let mut beat = beat.clone();
+                    if q.epoch > 0 {
+                        beat.epoch = Some(Latest {
+                            epoch: q.epoch,
+                            doc: q.doc.to_string(),
+                        });
+                    }
                     self.io.push_back(Io::Publish {
                         topic: q.topic.clone(),
-                        data: bytes.clone(),
+                        data: Wire::Pool(beat).encode(),
                     });
                 }
             }
@@ -2484,6 +2517,23 @@ fn epoch_scope(root: &DocId) -> Scope {
         announce: true,
         requestable: true,
     }
+}
+
+/// Notes an epoch document a peer's heartbeat says it is on; true if this node should look at
+/// it (it is new here, or an earlier fetch of it ended without it).
+fn announce(q: &mut Queue, l: &Latest) -> bool {
+    let Some(d) = DocId::parse(&l.doc) else {
+        return false;
+    };
+    if d == q.doc || q.sealed.contains_key(&d) || q.rejected.contains(&d) || q.fetching.contains(&d)
+    {
+        return false;
+    }
+    if q.announced.len() >= MAX_ANNOUNCED && !q.announced.contains(&d) {
+        return false;
+    }
+    q.announced.insert(d);
+    true
 }
 
 /// The error of a task's latest failed attempt.

@@ -390,6 +390,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         incarnation: 1,
         counter: 1,
         workers: vec![],
+        epoch: None,
     });
     one.core
         .handle_gossip(one.now, &topic, &stranger, &pool_beat.encode());

@@ -53,4 +53,8 @@ pub struct PoolBeat {
     pub counter: u64,
     /// Every worker of the pool.
     pub workers: Vec<WorkerReport>,
+    /// The epoch document the sender is on, for the queue of the topic it is published on
+    /// ([`crate::epoch`]): peers on another branch of a double seal learn of it here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<crate::epoch::Latest>,
 }

@@ -93,6 +93,7 @@ impl Peer {
                     running: None,
                 })
                 .collect(),
+            epoch: None,
         }
     }
 

@@ -91,6 +91,7 @@ impl Node {
                     running: None,
                 })
                 .collect(),
+            epoch: None,
         };
         self.router.handle_pool_beat(self.now, &beat);
         self.router.handle_timeout(self.now);

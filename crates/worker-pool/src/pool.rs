@@ -418,6 +418,7 @@ impl Pool {
                 incarnation: self.config.incarnation,
                 counter: self.counter,
                 workers,
+                epoch: None,
             }));
             // The heartbeat is clamped (a minute at most): the sum fits.
             self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);
