@@ -102,6 +102,9 @@ pub struct Options {
     /// Tasks per submit in the throughput phase: 1 submits one at a time, more use
     /// `submit_many` (at most `api::MAX_BATCH`).
     pub batch: usize,
+    /// Rotate the queue document past twice this many live tasks (`None`: the nodes'
+    /// default).
+    pub rotate_min_live: Option<usize>,
     /// Show phases and a progress bar on stderr.
     pub progress: bool,
 }
@@ -117,6 +120,7 @@ impl Default for Options {
             latency_samples: 200,
             window: 256,
             batch: 64,
+            rotate_min_live: None,
             progress: true,
         }
     }
@@ -255,6 +259,9 @@ pub struct Report {
     pub machine: Machine,
     /// `git rev-parse --short HEAD` in the current directory, or `unknown`.
     pub commit: String,
+    /// Epoch documents the queue went through (1: never rotated), as the observing node's
+    /// view ends.
+    pub epochs: u64,
     /// The whole run, probes and cluster start included.
     pub elapsed_s: f64,
 }
@@ -357,10 +364,11 @@ async fn wait_final(
 ) -> anyhow::Result<Instant> {
     wait_view(rx, within, "every task to succeed or fail", |v| {
         let c = v.counts();
+        let done = c.succeeded + c.failed + (v.retired.succeeded + v.retired.failed) as usize;
         if let Some(bar) = bar {
-            bar.set_position((c.succeeded + c.failed) as u64);
+            bar.set_position(done as u64);
         }
-        (c.succeeded + c.failed >= total).then(Instant::now)
+        (done >= total).then(Instant::now)
     })
     .await
 }
@@ -374,28 +382,45 @@ fn deadline_for(n: usize) -> Duration {
 struct Cluster {
     root: PathBuf,
     workers: u32,
+    rotate_min_live: Option<usize>,
     nodes: Vec<Option<IsolatedNode>>,
     peers: Vec<PeerId>,
     queue: QueueId,
 }
 
 impl Cluster {
-    fn config(root: &Path, workers: u32, i: usize, bootstrap: Vec<Multiaddr>) -> Config {
+    fn config(
+        root: &Path,
+        workers: u32,
+        rotate_min_live: Option<usize>,
+        i: usize,
+        bootstrap: Vec<Multiaddr>,
+    ) -> Config {
         let mut c = Config::new(root.join(format!("node{i}")), crate::kinds::builtin());
         c.workers = workers;
         c.bootstrap = bootstrap;
+        c.rotation = rotate_min_live.map(|m| (piecework_node::ROTATE_RATIO, m));
         c
     }
 
     async fn start(opts: &Options, root: &Path) -> anyhow::Result<Cluster> {
-        let first = spawn_isolated(Cluster::config(root, opts.workers, 0, vec![]), 1)
-            .await
-            .context("cannot start node 0")?;
+        let first = spawn_isolated(
+            Cluster::config(root, opts.workers, opts.rotate_min_live, 0, vec![]),
+            1,
+        )
+        .await
+        .context("cannot start node 0")?;
         let addr = first.handle().wait_listening().await;
         let mut nodes = vec![Some(first)];
         for i in 1..opts.nodes {
             let n = spawn_isolated(
-                Cluster::config(root, opts.workers, i, vec![addr.clone()]),
+                Cluster::config(
+                    root,
+                    opts.workers,
+                    opts.rotate_min_live,
+                    i,
+                    vec![addr.clone()],
+                ),
                 1,
             )
             .await
@@ -421,6 +446,7 @@ impl Cluster {
         let cluster = Cluster {
             root: root.to_owned(),
             workers: opts.workers,
+            rotate_min_live: opts.rotate_min_live,
             nodes,
             peers,
             queue,
@@ -518,13 +544,25 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     let last_term = view.router.as_ref().map_or(first_term, |r| r.term);
     let mut succeeded = 0;
     let mut duplicates = 0;
+    let reader = cluster.handle(observer)?;
     for id in &all {
-        let Some(t) = entry(&view, id) else { continue };
-        if t.state() == TaskState::Succeeded {
+        // A task the queue document no longer carries (it ended before a rotation): its
+        // task document's summary.
+        let summary;
+        let (state, attempts) = match entry(&view, id) {
+            Some(t) => (t.state(), &t.attempts),
+            None => match reader.task_status(id).await {
+                Ok(s) => {
+                    summary = s;
+                    (summary.state, &summary.attempts)
+                }
+                Err(_) => continue,
+            },
+        };
+        if state == TaskState::Succeeded {
             succeeded += 1;
         }
-        let ok = t
-            .attempts
+        let ok = attempts
             .iter()
             .filter(|a| {
                 a.finished
@@ -566,6 +604,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         ratio_to_floor: tp.tasks_per_s / floor_tasks_per_s,
         machine: machine(),
         commit: commit(),
+        epochs: view.epoch + 1,
         elapsed_s: t_run.elapsed().as_secs_f64(),
     })
 }
@@ -842,7 +881,13 @@ async fn failover_round(
         .context("the killed node's store was not released within 60 s")?;
     let addr = via_handle.wait_listening().await;
     let restarted = spawn_isolated(
-        Cluster::config(&cluster.root, cluster.workers, victim, vec![addr]),
+        Cluster::config(
+            &cluster.root,
+            cluster.workers,
+            cluster.rotate_min_live,
+            victim,
+            vec![addr],
+        ),
         1,
     )
     .await

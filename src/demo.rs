@@ -249,7 +249,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let outcome = tokio::time::timeout(deadline, async {
         loop {
             let view = watch.borrow_and_update().clone();
-            let c = view.counts();
+            let mut c = view.counts();
+            // Tasks that ended before the queue document's last rotation count too.
+            c.succeeded += view.retired.succeeded as usize;
+            c.failed += view.retired.failed as usize;
             let router = view.router.clone();
             display.bar.set_position(c.succeeded as u64);
             display.bar.set_message(format!(
@@ -364,7 +367,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         .tasks()
         .values()
         .filter(|t| t.state() == TaskState::Succeeded)
-        .count();
+        .count()
+        + final_view.retired.succeeded as usize;
     let after = final_view
         .router
         .clone()

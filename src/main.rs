@@ -106,6 +106,10 @@ enum Command {
         /// Tasks per submit in the throughput phase (1: one at a time; at most 1000).
         #[arg(long, default_value_t = 64)]
         batch: usize,
+        /// Rotate the queue document once its finished tasks outweigh twice this many live
+        /// ones (the nodes' default: 512). A small number forces rotations in a short run.
+        #[arg(long)]
+        rotate_min_live: Option<usize>,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -246,6 +250,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             latency_samples,
             window,
             batch,
+            rotate_min_live,
             json,
         } => {
             let opts = piecework::bench::Options {
@@ -257,6 +262,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 latency_samples,
                 window,
                 batch,
+                rotate_min_live,
                 progress: true,
             };
             let report = piecework::bench::run(&opts).await?;

@@ -121,6 +121,9 @@ struct Queue {
     sealed: BTreeMap<DocId, Sealed>,
     /// Epoch documents being fetched: a few (one per announced successor).
     fetching: BTreeSet<DocId>,
+    /// Epoch documents a fetch found nowhere: a move or a carry stops waiting for them (at
+    /// most [`MAX_REJECTED_EPOCHS`]).
+    unavailable: BTreeSet<DocId>,
     /// Epoch documents of this queue that peers' heartbeats say they are on, other than this
     /// node's current one: at most [`MAX_ANNOUNCED`], forgotten once placed.
     announced: BTreeSet<DocId>,
@@ -944,6 +947,13 @@ impl Core {
                 DocWaiter::Epoch { queue } => {
                     if let Some(q) = self.queues.get_mut(&queue) {
                         q.fetching.remove(doc);
+                        if q.unavailable.len() < MAX_REJECTED_EPOCHS {
+                            q.unavailable.insert(doc.clone());
+                        }
+                        for s in q.sealed.values_mut() {
+                            s.dirty = true;
+                        }
+                        self.stale.insert(queue);
                     }
                 }
             }
@@ -1238,6 +1248,7 @@ impl Core {
                 epoch: 0,
                 sealed: BTreeMap::new(),
                 fetching: BTreeSet::new(),
+                unavailable: BTreeSet::new(),
                 announced: BTreeSet::new(),
                 asked_behind: None,
                 rejected: BTreeSet::new(),
@@ -1797,14 +1808,45 @@ impl Core {
             q.asked_behind = Some(to.clone());
             self.replica.resync_with_members(&cur);
         }
-        let switched = to != cur && !behind;
+        // The documents of the target's chain that this node's chain does not share: a move
+        // waits until they are here (or found nowhere), so that carrying this node's own late
+        // writes can tell what the chain already ended.
+        let own = self
+            .replica
+            .get(&cur)
+            .map(epoch::read_lineage)
+            .unwrap_or_default();
+        let gaps: Vec<DocId> = if to == cur {
+            vec![]
+        } else {
+            best_lineage
+                .iter()
+                .filter(|l| !own.contains(l) && l.doc != to.as_str())
+                .filter_map(|l| DocId::parse(&l.doc))
+                .filter(|d| {
+                    self.replica.get(d).is_none_or(|d| d.get_heads().is_empty())
+                        && !self
+                            .queues
+                            .get(id)
+                            .is_some_and(|q| q.unavailable.contains(d))
+                })
+                .collect()
+        };
+        for d in &gaps {
+            self.fetch_epoch(now, id, d);
+        }
+        let switched = to != cur && !behind && gaps.is_empty();
+        if to != cur && !switched {
+            // Waiting to move: the candidates stay as they are.
+            return false;
+        }
         if switched {
             self.switch_epoch(now, id, to.clone(), epoch_no);
             // Before the view moves: this node's own writes after the seal are in the new
             // document as soon as it is shown.
             self.carry_late(now, id);
         }
-        let to = if switched { to } else { cur.clone() };
+
         // Documents of a losing branch (a double seal's loser and what grew from it): their
         // writes are carried into the current document.
         let ancestors: BTreeSet<String> = best_lineage.iter().map(|l| l.doc.clone()).collect();
@@ -1912,6 +1954,18 @@ impl Core {
             }
         }
         let scope = epoch_scope(&q.root);
+        // The chain's earlier documents stay requestable: a member behind a seal catches up
+        // from this node's disk, even after a restart.
+        let quiet = Scope {
+            group: q.root.clone(),
+            announce: false,
+            requestable: true,
+        };
+        for d in lineage.iter().filter_map(|d| DocId::parse(d)) {
+            if d != to && !q.sealed.contains_key(&d) && self.replica.scope(&d).is_none() {
+                self.replica.set_scope(&d, quiet.clone());
+            }
+        }
         self.replica.set_scope(&to, scope);
         self.epoch_docs.insert(to, id.clone());
         self.stale.insert(id.clone());
@@ -1997,11 +2051,12 @@ impl Core {
                     .iter()
                     .filter(|l| l.epoch >= first && l.doc != into.as_str())
                     .filter_map(|l| DocId::parse(&l.doc))
+                    .filter(|d| self.replica.get(d).is_none_or(|d| d.get_heads().is_empty()))
                     .filter(|d| {
                         !self
-                            .replica
-                            .get(d)
-                            .is_some_and(|d| !d.get_heads().is_empty())
+                            .queues
+                            .get(id)
+                            .is_some_and(|q| q.unavailable.contains(d))
                     })
                     .collect();
                 if !missing.is_empty() {
@@ -2027,10 +2082,21 @@ impl Core {
                     .filter(|l| l.epoch > from_epoch)
                     .min_by_key(|l| l.epoch)
                     .map(|l| l.doc.clone());
-                self.replica
-                    .get(&from)
-                    .zip(next)
-                    .and_then(|(d, n)| epoch::seal_heads(d, &n))
+                // The seal heads: from the next document of the chain (its `prev`), or from
+                // the seal in `from` (a carrier that missed the seal lacks the latter).
+                let via_next = next
+                    .as_ref()
+                    .and_then(|n| DocId::parse(n))
+                    .and_then(|n| self.replica.get(&n))
+                    .and_then(epoch::read_prev)
+                    .filter(|p| p.doc == from.as_str())
+                    .map(|p| p.heads);
+                via_next.or_else(|| {
+                    self.replica
+                        .get(&from)
+                        .zip(next)
+                        .and_then(|(d, n)| epoch::seal_heads(d, &n))
+                })
             } else {
                 None
             };
@@ -2039,6 +2105,7 @@ impl Core {
             if let (Some(h), Some(f)) = (&heads, self.replica.get(&from))
                 && epoch::known_heads(f, h).len() < h.len()
             {
+                self.replica.resync_with_members(&from);
                 continue;
             }
             let from_loser = !direct && !ancestor;

@@ -66,7 +66,9 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 pub use net::Multiaddr;
 pub use piecework_core::api;
 pub use piecework_core::api::{QueueError, SubmitError, TaskError};
-pub use piecework_core::{FIND_TIMEOUT, MAX_WORKERS, REPLICATION_WAIT, Wire};
+pub use piecework_core::{
+    EPOCH_RETAIN, FIND_TIMEOUT, MAX_WORKERS, REPLICATION_WAIT, ROTATE_MIN_LIVE, ROTATE_RATIO, Wire,
+};
 
 /// Capacity of the shell's command queue (callers wait when it is full).
 pub const COMMAND_QUEUE: usize = 1024;
@@ -86,6 +88,9 @@ pub struct Config {
     pub workers: u32,
     /// Handlers by kind.
     pub registry: Registry,
+    /// When this node, as a queue's router, rotates the queue document: `(ratio, min_live)`
+    /// (`piecework_core::Config::rotate_ratio`); `None` for the defaults.
+    pub rotation: Option<(usize, usize)>,
 }
 
 impl Config {
@@ -99,6 +104,7 @@ impl Config {
             bootstrap: vec![],
             workers,
             registry,
+            rotation: None,
         }
     }
 }
@@ -266,15 +272,16 @@ impl Node {
             mono: std::time::Instant::now(),
             unix_ms: now_ms(),
         };
-        let core = piecework_core::Core::new(
-            piecework_core::Config::new(
-                shared.peer.clone(),
-                incarnation,
-                config.workers,
-                rand::random(),
-            ),
-            t0,
+        let mut core_config = piecework_core::Config::new(
+            shared.peer.clone(),
+            incarnation,
+            config.workers,
+            rand::random(),
         );
+        if let Some((ratio, min_live)) = config.rotation {
+            core_config = core_config.with_rotation(ratio, min_live);
+        }
+        let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
         tokio::spawn(tracing::Instrument::instrument(
             shell.run(command_rx, net.events),

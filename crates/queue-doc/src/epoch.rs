@@ -141,6 +141,24 @@ struct PackedLatest {
     d: String,
 }
 
+pub(crate) const RETIRED: &str = "retired";
+
+/// Tasks that ended in earlier epochs and were not carried into this one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retired {
+    /// Ended succeeded.
+    pub succeeded: u64,
+    /// Ended failed.
+    pub failed: u64,
+}
+
+/// The running total of retired tasks a queue document records.
+pub fn read_retired<R: ReadDoc>(doc: &R) -> Retired {
+    am::string(doc, &ROOT, RETIRED)
+        .and_then(|s| packed::decode(&s))
+        .unwrap_or_default()
+}
+
 /// The successor every replica follows: the greatest seal.
 pub fn winner(seals: &[Seal]) -> Option<&Seal> {
     seals.iter().max()
@@ -225,6 +243,15 @@ pub fn build_successor(
     let lineage = serde_json::to_string(&lineage).expect("links serialize");
     let heads = old.get_heads();
     let mut stats = Rotated::default();
+    let mut retired = view.retired;
+    for t in view.tasks().values() {
+        match t.state() {
+            crate::TaskState::Succeeded => retired.succeeded += 1,
+            crate::TaskState::Failed => retired.failed += 1,
+            _ => {}
+        }
+    }
+    let retired = packed::encode(&retired);
     succ.transact(|tx| {
         tx.put(ROOT, keys::SCHEMA, keys::QUEUE_SCHEMA)?;
         tx.put(ROOT, keys::VERSION, keys::QUEUE_VERSION)?;
@@ -237,6 +264,7 @@ pub fn build_successor(
         tx.put(ROOT, PREV, r.prev)?;
         tx.put(ROOT, PREV_HEADS, encode_heads(&heads))?;
         tx.put(ROOT, LINEAGE, lineage.as_str())?;
+        tx.put(ROOT, RETIRED, retired.as_str())?;
         write_config(tx, &view.config)?;
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         for (peer, m) in &view.members {

@@ -15,6 +15,10 @@
 //!   run record per started attempt: [`task::init`], [`task::record_run_start`],
 //!   [`task::record_run_end`], [`task::read`].
 //!
+//! A queue is a chain of epoch documents: the active router rotates a queue document into a
+//! successor holding only what is live ([`epoch::build_successor`], [`epoch::seal`]), and late
+//! writes to a sealed one are carried over ([`epoch::carry`]).
+//!
 //! Beside the documents, peers gossip [`RouterBeat`]s and [`PoolBeat`]s (module [`beat`]).
 //!
 //! # Merge rules
@@ -32,7 +36,8 @@
 //! - **Task state** is not stored but derived from the attempts ([`TaskEntry::state`]): any
 //!   successful attempt makes the task `Succeeded`; `max_attempts` failures make it `Failed`.
 //!   Since attempts only accumulate, a final state never turns back into a pending one.
-//! - Tasks are never removed from the index by this version.
+//! - Tasks leave the index only when final, when a rotation starts a new epoch document
+//!   without them ([`epoch`]).
 //!
 //! # Values from peers
 //!

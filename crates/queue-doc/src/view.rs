@@ -329,6 +329,9 @@ pub struct QueueView {
     pub seals: Vec<crate::epoch::Seal>,
     /// In a queue's first document: the newest epoch it knows of.
     pub latest: Option<crate::epoch::Latest>,
+    /// Tasks that ended in earlier epochs and were left behind by rotations (a running
+    /// total, as each sealer counted them).
+    pub retired: crate::epoch::Retired,
     /// Every indexed task by id.
     tasks: OrdMap<TaskId, Arc<TaskEntry>>,
     /// Derived from `tasks` (and `config.order`); updated by [`QueueView::set_task`].
@@ -648,6 +651,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     });
     view.seals = crate::epoch::read_seals(doc);
     view.latest = crate::epoch::read_latest(doc);
+    view.retired = crate::epoch::read_retired(doc);
     view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
     view.reorder();
     let (claims, bad_claims) = read_claims(doc);

@@ -92,6 +92,11 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "fetch_timeout",
         "batched_inputs",
         "batch_submit",
+        // The rotation mix (every seed rotates its queue documents at a tiny threshold).
+        "rotation",
+        "epoch_switch",
+        "carried_late_writes",
+        "epoch_evicted",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,
@@ -128,6 +133,18 @@ fn partition_seeds_pass() {
         faults["partition"] > 0 && faults["one_way_cut"] > 0,
         "{faults:?}"
     );
+    // Routers on either side seal the same epoch: every replica follows one winner, and the
+    // loser's writes are carried into it.
+    for kind in [
+        "double_seal_followed",
+        "successor_merge",
+        "carried_late_writes",
+    ] {
+        assert!(
+            faults.get(kind).copied().unwrap_or(0) > 0,
+            "{kind} never fired: {faults:?}"
+        );
+    }
 }
 
 /// Workers that do not fence: the simulator must notice within 1,000 seeds, or it proves
