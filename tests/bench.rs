@@ -43,6 +43,30 @@ async fn a_small_bench_with_a_failover_loses_nothing() {
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1, "{json}");
 }
 
+/// The CI bench of the bounded queue document: 2,000 tasks on three nodes with a tiny rotation
+/// threshold, so the queue document is rotated several times while tasks are submitted, run
+/// and finished. No timing is asserted: at least two epochs, every task done, nothing lost or
+/// run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
+    let opts = Options {
+        nodes: 3,
+        workers: 2,
+        tasks: 2_000,
+        kind: Kind::Noop,
+        latency_samples: 5,
+        rotate_min_live: Some(50),
+        progress: false,
+        ..Options::default()
+    };
+    let r = bench::run(&opts).await.expect("the bench runs");
+    let json = serde_json::to_string(&r).expect("the report serializes");
+    assert!(r.epochs >= 2, "the queue document was rotated: {json}");
+    assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
+    assert_eq!(r.lost, 0, "{json}");
+    assert_eq!(r.duplicates, 0, "{json}");
+}
+
 #[tokio::test]
 async fn the_bench_refuses_bad_arguments() {
     let cases = [

@@ -2256,6 +2256,15 @@ impl Core {
                 }
                 keep
             });
+            // Carried out and done with: never followed or carried from again (a peer that
+            // still names one would otherwise bring it back, and with it tasks that ended
+            // since).
+            for (_, d, _) in gone.iter().filter(|(q, _, _)| q == id) {
+                if q.rejected.len() >= MAX_REJECTED_EPOCHS {
+                    q.rejected.pop_first();
+                }
+                q.rejected.insert(d.clone());
+            }
         }
         for (id, doc, epoch_no) in gone {
             self.epoch_docs.remove(&doc);
