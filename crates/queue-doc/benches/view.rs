@@ -9,6 +9,10 @@
 //! - `task_life`: one task's whole life on one replica: submit, assign, start, succeed.
 //! - `full_read`: reading the whole view (what a node does once, when it opens a queue), for
 //!   comparison.
+//! - `rotate/live`: a rotation of a queue holding 1k or 10k live tasks (with as many finished
+//!   ones): writing the successor (`epoch::build_successor`). `rotate/load` loads that
+//!   successor from its saved bytes and reads its view, as a node opening it does. The
+//!   successor's size is printed on stderr. `PIECEWORK_ROTATE_SIZES` picks the sizes.
 
 use std::time::Duration;
 
@@ -16,7 +20,7 @@ use automerge::Automerge;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use piecework_queue_doc::{
     Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, Submission,
-    TaskId, ViewCache, WorkerId, queue,
+    TaskId, ViewCache, WorkerId, epoch, queue,
 };
 
 fn me() -> PeerId {
@@ -121,5 +125,54 @@ fn hot_paths(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hot_paths);
+fn rotation(c: &mut Criterion) {
+    let sizes: Vec<u64> = std::env::var("PIECEWORK_ROTATE_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1_000, 10_000]);
+    let mut g = c.benchmark_group("rotate");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(5));
+    for n in sizes {
+        // n finished tasks, then n live ones.
+        let mut doc = queue_with(n, true);
+        for i in n..2 * n {
+            submit(&mut doc, i);
+        }
+        let view = QueueView::read(&doc).expect("a queue");
+        let origin = piecework_queue_doc::QueueId::new("automerge:origin");
+        let claim = Claim::new(1, me());
+        let r = epoch::Rotation {
+            origin: &origin,
+            prev: "automerge:origin",
+            successor: "automerge:next",
+            epoch: 1,
+            claim: &claim,
+            now_ms: 1,
+        };
+        g.bench_function(BenchmarkId::new("live", n), |b| {
+            b.iter(|| {
+                let mut succ = Automerge::new();
+                epoch::build_successor(&doc, &view, &mut succ, &r).map(|s| s.carried)
+            });
+        });
+        let mut succ = Automerge::new();
+        epoch::build_successor(&doc, &view, &mut succ, &r).expect("rotate");
+        let bytes = succ.save();
+        eprintln!(
+            "rotate/{n}: the successor of {n} live tasks is {} bytes (the old document {} bytes)",
+            bytes.len(),
+            doc.save().len()
+        );
+        g.bench_function(BenchmarkId::new("load", n), |b| {
+            b.iter(|| {
+                let d = Automerge::load(&bytes).expect("loads");
+                QueueView::read(&d).map(|v| v.tasks().len())
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, hot_paths, rotation);
 criterion_main!(benches);
