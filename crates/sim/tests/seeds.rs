@@ -265,4 +265,78 @@ mod regressions {
     fn seed_31_a_router_that_hears_a_lost_side_again_holds_its_assignments() {
         passes(31);
     }
+
+    // Seeds the rotation mix failed while epochs were being built (each fix is in the
+    // commit history of `crates/core/src/node.rs`); they replay the same faults on every
+    // change.
+
+    /// Two routers sealed one epoch while partitioned and one side rotated again: nodes on
+    /// each branch only knew their own, and a carry from the losing branch brought back a
+    /// task the winning chain had finished. Nodes now follow the greatest lineage, and a carry
+    /// from a losing branch skips every task the winning chain since the fork indexes.
+    #[test]
+    fn seed_2_a_double_seal_converges_on_one_branch() {
+        passes(2);
+    }
+
+    /// Every node crashed at some point; the simulator forgot that a task it never showed
+    /// again had been final. A task is now done once any view showed it final.
+    #[test]
+    fn seed_44_a_task_left_behind_counts_as_done_after_crashes() {
+        passes(44);
+    }
+
+    /// A node fetching a newer epoch found no member with it during a partition and never
+    /// looked again. Heartbeats now name each node's epoch document, and a named document
+    /// whose fetch failed is looked for again.
+    #[test]
+    fn seed_124_a_failed_fetch_of_the_next_epoch_is_retried() {
+        passes(124);
+    }
+
+    /// A node missed the seal and jumped two epochs: the seal heads were unknown to it and it
+    /// carried back a task that ended before the seal. The heads now come from the next
+    /// document of the chain, and a carrier behind them waits for them.
+    #[test]
+    fn seed_151_seal_heads_come_from_the_next_epoch() {
+        passes(151);
+    }
+
+    /// A loser carried into the winner without the winning chain's documents at hand, and
+    /// brought back a task dropped there. Such a carry now waits for them.
+    #[test]
+    fn seed_159_a_losing_branch_waits_for_the_winning_chain() {
+        passes(159);
+    }
+
+    /// Two epoch documents of the same number never met: nodes ignored heartbeats naming an
+    /// epoch of their own number. Every named document is now weighed by lineage.
+    #[test]
+    fn seed_195_a_same_numbered_winner_is_followed() {
+        passes(195);
+    }
+
+    /// A restarted node jumped to a later epoch and carried from its old one without the
+    /// documents in between: a task finished there came back. Moves and carries now wait for
+    /// the chain's documents, and the chain's documents stay requestable after a restart (the
+    /// node that had them was restarted too, and the others stayed behind).
+    #[test]
+    fn seed_1055_crashes_a_restart_jump_waits_for_the_chain() {
+        passes_with(1055, FaultMix::crashes());
+    }
+
+    /// Nodes waiting to move to a newer epoch (for the documents between) set it aside as an
+    /// older epoch of their chain and never moved: two routers stayed active. A document a
+    /// node waits for now stays a candidate.
+    #[test]
+    fn seed_2023_partitions_a_candidate_waited_for_stays_a_candidate() {
+        passes_with(2023, FaultMix::partitions());
+    }
+
+    /// A retired losing successor was named again by a stale peer and carried from anew,
+    /// bringing back a finished task. A retired epoch is never followed or carried again.
+    #[test]
+    fn seed_2053_partitions_a_retired_epoch_stays_retired() {
+        passes_with(2053, FaultMix::partitions());
+    }
 }
