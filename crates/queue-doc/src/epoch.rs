@@ -38,7 +38,9 @@ use crate::ids::{Claim, PeerId, QueueId, TaskId};
 use crate::keys;
 use crate::packed;
 use crate::queue::{WriteError, write_config, write_member};
-use crate::view::{QueueView, StateCounts, later_finish, packed_finished, packed_started};
+use crate::view::{
+    QueueView, StateCounts, later_finish, packed_finished, packed_started, packed_values,
+};
 
 pub(crate) const EPOCH: &str = "epoch";
 pub(crate) const ORIGIN: &str = "origin";
@@ -596,9 +598,9 @@ pub fn carry(
             let value = match *i {
                 0 => carry_entry(from, tx, key, dropped),
                 _ if !has_task(tx, packed::task_of(key)) => None,
-                1 => strings(from, packed::ASSIGNED, key)
+                1 => packed_values(from, packed::ASSIGNED, key)
                     .max()
-                    .filter(|_| strings(tx, packed::ASSIGNED, key).next().is_none())
+                    .filter(|_| packed_values(tx, packed::ASSIGNED, key).next().is_none())
                     .map(automerge::ScalarValue::from),
                 2 => {
                     let mine = packed_started(tx, key);
@@ -656,7 +658,7 @@ fn carry_entry(
     if has_task(tx, task) || dropped(&TaskId::new(task)) {
         return None;
     }
-    strings(from, keys::TASKS, task)
+    packed_values(from, keys::TASKS, task)
         .max()
         .map(automerge::ScalarValue::from)
 }
@@ -670,24 +672,6 @@ fn has_task<R: ReadDoc>(doc: &R, task: &str) -> bool {
     am::all_objects(doc, &ROOT, keys::TASKS, ObjType::Map)
         .iter()
         .any(|t| doc.get_all(t, task).is_ok_and(|v| !v.is_empty()))
-}
-
-/// Every concurrent string value of `key` in every copy of the root map `map`.
-fn strings<'a, R: ReadDoc>(
-    doc: &'a R,
-    map: &str,
-    key: &'a str,
-) -> impl Iterator<Item = String> + 'a {
-    am::all_objects(doc, &ROOT, map, ObjType::Map)
-        .into_iter()
-        .flat_map(move |m| doc.get_all(&m, key).unwrap_or_default())
-        .filter_map(|(v, _)| match v {
-            automerge::Value::Scalar(s) => match s.as_ref() {
-                automerge::ScalarValue::Str(s) => Some(s.to_string()),
-                _ => None,
-            },
-            _ => None,
-        })
 }
 
 fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {

@@ -872,7 +872,7 @@ pub(crate) fn input_seen<R: ReadDoc>(doc: &R, task: &TaskId) -> u64 {
 }
 
 /// Every concurrent string value of `key` in every concurrent copy of the root map `map`.
-fn packed_values<'a, R: ReadDoc>(
+pub(crate) fn packed_values<'a, R: ReadDoc>(
     doc: &'a R,
     map: &str,
     key: &'a str,
