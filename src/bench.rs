@@ -262,6 +262,15 @@ pub struct Report {
     /// Epoch documents the queue went through (1: never rotated), as the observing node's
     /// view ends.
     pub epochs: u64,
+    /// The largest current queue document over the nodes, saved whole, sampled every second
+    /// of the throughput phase and at its end, in bytes.
+    pub queue_doc_bytes_max: Option<usize>,
+    /// Loading that largest document and reading its view, in ms (what opening the queue
+    /// costs a node).
+    pub queue_doc_load_ms: Option<f64>,
+    /// This process's peak resident set, in MiB: every node of the cluster and the bench
+    /// itself, as they all run in this one process.
+    pub process_peak_rss_mib: Option<f64>,
     /// The whole run, probes and cluster start included.
     pub elapsed_s: f64,
 }
@@ -363,8 +372,8 @@ async fn wait_final(
     bar: Option<&ProgressBar>,
 ) -> anyhow::Result<Instant> {
     wait_view(rx, within, "every task to succeed or fail", |v| {
-        let c = v.counts();
-        let done = c.succeeded + c.failed + (v.retired.succeeded + v.retired.failed) as usize;
+        let c = v.total_counts();
+        let done = c.succeeded + c.failed;
         if let Some(bar) = bar {
             bar.set_position(done as u64);
         }
@@ -519,8 +528,27 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
     ));
 
     let mut all: Vec<TaskId> = Vec::new();
-    let tp = throughput(&cluster, opts, &display).await?;
+    let kept = Arc::new(std::sync::Mutex::new(None));
+    let sampling = tokio::spawn(sample_documents(
+        cluster.handles(),
+        cluster.queue.clone(),
+        kept.clone(),
+    ));
+    let tp = throughput(&cluster, opts, &display).await;
+    sampling.abort();
+    let _ = sampling.await;
+    let largest = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let tp = tp?;
     all.extend(tp.ids.iter().cloned());
+    let largest = match largest {
+        Some(l) => Some(l),
+        // Sampled at least once: at the end of the throughput phase.
+        None => sample_once(&cluster.handles(), &cluster.queue).await,
+    };
+    let queue_doc_load_ms = match &largest {
+        Some(l) => Some(load_ms(&l.bytes)?),
+        None => None,
+    };
 
     let (to_start, to_done) = latency(&cluster, opts, &display, &mut all).await?;
 
@@ -605,8 +633,74 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         machine: machine(),
         commit: commit(),
         epochs: view.epoch + 1,
+        queue_doc_bytes_max: largest.as_ref().map(|l| l.bytes.len()),
+        queue_doc_load_ms,
+        process_peak_rss_mib: peak_rss_mib(),
         elapsed_s: t_run.elapsed().as_secs_f64(),
     })
+}
+
+/// The largest queue document sampled.
+struct Largest {
+    bytes: Vec<u8>,
+}
+
+/// How often the throughput phase samples each node's queue document.
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Samples every node's current queue document each [`SAMPLE_EVERY`] until aborted, keeping
+/// the largest in `kept`.
+async fn sample_documents(
+    handles: Vec<NodeHandle>,
+    queue: QueueId,
+    kept: Arc<std::sync::Mutex<Option<Largest>>>,
+) {
+    loop {
+        if let Some(l) = sample_once(&handles, &queue).await {
+            let mut k = kept.lock().unwrap_or_else(|e| e.into_inner());
+            if k.as_ref().is_none_or(|o| o.bytes.len() < l.bytes.len()) {
+                *k = Some(l);
+            }
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}
+
+/// The largest current queue document over the nodes, now.
+async fn sample_once(handles: &[NodeHandle], queue: &QueueId) -> Option<Largest> {
+    let mut best: Option<Largest> = None;
+    for h in handles {
+        if let Ok((_, bytes)) = h.queue_document(queue).await
+            && best.as_ref().is_none_or(|b| b.bytes.len() < bytes.len())
+        {
+            best = Some(Largest { bytes });
+        }
+    }
+    best
+}
+
+/// Milliseconds to load a saved queue document and read its view: what opening the queue
+/// costs a node.
+fn load_ms(bytes: &[u8]) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let doc =
+        automerge::Automerge::load(bytes).context("the sampled queue document does not load")?;
+    QueueView::read(&doc).context("the sampled queue document does not read as a queue")?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+/// This process's peak resident set (`VmHWM`), in MiB; `None` where `/proc` has no such line.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
 }
 
 struct Throughput {
@@ -1086,6 +1180,19 @@ pub fn print_report(r: &Report) {
     println!(
         "Automerge floor          {:.0} tasks/s ({} tasks); throughput is {:.3} of it",
         r.floor_tasks_per_s, r.floor_tasks, r.ratio_to_floor
+    );
+    println!(
+        "queue document           {} epoch(s); largest {} KiB, loads and reads in {} ms",
+        r.epochs,
+        r.queue_doc_bytes_max
+            .map_or("?".into(), |b| format!("{:.1}", b as f64 / 1024.0)),
+        r.queue_doc_load_ms
+            .map_or("?".into(), |m| format!("{m:.1}"))
+    );
+    println!(
+        "peak RSS                 {} MiB (this process: every node and the bench)",
+        r.process_peak_rss_mib
+            .map_or("?".into(), |m| format!("{m:.0}"))
     );
     println!("elapsed                  {:.1} s", r.elapsed_s);
 }

@@ -249,10 +249,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let outcome = tokio::time::timeout(deadline, async {
         loop {
             let view = watch.borrow_and_update().clone();
-            let mut c = view.counts();
             // Tasks that ended before the queue document's last rotation count too.
-            c.succeeded += view.retired.succeeded as usize;
-            c.failed += view.retired.failed as usize;
+            let c = view.total_counts();
             let router = view.router.clone();
             display.bar.set_position(c.succeeded as u64);
             display.bar.set_message(format!(

@@ -378,6 +378,9 @@ enum Settle {
     Finished(&'static str),
     /// The task runs on a worker, per its queue entry, its document and the pool.
     Running(&'static str),
+    /// The queue's document was rotated, the task is no longer in its current epoch, every
+    /// task is final and no worker runs anything.
+    Rotated(&'static str, &'static str),
 }
 
 /// A request body.
@@ -649,7 +652,9 @@ impl Session {
                         if s.state != TaskState::Running {
                             return Err(format!("state {:?}", s.state));
                         }
-                        if s.runs.len() != 1 || s.attempts.iter().any(|a| a.started.is_none()) {
+                        // A run's record is written when it ends: a running task shows its
+                        // run through its started attempt.
+                        if !s.runs.is_empty() || s.attempts.iter().any(|a| a.started.is_none()) {
                             return Err(format!("runs {:?}, attempts {:?}", s.runs, s.attempts));
                         }
                         let status = node.status().await.map_err(|e| e.to_string())?;
@@ -659,6 +664,42 @@ impl Session {
                             .any(|w| w.running.as_ref().is_some_and(|r| r.task == id))
                         {
                             return Err(format!("no worker reports it: {:?}", status.workers));
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+            }
+            Settle::Rotated(q, t) => {
+                let (queue, task) = (
+                    QueueId::new(self.value_of(q)),
+                    TaskId::new(self.value_of(t)),
+                );
+                poll(&format!("{q} to rotate past {t}"), || {
+                    let (node, queue, task) = (node.clone(), queue.clone(), task.clone());
+                    async move {
+                        let (epoch, _) = node
+                            .queue_document(&queue)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let view = node
+                            .watch_queue(&queue)
+                            .ok_or("the queue is not joined")?
+                            .borrow()
+                            .clone();
+                        if epoch == 0 || view.task(&task).is_some() {
+                            return Err(format!("epoch {epoch}, the task still indexed"));
+                        }
+                        if let Some(t) = view.tasks().values().find(|t| !t.state().is_final()) {
+                            return Err(format!("{} is {:?}", t.id, t.state()));
+                        }
+                        let s = node.task_status(&task).await.map_err(|e| e.to_string())?;
+                        if s.state != TaskState::Succeeded {
+                            return Err(format!("{task} reads {:?}", s.state));
+                        }
+                        let status = node.status().await.map_err(|e| e.to_string())?;
+                        if status.workers.iter().any(|w| w.running.is_some()) {
+                            return Err(format!("workers busy: {:?}", status.workers));
                         }
                         Ok(())
                     }
@@ -843,12 +884,11 @@ fn pretty(g: &Golden) -> String {
     s
 }
 
-/// Compares (or, when blessing, writes) every record; returns the complaints.
-fn check(records: &[Golden], bless: bool) -> Vec<String> {
-    let dir = golden_dir();
+/// Compares (or, when blessing, writes) every record against `dir`; returns the complaints.
+fn check(dir: &Path, records: &[Golden], bless: bool) -> Vec<String> {
     let mut complaints = vec![];
     if bless {
-        std::fs::create_dir_all(&dir).expect("create the golden directory");
+        std::fs::create_dir_all(dir).expect("create the golden directory");
     }
     for g in records {
         let path = dir.join(format!("{}.json", g.case));
@@ -897,7 +937,7 @@ fn check(records: &[Golden], bless: bool) -> Vec<String> {
     }
     // Golden files of cases that no longer exist.
     let names: BTreeSet<String> = records.iter().map(|g| format!("{}.json", g.case)).collect();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             let file = entry.file_name().to_string_lossy().into_owned();
             if !file.ends_with(".json") || names.contains(&file) {
@@ -928,7 +968,99 @@ fn registry() -> piecework::worker_pool::Registry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_as_recorded() {
-    let steps = steps();
+    run_golden(steps(), &golden_dir(), None).await;
+}
+
+/// The routes that show a queue or a task, once the queue document has been rotated into a
+/// new epoch (a node rotating at the smallest threshold): the queue keeps its id and answers,
+/// a task the current epoch no longer carries answers from its document's summary, and
+/// submits go on.
+fn steps_after_rotation() -> Vec<Step> {
+    vec![
+        case(
+            "create_queue",
+            "creating a queue on a node that rotates early",
+        )
+        .post("/v1/queues")
+        .json(json!({ "name": "rotating" }))
+        .capture("queue_id", "<queue:rot>")
+        .into(),
+        Step::Settle(Settle::RouterActive("<queue:rot>")),
+        case(
+            "submit_first",
+            "the task whose status is asked after the rotation",
+        )
+        .post("/v1/queues/<queue:rot>/tasks")
+        .json(json!({ "kind": "sha256", "input": { "data": "1", "rounds": 1 } }))
+        .capture("task_id", "<task:first>")
+        .into(),
+        Step::Settle(Settle::Finished("<task:first>")),
+        case(
+            "submit_more",
+            "two more tasks, whose ends make the queue rotate",
+        )
+        .post("/v1/queues/<queue:rot>/tasks")
+        .json(json!([
+            { "kind": "sha256", "input": { "data": "2", "rounds": 1 } },
+            { "kind": "sha256", "input": { "data": "3", "rounds": 1 } }
+        ]))
+        .into(),
+        Step::Settle(Settle::Rotated("<queue:rot>", "<task:first>")),
+        case(
+            "task_after_rotation",
+            "a task that ended before the rotation: its status from its summary",
+        )
+        .get("/v1/tasks/<task:first>")
+        .into(),
+        case(
+            "wait_after_rotation",
+            "waiting on that task answers at once",
+        )
+        .get("/v1/tasks/<task:first>/wait?timeout_ms=100")
+        .into(),
+        case(
+            "join_after_rotation",
+            "the queue, by its first id, after the rotation",
+        )
+        .post("/v1/queues/<queue:rot>/join")
+        .into(),
+        case(
+            "submit_after_rotation",
+            "a submit to the rotated queue, by its first id",
+        )
+        .post("/v1/queues/<queue:rot>/tasks")
+        .json(json!({ "kind": "sha256", "input": { "data": "4", "rounds": 1 } }))
+        .capture("task_id", "<task:later>")
+        .into(),
+        Step::Settle(Settle::Finished("<task:later>")),
+        case(
+            "task_submitted_after_rotation",
+            "that task, succeeded in the new epoch",
+        )
+        .get("/v1/tasks/<task:later>")
+        .into(),
+        case(
+            "status_after_rotation",
+            "the node's status after the rotation",
+        )
+        .get("/v1/status")
+        .into(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_answer_as_recorded_after_a_rotation() {
+    run_golden(
+        steps_after_rotation(),
+        &golden_dir().join("after_rotation"),
+        Some((1, 1)),
+    )
+    .await;
+}
+
+/// Runs `steps` against a fresh node (one worker; `rotation` as [`Config::rotation`]) and
+/// checks every answer against the golden files in `dir`.
+async fn run_golden(steps: Vec<Step>, dir: &Path, rotation: Option<(usize, usize)>) {
     let mut seen = BTreeSet::new();
     for s in &steps {
         if let Step::Case(c) = s {
@@ -936,9 +1068,10 @@ async fn every_route_answers_as_recorded() {
         }
     }
 
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = Config::new(dir.path().join("node"), registry());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = Config::new(tmp.path().join("node"), registry());
     config.workers = 1;
+    config.rotation = rotation;
     let node = Node::start(config).await.expect("the node starts");
     let handle = node.handle().clone();
     let addr = handle.wait_listening().await.to_string();
@@ -984,13 +1117,9 @@ async fn every_route_answers_as_recorded() {
         .map(|(c, a)| session.record(c, a.as_ref().expect("answered")))
         .collect();
     let bless = std::env::var(BLESS_VAR).is_ok_and(|v| v == "1");
-    let complaints = check(&records, bless);
+    let complaints = check(dir, &records, bless);
     if bless {
-        eprintln!(
-            "wrote {} golden files to {}",
-            records.len(),
-            golden_dir().display()
-        );
+        eprintln!("wrote {} golden files to {}", records.len(), dir.display());
     }
     assert!(
         complaints.is_empty(),

@@ -109,7 +109,8 @@ pub struct QueueStatus {
     pub members: usize,
     /// Whether routing is paused.
     pub paused: bool,
-    /// Task counts by state.
+    /// Task counts by state, over the queue's whole life (tasks that ended in earlier epochs
+    /// count as succeeded or failed).
     pub tasks: StateCounts,
     /// The queue's configuration.
     pub config: QueueConfig,

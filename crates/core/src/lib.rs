@@ -245,6 +245,12 @@ pub enum Command {
     },
     /// This node's queues, workers and documents: [`Reply::Status`].
     Status,
+    /// A queue's current epoch document, saved whole: [`Reply::Document`]. Costs time in the
+    /// document's size; for benchmarks and diagnostics, not for a hot path.
+    QueueDocument {
+        /// The queue.
+        queue: QueueId,
+    },
 }
 
 /// The answer to a [`Command`].
@@ -265,6 +271,8 @@ pub enum Reply {
     Task(Box<Result<api::TaskStatus, api::TaskError>>),
     /// To [`Command::Status`].
     Status(Status),
+    /// To [`Command::QueueDocument`]: the epoch number and the saved document.
+    Document(Result<(u64, Vec<u8>), api::QueueError>),
 }
 
 /// What [`Command::Status`] reports.

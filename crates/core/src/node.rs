@@ -195,6 +195,14 @@ pub struct Core {
     /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
     /// most the tasks indexed in that state, drained every turn.
     to_revive: BTreeSet<(QueueId, TaskId, u64)>,
+    /// Starts and ends of attempts not yet written, per queue, in the order they happened:
+    /// written as one change per queue document when the turn's actions are drained
+    /// ([`Core::flush_attempts`]). At most one start and one end per worker.
+    attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
+    /// Run records and final summaries not yet written, per task document: written as one
+    /// change per document at the end of the turn. At most one run per worker plus the tasks
+    /// that became final in this turn.
+    task_writes: BTreeMap<DocId, TaskWrites>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
@@ -253,6 +261,8 @@ impl Core {
             to_evict: EvictQueue::default(),
             runs: BTreeMap::new(),
             to_revive: BTreeSet::new(),
+            attempt_writes: BTreeMap::new(),
+            task_writes: BTreeMap::new(),
             next_run: 0,
             seen: BTreeMap::new(),
             transmit: VecDeque::new(),
@@ -624,15 +634,11 @@ impl Core {
             ok,
         });
         if let Some(tdoc) = task_doc(&run.task) {
-            match self.change(&tdoc, |d| task::record_run_end(d, &start, &task_end)) {
-                Some(Ok(())) => {}
-                Some(Err(e)) => {
-                    tracing::warn!(task = %run.task, "cannot record the run's end: {e}")
-                }
-                None => {
-                    tracing::warn!(task = %run.task, "cannot record the run's end: task document not loaded")
-                }
-            }
+            self.task_writes
+                .entry(tdoc)
+                .or_default()
+                .runs
+                .push((start, task_end));
         }
         self.pool.handle_finished(run.worker.index, end);
         self.turn(now);
@@ -778,10 +784,12 @@ impl Core {
             }
             self.pool.handle_timeout(now.mono);
             let acted = self.drain_actions(now);
-            if (!acted && self.stale.is_empty()) || rounds > 10_000 {
+            let wrote = self.flush_attempts(now);
+            if (!acted && !wrote && self.stale.is_empty()) || rounds > 10_000 {
                 break;
             }
         }
+        self.flush_task_writes();
         for save in self.saves.take_writes(&self.replica) {
             self.io.push_back(Io::Save(save));
         }
@@ -875,7 +883,7 @@ impl Core {
                     wait_until,
                     ..
                 } => self.answer_status(now, cmd, task, wait_until),
-                DocWaiter::Start { run, .. } => self.start_run(now, run),
+                DocWaiter::Start { run, .. } => self.start_run(run),
                 DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
                 DocWaiter::Epoch { queue } => {
                     if let Some(q) = self.queues.get_mut(&queue) {
@@ -1121,6 +1129,14 @@ impl Core {
                 let status = self.status();
                 self.replies.push_back((cmd, Reply::Status(status)));
             }
+            Command::QueueDocument { queue } => {
+                let saved = self
+                    .queues
+                    .get(&queue)
+                    .and_then(|q| Some((q.epoch, self.replica.get(&q.doc)?.save())))
+                    .ok_or(QueueError::NotJoined(queue));
+                self.replies.push_back((cmd, Reply::Document(saved)));
+            }
         }
     }
 
@@ -1141,7 +1157,7 @@ impl Core {
                     role: role.to_owned(),
                     members: q.view.members.len(),
                     paused: q.view.paused,
-                    tasks: q.view.counts(),
+                    tasks: q.view.total_counts(),
                     config: q.view.config.clone(),
                 }
             })
@@ -1713,9 +1729,7 @@ impl Core {
             attempts: t.attempts.clone(),
             error: last_error(t),
         };
-        if let Some(Err(e)) = self.change(td, |d| task::record_summary(d, &summary)) {
-            tracing::warn!(task = %t.id, "cannot record the task's summary: {e}");
-        }
+        self.task_writes.entry(td.clone()).or_default().summary = Some(summary);
     }
 
     /// Moves a queue to the newest epoch document this node knows of: the winner of its
@@ -2412,19 +2426,25 @@ impl Core {
                         logs: vec![],
                     };
                     // Best effort: the task document may not be here.
-                    let _ = self.change(&doc, |d| task::record_run_end(d, &start, &end));
+                    self.task_writes
+                        .entry(doc)
+                        .or_default()
+                        .runs
+                        .push((start, end));
                 }
-                self.write_queue(now, &qid, "an attempt's end", |d| {
-                    queue::record_finish(
-                        d,
-                        &task,
-                        &attempt,
-                        &worker,
-                        outcome,
-                        error.as_deref(),
-                        now.unix_ms,
-                    )
-                });
+                self.attempt_writes
+                    .entry(qid)
+                    .or_default()
+                    .push(PendingAttempt {
+                        write: queue::AttemptWrite::Finish {
+                            task,
+                            attempt,
+                            worker,
+                            outcome,
+                            error,
+                        },
+                        started: None,
+                    });
             }
             PoolAction::Beat(beat) => {
                 for q in self.queues.values_mut() {
@@ -2448,13 +2468,13 @@ impl Core {
 
     /// Starts a run whose task document is loaded: records the start in both documents, then
     /// asks the driver to run the handler.
-    fn start_run(&mut self, now: Time, run: Run) {
+    fn start_run(&mut self, run: Run) {
         let index = run.worker.index;
         let Some(tdoc) = task_doc(&run.task) else {
             return;
         };
-        let input = match self.replica.get(&tdoc).map(task::read) {
-            Some(Ok(t)) => t.input,
+        let input = match self.replica.get(&tdoc).map(task::read_input) {
+            Some(Ok(input)) => input,
             Some(Err(e)) => {
                 self.pool
                     .handle_start_failed(index, format!("unreadable task document: {e}"));
@@ -2466,44 +2486,118 @@ impl Core {
                 return;
             }
         };
-        let Some(qdoc) = self.queues.get(&run.queue).map(|q| q.doc.clone()) else {
+        if !self.queues.contains_key(&run.queue) {
             self.pool
                 .handle_start_failed(index, "this node left the task's queue".into());
             return;
-        };
+        }
         // The fence may have risen while the task document was fetched.
-        if let Some(fence) = self.seen.get(&run.queue)
-            && run.attempt.claim < *fence
-            && self.fencing()
-        {
-            let reason = format!(
-                "fenced: assigned by {}, but {fence} is the router",
-                run.attempt.claim
-            );
+        if let Some(reason) = self.fenced(&run) {
             self.pool.handle_start_failed(index, reason);
             return;
         }
-        let inc = self.config.incarnation;
-        let started = self
-            .change(&qdoc, |d| {
-                queue::record_start(d, &run.task, &run.attempt, &run.worker, inc, now.unix_ms)
-            })
-            .unwrap_or_else(|| Err(queue::AttemptError::NotAQueue));
-        if let Err(e) = started {
-            self.pool
-                .handle_start_failed(index, format!("cannot record the start: {e}"));
-            return;
+        self.attempt_writes
+            .entry(run.queue.clone())
+            .or_default()
+            .push(PendingAttempt {
+                write: queue::AttemptWrite::Start {
+                    task: run.task.clone(),
+                    attempt: run.attempt.clone(),
+                    worker: run.worker.clone(),
+                    incarnation: self.config.incarnation,
+                },
+                started: Some((run, input)),
+            });
+    }
+
+    /// Writes the turn's starts and ends of attempts, one change per queue document, then
+    /// refreshes those views (routers must see their own queue's writes before deciding
+    /// again) and hands each recorded start to the driver. True if anything was written.
+    fn flush_attempts(&mut self, now: Time) -> bool {
+        if self.attempt_writes.is_empty() {
+            return false;
         }
-        self.stale.insert(run.queue.clone());
+        for (id, mut pending) in std::mem::take(&mut self.attempt_writes) {
+            // The fence may have risen since the start was asked for (a view or a heartbeat
+            // in this turn): checked again where the start is written.
+            pending.retain(|p| match &p.started {
+                Some((run, _)) => match self.fenced(run) {
+                    Some(reason) => {
+                        self.pool.handle_start_failed(run.worker.index, reason);
+                        false
+                    }
+                    None => true,
+                },
+                None => true,
+            });
+            let writes: Vec<queue::AttemptWrite> =
+                pending.iter().map(|p| p.write.clone()).collect();
+            let doc = self.queues.get(&id).map(|q| q.doc.clone());
+            let results = doc
+                .and_then(|doc| {
+                    self.change(&doc, |d| queue::record_attempts(d, &writes, now.unix_ms))
+                })
+                .unwrap_or_else(|| {
+                    writes
+                        .iter()
+                        .map(|_| Err(queue::AttemptError::NotAQueue))
+                        .collect()
+                });
+            for (p, r) in pending.into_iter().zip(results) {
+                match (p.started, r) {
+                    (Some((run, input)), Ok(())) => self.begin_run(now, run, input),
+                    (Some((run, _)), Err(e)) => {
+                        self.pool.handle_start_failed(
+                            run.worker.index,
+                            format!("cannot record the start: {e}"),
+                        );
+                    }
+                    (None, Ok(())) => {}
+                    (None, Err(e)) => {
+                        tracing::warn!(queue = %id, "cannot record an attempt's end: {e}")
+                    }
+                }
+            }
+            self.stale.remove(&id);
+            self.refresh(now, &id);
+        }
+        true
+    }
+
+    /// Why a run must not start: its attempt was assigned by a router below the greatest
+    /// claim this node has seen for the queue.
+    fn fenced(&self, run: &Run) -> Option<String> {
+        let fence = self.seen.get(&run.queue)?;
+        (run.attempt.claim < *fence && self.fencing()).then(|| {
+            format!(
+                "fenced: assigned by {}, but {fence} is the router",
+                run.attempt.claim
+            )
+        })
+    }
+
+    /// Writes each task document's pending run records and summary in one change.
+    fn flush_task_writes(&mut self) {
+        for (doc, w) in std::mem::take(&mut self.task_writes) {
+            match self.change(&doc, |d| task::record_runs(d, &w.runs, w.summary.as_ref())) {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::warn!(%doc, "cannot record the task's runs: {e}"),
+                None if w.runs.is_empty() => {}
+                None => {
+                    tracing::warn!(%doc, "cannot record the task's runs: its document is not loaded")
+                }
+            }
+        }
+    }
+
+    /// A start is recorded: hands the run to the driver.
+    fn begin_run(&mut self, now: Time, run: Run, input: serde_json::Value) {
         let start = RunStart {
             attempt: run.attempt.clone(),
             worker: run.worker.clone(),
-            incarnation: inc,
+            incarnation: self.config.incarnation,
             at: now.unix_ms,
         };
-        if let Some(Err(e)) = self.change(&tdoc, |d| task::record_run_start(d, &start)) {
-            tracing::warn!(task = %run.task, "cannot record the run's start: {e}");
-        }
         self.events.push_back(Event::RunStarted {
             queue: run.queue.clone(),
             task: run.task.clone(),
@@ -2578,6 +2672,21 @@ impl Core {
             }
         }
     }
+}
+
+/// A start or an end of an attempt waiting for [`Core::flush_attempts`].
+#[derive(Debug)]
+struct PendingAttempt {
+    write: queue::AttemptWrite,
+    /// For a start: the run and its input, handed to the driver once the start is recorded.
+    started: Option<(Run, serde_json::Value)>,
+}
+
+/// What waits to be written into one task document at the end of a turn.
+#[derive(Debug, Default)]
+struct TaskWrites {
+    runs: Vec<(RunStart, TaskRunEnd)>,
+    summary: Option<task::Summary>,
 }
 
 /// The gossipsub topic carrying a queue's heartbeats.

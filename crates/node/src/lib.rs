@@ -478,6 +478,20 @@ impl NodeHandle {
         }
     }
 
+    /// A queue's current epoch number and its document, saved whole (for benchmarks and
+    /// diagnostics: it costs time in the document's size).
+    pub async fn queue_document(&self, queue: &QueueId) -> Result<(u64, Vec<u8>), QueueError> {
+        match self
+            .ask(Command::QueueDocument {
+                queue: queue.clone(),
+            })
+            .await
+        {
+            Some(Reply::Document(r)) => r,
+            _ => Err(QueueError::Stopped),
+        }
+    }
+
     /// This node's status: its queues, workers and connections.
     pub async fn status(&self) -> Result<api::NodeStatus, QueueError> {
         let info = self

@@ -495,25 +495,36 @@ pub fn record_start(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        let found = owned_attempt(tx, task, attempt, worker)?;
-        if finished(tx, task, attempt, &found) {
-            return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
-        }
-        if started(tx, task, attempt, &found).is_some() {
-            return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
-        }
-        let map = layout_map(tx, packed::STARTED)?;
-        let record = packed::Start {
-            a: now_ms,
-            i: incarnation,
-        };
-        tx.put(
-            &map,
-            packed::attempt_key(task, attempt),
-            packed::encode(&record),
-        )?;
-        Ok(())
+        start_in(tx, task, attempt, worker, incarnation, now_ms)
     })
+}
+
+fn start_in(
+    tx: &mut Transaction<'_>,
+    task: &TaskId,
+    attempt: &AttemptId,
+    worker: &WorkerId,
+    incarnation: u64,
+    now_ms: u64,
+) -> Result<(), AttemptError> {
+    let found = owned_attempt(tx, task, attempt, worker)?;
+    if finished(tx, task, attempt, &found) {
+        return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
+    }
+    if started(tx, task, attempt, &found).is_some() {
+        return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
+    }
+    let map = layout_map(tx, packed::STARTED)?;
+    let record = packed::Start {
+        a: now_ms,
+        i: incarnation,
+    };
+    tx.put(
+        &map,
+        packed::attempt_key(task, attempt),
+        packed::encode(&record),
+    )?;
+    Ok(())
 }
 
 /// Records how an attempt ended. `Refused` needs an attempt that never started; `Succeeded` and
@@ -531,33 +542,129 @@ pub fn record_finish(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        let found = owned_attempt(tx, task, attempt, worker)?;
-        if finished(tx, task, attempt, &found) {
-            return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
-        }
-        let started = started(tx, task, attempt, &found).is_some();
-        match outcome {
-            AttemptOutcome::Refused | AttemptOutcome::Unavailable if started => {
-                return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
-            }
-            AttemptOutcome::Succeeded | AttemptOutcome::Failed if !started => {
-                return Err(AttemptError::NotStarted(task.clone(), attempt.clone()));
-            }
-            _ => {}
-        }
-        let map = layout_map(tx, packed::ENDED)?;
-        let record = packed::End {
-            a: now_ms,
-            o: outcome.as_str().to_owned(),
-            e: error.map(str::to_owned),
-        };
-        tx.put(
-            &map,
-            packed::attempt_key(task, attempt),
-            packed::encode(&record),
-        )?;
-        Ok(())
+        finish_in(tx, task, attempt, worker, outcome, error, now_ms)
     })
+}
+
+fn finish_in(
+    tx: &mut Transaction<'_>,
+    task: &TaskId,
+    attempt: &AttemptId,
+    worker: &WorkerId,
+    outcome: AttemptOutcome,
+    error: Option<&str>,
+    now_ms: u64,
+) -> Result<(), AttemptError> {
+    let found = owned_attempt(tx, task, attempt, worker)?;
+    if finished(tx, task, attempt, &found) {
+        return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
+    }
+    let started = started(tx, task, attempt, &found).is_some();
+    match outcome {
+        AttemptOutcome::Refused | AttemptOutcome::Unavailable if started => {
+            return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
+        }
+        AttemptOutcome::Succeeded | AttemptOutcome::Failed if !started => {
+            return Err(AttemptError::NotStarted(task.clone(), attempt.clone()));
+        }
+        _ => {}
+    }
+    let map = layout_map(tx, packed::ENDED)?;
+    let record = packed::End {
+        a: now_ms,
+        o: outcome.as_str().to_owned(),
+        e: error.map(str::to_owned),
+    };
+    tx.put(
+        &map,
+        packed::attempt_key(task, attempt),
+        packed::encode(&record),
+    )?;
+    Ok(())
+}
+
+/// One write about an attempt, for [`record_attempts`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttemptWrite {
+    /// As [`record_start`].
+    Start {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: AttemptId,
+        /// The worker it was assigned to.
+        worker: WorkerId,
+        /// The worker's pool incarnation.
+        incarnation: u64,
+    },
+    /// As [`record_finish`].
+    Finish {
+        /// The task.
+        task: TaskId,
+        /// The attempt.
+        attempt: AttemptId,
+        /// The worker it was assigned to.
+        worker: WorkerId,
+        /// How it ended.
+        outcome: AttemptOutcome,
+        /// The error, for a failure or a refusal.
+        error: Option<String>,
+    },
+}
+
+/// Records a batch of starts and ends in one change: each write is checked as
+/// [`record_start`] or [`record_finish`] would check it, against the document as the writes
+/// before it in the batch left it, and the result of each comes back at its index. A write
+/// that is refused leaves nothing behind and does not stop the others. No change is made if
+/// every write is refused (or the batch is empty).
+pub fn record_attempts(
+    doc: &mut Automerge,
+    writes: &[AttemptWrite],
+    now_ms: u64,
+) -> Vec<Result<(), AttemptError>> {
+    if writes.is_empty() {
+        return Vec::new();
+    }
+    let mut tx = doc.transaction();
+    if !is_queue(&tx) {
+        tx.rollback();
+        return writes
+            .iter()
+            .map(|_| Err(AttemptError::NotAQueue))
+            .collect();
+    }
+    let mut results = Vec::with_capacity(writes.len());
+    for w in writes {
+        results.push(match w {
+            AttemptWrite::Start {
+                task,
+                attempt,
+                worker,
+                incarnation,
+            } => start_in(&mut tx, task, attempt, worker, *incarnation, now_ms),
+            AttemptWrite::Finish {
+                task,
+                attempt,
+                worker,
+                outcome,
+                error,
+            } => finish_in(
+                &mut tx,
+                task,
+                attempt,
+                worker,
+                *outcome,
+                error.as_deref(),
+                now_ms,
+            ),
+        });
+    }
+    if tx.pending_ops() == 0 {
+        tx.rollback();
+    } else {
+        tx.commit();
+    }
+    results
 }
 
 /// Marks a task's input available again: a member holding its task document says so after an

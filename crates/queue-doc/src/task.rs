@@ -227,21 +227,26 @@ pub fn record_run_start(doc: &mut Automerge, s: &RunStart) -> Result<(), TaskWri
         if !is_task(tx) {
             return Err(TaskWriteError::NotATask);
         }
-        let runs = match am::object(tx, &ROOT, keys::RUNS, ObjType::List) {
-            Some(r) => r,
-            None => tx.put_object(ROOT, keys::RUNS, ObjType::List)?,
-        };
-        let len = tx.length(&runs);
-        let r = tx.insert_object(&runs, len, ObjType::Map)?;
-        tx.put(&r, keys::N, s.attempt.n)?;
-        tx.put(&r, keys::TERM, s.attempt.claim.term)?;
-        tx.put(&r, keys::ROUTER, s.attempt.claim.peer.as_str())?;
-        tx.put(&r, keys::WORKER, s.worker.to_string())?;
-        tx.put(&r, keys::INCARNATION, s.incarnation)?;
-        tx.put(&r, keys::AT, s.at)?;
-        tx.put_object(&r, keys::LOGS, ObjType::List)?;
+        insert_run(tx, s)?;
         Ok(())
     })
+}
+
+fn insert_run(tx: &mut Transaction<'_>, s: &RunStart) -> Result<ObjId, TaskWriteError> {
+    let runs = match am::object(tx, &ROOT, keys::RUNS, ObjType::List) {
+        Some(r) => r,
+        None => tx.put_object(ROOT, keys::RUNS, ObjType::List)?,
+    };
+    let len = tx.length(&runs);
+    let r = tx.insert_object(&runs, len, ObjType::Map)?;
+    tx.put(&r, keys::N, s.attempt.n)?;
+    tx.put(&r, keys::TERM, s.attempt.claim.term)?;
+    tx.put(&r, keys::ROUTER, s.attempt.claim.peer.as_str())?;
+    tx.put(&r, keys::WORKER, s.worker.to_string())?;
+    tx.put(&r, keys::INCARNATION, s.incarnation)?;
+    tx.put(&r, keys::AT, s.at)?;
+    tx.put_object(&r, keys::LOGS, ObjType::List)?;
+    Ok(r)
 }
 
 fn find_run(tx: &Transaction<'_>, s: &RunStart) -> Option<ObjId> {
@@ -269,25 +274,77 @@ pub fn record_run_end(
             return Err(TaskWriteError::NotATask);
         }
         let r = find_run(tx, s).ok_or_else(|| TaskWriteError::UnknownRun(s.attempt.clone()))?;
-        if am::object(tx, &r, keys::FINISH, ObjType::Map).is_some() {
-            return Err(TaskWriteError::AlreadyEnded(s.attempt.clone()));
+        end_run(tx, &r, s, end, result.as_deref())
+    })
+}
+
+fn end_run(
+    tx: &mut Transaction<'_>,
+    r: &ObjId,
+    s: &RunStart,
+    end: &RunEnd,
+    result: Option<&str>,
+) -> Result<(), TaskWriteError> {
+    if am::object(tx, r, keys::FINISH, ObjType::Map).is_some() {
+        return Err(TaskWriteError::AlreadyEnded(s.attempt.clone()));
+    }
+    let logs = match am::object(tx, r, keys::LOGS, ObjType::List) {
+        Some(l) => l,
+        None => tx.put_object(r, keys::LOGS, ObjType::List)?,
+    };
+    for line in &end.logs {
+        let len = tx.length(&logs);
+        tx.insert(&logs, len, line.as_str())?;
+    }
+    let f = tx.put_object(r, keys::FINISH, ObjType::Map)?;
+    tx.put(&f, keys::AT, end.at)?;
+    tx.put(&f, keys::OUTCOME, end.outcome.as_str())?;
+    if let Some(e) = &end.error {
+        tx.put(&f, keys::ERROR, e.as_str())?;
+    }
+    if let Some(r) = result {
+        tx.put(&f, keys::RESULT, r)?;
+    }
+    Ok(())
+}
+
+/// Writes what one node learned about a task since its last write, in one change: each run
+/// that ended, with its start and its end (a run whose start is already recorded gets its
+/// end; one that already ended is left as it is), and the task's final summary (as
+/// [`record_summary`]). Nothing is written if there is nothing new.
+pub fn record_runs(
+    doc: &mut Automerge,
+    runs: &[(RunStart, RunEnd)],
+    summary: Option<&Summary>,
+) -> Result<(), TaskWriteError> {
+    let results = runs
+        .iter()
+        .map(|(_, e)| e.result.as_ref().map(serde_json::to_string).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let summary = summary
+        .filter(|s| s.state.is_final())
+        .filter(|s| read_summary(doc).is_none_or(|o| o.state.rank() < s.state.rank()))
+        .map(serde_json::to_string)
+        .transpose()?;
+    if runs.is_empty() && summary.is_none() {
+        return Ok(());
+    }
+    commit(doc, |tx| {
+        if !is_task(tx) {
+            return Err(TaskWriteError::NotATask);
         }
-        let logs = match am::object(tx, &r, keys::LOGS, ObjType::List) {
-            Some(l) => l,
-            None => tx.put_object(&r, keys::LOGS, ObjType::List)?,
-        };
-        for line in &end.logs {
-            let len = tx.length(&logs);
-            tx.insert(&logs, len, line.as_str())?;
+        for ((s, end), result) in runs.iter().zip(&results) {
+            let r = match find_run(tx, s) {
+                Some(r) => r,
+                None => insert_run(tx, s)?,
+            };
+            match end_run(tx, &r, s, end, result.as_deref()) {
+                Ok(()) | Err(TaskWriteError::AlreadyEnded(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
-        let f = tx.put_object(&r, keys::FINISH, ObjType::Map)?;
-        tx.put(&f, keys::AT, end.at)?;
-        tx.put(&f, keys::OUTCOME, end.outcome.as_str())?;
-        if let Some(e) = &end.error {
-            tx.put(&f, keys::ERROR, e.as_str())?;
-        }
-        if let Some(r) = &result {
-            tx.put(&f, keys::RESULT, r.as_str())?;
+        if let Some(json) = &summary {
+            tx.put(ROOT, SUMMARY, json.as_str())?;
         }
         Ok(())
     })
@@ -321,6 +378,16 @@ fn read_run<R: ReadDoc>(doc: &R, r: &ObjId) -> Option<Run> {
         started_at: am::uint(doc, r, keys::AT)?,
         end,
     })
+}
+
+/// Reads only a task document's input: what a worker needs to run it, without the runs.
+pub fn read_input(doc: &Automerge) -> Result<serde_json::Value, TaskReadError> {
+    if !is_task(doc) {
+        return Err(TaskReadError::NotATask);
+    }
+    am::string(doc, &ROOT, keys::INPUT)
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .ok_or(TaskReadError::Malformed(keys::INPUT))
 }
 
 /// Reads a task document. Malformed run records are skipped.

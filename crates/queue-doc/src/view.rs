@@ -601,9 +601,18 @@ impl QueueView {
             })
     }
 
-    /// Task counts by state: O(1), kept by every change.
+    /// Task counts by state in this epoch document: O(1), kept by every change.
     pub fn counts(&self) -> StateCounts {
         self.index.counts.clone()
+    }
+
+    /// Task counts by state over the queue's whole life: [`QueueView::counts`] plus the
+    /// tasks that ended in earlier epochs ([`QueueView::retired`]), as succeeded or failed.
+    pub fn total_counts(&self) -> StateCounts {
+        let mut c = self.counts();
+        c.succeeded += usize::try_from(self.retired.succeeded).unwrap_or(usize::MAX);
+        c.failed += usize::try_from(self.retired.failed).unwrap_or(usize::MAX);
+        c
     }
 }
 

@@ -177,7 +177,7 @@ pub struct Router {
     /// Local retry schedule: task → ((failures, refusals) seen, not before).
     retry_at: HashMap<TaskId, policy::RetryAt>,
     /// When this router first saw each open attempt (pruned to the open ones at every plan).
-    attempt_seen: HashMap<(TaskId, AttemptId), Instant>,
+    attempt_seen: HashMap<(TaskId, AttemptId), (Instant, PeerId)>,
     last_assign: Option<Instant>,
     /// Task entries and workers the last routing plan looked at.
     plan_visits: usize,

@@ -53,7 +53,8 @@ pub(crate) struct Input<'a> {
     pub(crate) started_at: Instant,
     pub(crate) retry_at: &'a mut HashMap<TaskId, RetryAt>,
     /// When this router first saw each open attempt (its lease runs from then at the earliest).
-    pub(crate) attempt_seen: &'a mut HashMap<(TaskId, AttemptId), Instant>,
+    /// Also: the worker's peer, for attempts that later leave the view.
+    pub(crate) attempt_seen: &'a mut HashMap<(TaskId, AttemptId), (Instant, PeerId)>,
     pub(crate) last_assign: Option<Instant>,
 }
 
@@ -129,8 +130,8 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     let mut seen = HashMap::new();
     let mut lease_end = |t: &TaskEntry, a: &piecework_queue_doc::Attempt| {
         let key = (t.id.clone(), a.id.clone());
-        let first = input.attempt_seen.get(&key).copied().unwrap_or(now);
-        seen.insert(key, first);
+        let first = input.attempt_seen.get(&key).map_or(now, |(t, _)| *t);
+        seen.insert(key, (first, a.worker.peer.clone()));
         later(heard_at(&a.worker.peer).max(first), lease)
     };
     for t in view.with_open_attempts() {
@@ -154,11 +155,13 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
             TaskState::Succeeded | TaskState::Failed => {
                 // A run that outlived its task's outcome (routers on both sides of a partition
                 // both ran the task) still holds its worker: it counts against the concurrency
-                // limit until it ends or its pool's lease runs out.
+                // limit until it ends or its pool's lease runs out. So does an open attempt
+                // whose start has not reached this router yet: its worker may have started it
+                // before learning the outcome.
                 let zombie = t
                     .attempts
                     .iter()
-                    .filter(|a| a.is_open() && a.started.is_some())
+                    .filter(|a| a.is_open())
                     .any(|a| now < lease_end(t, a));
                 if zombie {
                     active += 1;
@@ -166,6 +169,34 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
             }
             // Pending: routed below. Waiting for its input: a member must mark it available.
             TaskState::Pending | TaskState::InputUnavailable => {}
+        }
+    }
+    // This router's open attempts whose task left the view: a rotation sealed by another
+    // router dropped the task as finished while a run of it that this router assigned goes on
+    // (routers on both sides of a partition both ran it). Its end can no longer be written, so
+    // it holds its worker for a lease from when it was first seen, and then for as long as
+    // its pool's heartbeats report it running.
+    for (key, (first, peer)) in input.attempt_seen.iter() {
+        let (task, attempt) = key;
+        if seen.contains_key(key) || attempt.claim != *input.me || view.tasks().contains_key(task) {
+            continue;
+        }
+        plan.visited += 1;
+        let reported = input.pools.get(peer).is_some_and(|(at, beat)| {
+            now.saturating_duration_since(*at) <= fresh
+                && beat.workers.iter().any(|w| {
+                    w.running
+                        .as_ref()
+                        .is_some_and(|r| r.task == *task && r.attempt == *attempt)
+                })
+        });
+        let end = later(*first, lease);
+        if reported || now < end {
+            active += 1;
+            if now < end {
+                plan.next_check = earliest(plan.next_check, end);
+            }
+            seen.insert(key.clone(), (*first, peer.clone()));
         }
     }
     *input.attempt_seen = seen;

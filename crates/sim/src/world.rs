@@ -973,7 +973,11 @@ impl World {
                     self.schedule_at(self.now_us + RETRY_US, Ev::Join { node: i, queue: q });
                 }
             }
-            Reply::Created(_) | Reply::Paused(_) | Reply::Task(_) | Reply::Status(_) => {}
+            Reply::Created(_)
+            | Reply::Paused(_)
+            | Reply::Task(_)
+            | Reply::Status(_)
+            | Reply::Document(_) => {}
         }
     }
 
