@@ -17,8 +17,9 @@
 //! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
 //!   peer) is not routed.
 //! - `concurrency` caps tasks assigned or running at once, counting runs that outlived their
-//!   task's outcome while their pool is alive; `rate_interval` allows one assignment per
-//!   interval.
+//!   task's outcome while their pool is alive, and this router's attempts whose task a
+//!   rotation sealed elsewhere dropped (for a lease, then while pool heartbeats report them);
+//!   `rate_interval` allows one assignment per interval.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
