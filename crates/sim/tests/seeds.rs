@@ -279,6 +279,25 @@ mod regressions {
         passes(2);
     }
 
+    /// Starts and ends became one change per turn, and the timing moved. Two routers ran the
+    /// same tasks across a partition; the other side's router sealed the epoch, and the
+    /// rotation dropped those tasks as finished while this router's runs of them went on.
+    /// After following the successor, this router no longer saw its own open attempts and
+    /// assigned past the concurrency limit (invariant 6). A router now counts its attempts
+    /// whose task left the view, for a lease and then while pool heartbeats report them.
+    #[test]
+    fn seed_98_a_rotation_does_not_hide_a_routers_own_runs() {
+        passes(98);
+    }
+
+    /// A start was written a few inputs after its fence check, and a view in between raised
+    /// the fence: a run started under a superseded router (invariant 4). Starts are checked
+    /// against the fence again where they are written.
+    #[test]
+    fn seed_24_a_start_is_fenced_where_it_is_written() {
+        passes(24);
+    }
+
     /// Every node crashed at some point; the simulator forgot that a task it never showed
     /// again had been final. A task is now done once any view showed it final.
     #[test]
