@@ -169,7 +169,8 @@ pub struct TaskStatus {
     pub error: Option<String>,
     /// Every attempt (from the queue document).
     pub attempts: Vec<Attempt>,
-    /// Every run (from the task document).
+    /// Every run that ended (from the task document: a run is recorded whole when it ends;
+    /// a running one shows in its attempt).
     pub runs: Vec<Run>,
 }
 

@@ -10,10 +10,13 @@
 //!   record, the pause flag, and the task index: for each task its kind, priority, submit time,
 //!   submitter and attempts. Operations: [`queue::create`], [`queue::set_member`],
 //!   [`queue::claim_router`], [`queue::submit`] ([`queue::submit_many`] for a batch), [`queue::record_assignments`],
-//!   [`queue::record_start`], [`queue::record_finish`]. Read it with [`QueueView::read`].
-//! - A **task document** per task (its URL is the task id) holds the kind, the input and one
-//!   run record per started attempt: [`task::init`], [`task::record_run_start`],
-//!   [`task::record_run_end`], [`task::read`].
+//!   [`queue::record_start`], [`queue::record_finish`] ([`queue::record_attempts`] for a
+//!   turn's starts and ends in one change). Read it with [`QueueView::read`].
+//! - A **task document** per task (its URL is the task id) holds the kind, the input, one
+//!   run record per run that ended and the final summary: [`task::init`],
+//!   [`task::record_runs`] (a run's whole record and the summary in one change),
+//!   [`task::read`], [`task::read_input`]. Earlier versions wrote a run's start when it began
+//!   ([`task::record_run_start`], [`task::record_run_end`]); those records still read.
 //!
 //! A queue is a chain of epoch documents: the active router rotates a queue document into a
 //! successor holding only what is live ([`epoch::build_successor`], [`epoch::seal`]), and late
