@@ -105,6 +105,8 @@ pub struct Options {
     /// Rotate the queue document past twice this many live tasks (`None`: the nodes'
     /// default).
     pub rotate_min_live: Option<usize>,
+    /// Submit the throughput phase through each node's HTTP API instead of its handle.
+    pub http: bool,
     /// Show phases and a progress bar on stderr.
     pub progress: bool,
 }
@@ -121,6 +123,7 @@ impl Default for Options {
             window: 256,
             batch: 64,
             rotate_min_live: None,
+            http: false,
             progress: true,
         }
     }
@@ -215,6 +218,9 @@ pub struct Report {
     pub window: usize,
     /// Tasks per submit during the throughput phase.
     pub batch: usize,
+    /// How the throughput phase submitted: `handle` (in-process `NodeHandle`) or `http`
+    /// (each node's HTTP API on loopback, batches as JSON arrays).
+    pub submit_via: &'static str,
     /// Throughput tasks / (first submit → the moment the observing node saw the last of them
     /// succeed or fail).
     pub throughput_tasks_per_s: f64,
@@ -612,6 +618,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         throughput_tasks: opts.tasks,
         window: opts.window,
         batch: opts.batch,
+        submit_via: if opts.http { "http" } else { "handle" },
         throughput_tasks_per_s: tp.tasks_per_s,
         submit_rate_first_10pct: tp.first_rate,
         submit_rate_last_10pct: tp.last_rate,
@@ -725,6 +732,18 @@ async fn throughput(
     ));
     display.start(m, "acknowledged");
     let handles = cluster.handles();
+    // With --http: an HTTP API per node on loopback, served on this runtime.
+    let mut clients = Vec::new();
+    if opts.http {
+        for h in &handles {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("cannot bind an HTTP port")?;
+            let base = format!("http://{}", listener.local_addr()?);
+            tokio::spawn(piecework_node::http::serve(h.clone(), listener));
+            clients.push(crate::client::Client::new(&base)?);
+        }
+    }
     let mut rx = cluster.watch(0)?;
     let mut ids = Vec::with_capacity(m);
     let mut acks = Vec::with_capacity(m);
@@ -744,13 +763,19 @@ async fn throughput(
     let mut turn = 0;
     while i < m {
         let h = handles[turn % handles.len()].clone();
+        let client = clients.get(turn % handles.len().max(1)).cloned();
         turn += 1;
         let q = cluster.queue.clone();
         let n = opts.batch.min(m - i);
         let reqs: Vec<api::SubmitTask> = (i..i + n).map(|j| opts.kind.request(j)).collect();
         i += n;
         in_flight += n;
-        inflight.push(async move { submit_batch(&h, &q, reqs).await });
+        inflight.push(async move {
+            match client {
+                Some(c) => submit_http(&c, &q, reqs).await,
+                None => submit_batch(&h, &q, reqs).await,
+            }
+        });
         while in_flight >= opts.window {
             let r = inflight.next().await.expect("a submit in flight");
             in_flight -= take(r)?;
@@ -796,6 +821,29 @@ async fn submit_batch(
         .await
         .context("a batch submit failed")?;
     entries
+        .into_iter()
+        .map(|e| match e {
+            api::BatchEntry::Submitted { task_id, .. } => Ok(task_id),
+            api::BatchEntry::Refused { index, error } => {
+                Err(anyhow::anyhow!("batch entry {index} was refused: {error}"))
+            }
+        })
+        .collect()
+}
+
+/// Submits a batch through the HTTP API (a JSON array, even of one); every one must be taken.
+async fn submit_http(
+    c: &crate::client::Client,
+    q: &QueueId,
+    reqs: Vec<api::SubmitTask>,
+) -> anyhow::Result<Vec<TaskId>> {
+    let entries = reqs
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    c.submit_many(q, &entries)
+        .await
+        .context("an HTTP batch submit failed")?
         .into_iter()
         .map(|e| match e {
             api::BatchEntry::Submitted { task_id, .. } => Ok(task_id),
@@ -1149,8 +1197,16 @@ pub fn print_report(r: &Report) {
         r.machine.memory_mib.map_or("?".into(), |m| m.to_string())
     );
     println!(
-        "throughput               {:.0} tasks/s ({} tasks, batches of {}, window {})",
-        r.throughput_tasks_per_s, r.throughput_tasks, r.batch, r.window
+        "throughput               {:.0} tasks/s ({} tasks, batches of {} through the {}, window {})",
+        r.throughput_tasks_per_s,
+        r.throughput_tasks,
+        r.batch,
+        if r.submit_via == "http" {
+            "HTTP API"
+        } else {
+            "node handle"
+        },
+        r.window
     );
     println!(
         "submit rate              first 10% {}/s, last 10% {}/s",

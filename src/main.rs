@@ -110,6 +110,10 @@ enum Command {
         /// ones (the nodes' default: 512). A small number forces rotations in a short run.
         #[arg(long)]
         rotate_min_live: Option<usize>,
+        /// Submit the throughput phase through each node's HTTP API (batches posted as JSON
+        /// arrays to `/v1/queues/{id}/tasks`) instead of the in-process `NodeHandle`.
+        #[arg(long)]
+        http: bool,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -251,6 +255,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             window,
             batch,
             rotate_min_live,
+            http,
             json,
         } => {
             let opts = piecework::bench::Options {
@@ -263,6 +268,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 window,
                 batch,
                 rotate_min_live,
+                http,
                 progress: true,
             };
             let report = piecework::bench::run(&opts).await?;

@@ -45,8 +45,9 @@ async fn a_small_bench_with_a_failover_loses_nothing() {
 
 /// The CI bench of the bounded queue document: 2,000 tasks on three nodes with a tiny rotation
 /// threshold, so the queue document is rotated several times while tasks are submitted, run
-/// and finished. No timing is asserted: at least two epochs, every task done, nothing lost or
-/// run twice.
+/// and finished. The tasks are submitted through the nodes' HTTP batch API. No timing is
+/// asserted: at least two epochs, every task done, nothing lost or run twice, and the queue
+/// document sampled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
     let opts = Options {
@@ -56,12 +57,18 @@ async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
         kind: Kind::Noop,
         latency_samples: 5,
         rotate_min_live: Some(50),
+        http: true,
         progress: false,
         ..Options::default()
     };
     let r = bench::run(&opts).await.expect("the bench runs");
     let json = serde_json::to_string(&r).expect("the report serializes");
+    assert_eq!(r.submit_via, "http", "{json}");
     assert!(r.epochs >= 2, "the queue document was rotated: {json}");
+    assert!(
+        r.queue_doc_bytes_max.is_some_and(|b| b > 0) && r.queue_doc_load_ms.is_some(),
+        "{json}"
+    );
     assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
     assert_eq!(r.lost, 0, "{json}");
     assert_eq!(r.duplicates, 0, "{json}");
