@@ -2412,11 +2412,19 @@ impl Core {
                 if outcome == AttemptOutcome::Interrupted
                     && let (Some(inc), Some(doc)) = (started_by, task_doc(&task))
                 {
+                    // The earlier life recorded the start in the queue document only.
+                    let at = self
+                        .queues
+                        .get(&qid)
+                        .and_then(|q| q.view.task(&task))
+                        .and_then(|t| t.attempt(&attempt))
+                        .and_then(|a| a.started.as_ref())
+                        .map_or(0, |s| s.at);
                     let start = RunStart {
                         attempt: attempt.clone(),
                         worker: worker.clone(),
                         incarnation: inc,
-                        at: 0,
+                        at,
                     };
                     let end = TaskRunEnd {
                         outcome,
