@@ -820,6 +820,11 @@ async fn submit_batch(
         .submit_many(q, reqs)
         .await
         .context("a batch submit failed")?;
+    taken(entries)
+}
+
+/// The ids of a batch's entries, or an error naming the first one refused.
+fn taken(entries: Vec<api::BatchEntry>) -> anyhow::Result<Vec<TaskId>> {
     entries
         .into_iter()
         .map(|e| match e {
@@ -841,17 +846,11 @@ async fn submit_http(
         .iter()
         .map(serde_json::to_value)
         .collect::<Result<Vec<_>, _>>()?;
-    c.submit_many(q, &entries)
+    let entries = c
+        .submit_many(q, &entries)
         .await
-        .context("an HTTP batch submit failed")?
-        .into_iter()
-        .map(|e| match e {
-            api::BatchEntry::Submitted { task_id, .. } => Ok(task_id),
-            api::BatchEntry::Refused { index, error } => {
-                Err(anyhow::anyhow!("batch entry {index} was refused: {error}"))
-            }
-        })
-        .collect()
+        .context("an HTTP batch submit failed")?;
+    taken(entries)
 }
 
 /// Acknowledgements per second within a slice: those after the first over the span from the
