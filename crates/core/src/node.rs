@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::{ActorId, Automerge, ChangeHash};
-use piecework_queue_doc::epoch::{self, Latest, Seal};
+use piecework_queue_doc::epoch::{self, Latest, Link, Seal};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
     AttemptOutcome, Changed, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
@@ -77,6 +77,20 @@ const MAX_ANNOUNCED: usize = 16;
 
 /// Bound on the documents remembered as false epoch announcements, per queue.
 const MAX_REJECTED_EPOCHS: usize = 64;
+
+/// Bound on the carrying rounds of one turn ([`Core::carry_late`]).
+const MAX_CARRY_ROUNDS: usize = 4;
+
+/// The documents of the branch `own` (a lineage, as [`epoch::read_lineage`] gives it) that
+/// the lineage `target` does not share: what a node on `own` wrote since the fork. Never the
+/// queue's first document.
+fn branch_since_fork(own: &[Link], target: &[Link], root: Option<&DocId>) -> Vec<(DocId, u64)> {
+    own.iter()
+        .filter(|l| !target.contains(l))
+        .filter_map(|l| DocId::parse(&l.doc).map(|d| (d, l.epoch)))
+        .filter(|(d, _)| Some(d) != root)
+        .collect()
+}
 
 #[derive(Debug)]
 struct TaskWaiter {
@@ -1837,15 +1851,22 @@ impl Core {
                 .iter()
                 .filter(|l| !own.contains(l) && l.doc != to.as_str())
                 .filter_map(|l| DocId::parse(&l.doc))
-                .filter(|d| {
-                    self.replica.get(d).is_none_or(|d| d.get_heads().is_empty())
-                        && !self
-                            .queues
-                            .get(id)
-                            .is_some_and(|q| q.unavailable.contains(d))
-                })
+                .filter(|d| self.to_fetch(id, d))
                 .collect()
         };
+        // A move to another branch carries what this node's branch wrote since the fork, from
+        // every document of it (retired ones too): they must be here first, or a task this
+        // branch ended would show live in the target until they are.
+        let mut gaps = gaps;
+        if to != cur {
+            let root = self.queues.get(id).map(|q| q.root.clone());
+            gaps.extend(
+                branch_since_fork(&own, &best_lineage, root.as_ref())
+                    .into_iter()
+                    .map(|(d, _)| d)
+                    .filter(|d| self.to_fetch(id, d)),
+            );
+        }
         for d in &gaps {
             self.fetch_epoch(now, id, d);
         }
@@ -1894,6 +1915,18 @@ impl Core {
         switched
     }
 
+    /// Whether epoch document `doc` of queue `id` is to be fetched: it is not here, and was
+    /// not found when last asked for.
+    fn to_fetch(&self, id: &QueueId, doc: &DocId) -> bool {
+        self.replica
+            .get(doc)
+            .is_none_or(|d| d.get_heads().is_empty())
+            && !self
+                .queues
+                .get(id)
+                .is_some_and(|q| q.unavailable.contains(doc))
+    }
+
     /// Whether `doc` is here: `Some(Ok(epoch))` if it is an epoch document of queue `id`,
     /// `Some(Err(()))` if it is something else, `None` if it has not arrived.
     fn epoch_here(&self, id: &QueueId, doc: &DocId) -> Option<Result<u64, ()>> {
@@ -1931,12 +1964,44 @@ impl Core {
             .into_iter()
             .map(|l| l.doc)
             .collect();
+        let to_lineage = self
+            .replica
+            .get(&to)
+            .map(epoch::read_lineage)
+            .unwrap_or_default();
         let Some(q) = self.queues.get_mut(id) else {
             return;
         };
+        let from_lineage = self
+            .replica
+            .get(&q.doc)
+            .map(epoch::read_lineage)
+            .unwrap_or_default();
         let from = std::mem::replace(&mut q.doc, to.clone());
         let from_epoch = q.epoch;
         let sideways = !lineage.contains(from.as_str()) && from != q.root;
+        // Leaving a branch: every document of it since the fork is carried into `to` whole,
+        // the ones this node had retired too (a task that ended in one of them may be live
+        // in `to`, brought there by a late write of a document both branches share).
+        if sideways {
+            for (d, e) in branch_since_fork(&from_lineage, &to_lineage, Some(&q.root)) {
+                if d == from || d == to {
+                    continue;
+                }
+                q.rejected.remove(&d);
+                q.sealed.insert(
+                    d.clone(),
+                    Sealed {
+                        into: to.clone(),
+                        carried: vec![],
+                        dirty: true,
+                        epoch: e,
+                        since: now.mono,
+                    },
+                );
+                self.epoch_docs.insert(d, id.clone());
+            }
+        }
         q.epoch = epoch_no;
         q.cache = ViewCache::new();
         q.fetching.remove(&to);
@@ -2002,10 +2067,37 @@ impl Core {
 
     /// Carries the late writes of every sealed epoch that changed into its successor.
     fn carry_late(&mut self, now: Time, id: &QueueId) {
-        let Some(q) = self.queues.get_mut(id) else {
-            return;
+        // A carry that brings a task into a document lets what a losing branch recorded of
+        // it (its end, say) follow in the same turn: a few rounds at most.
+        for _ in 0..MAX_CARRY_ROUNDS {
+            if !self.carry_round(now, id) {
+                break;
+            }
+        }
+    }
+
+    /// Whether sealed document `from` is off the chain of `into` (a losing branch's): its
+    /// late writes are carried whole.
+    fn off_chain(&self, id: &QueueId, from: &DocId, into: &DocId) -> bool {
+        let Some(target) = self.replica.get(into) else {
+            return false;
         };
-        let dirty: Vec<(DocId, DocId, Vec<ChangeHash>)> = q
+        let root = self.queues.get(id).map(|q| &q.root);
+        root != Some(from)
+            && epoch::read_prev(target).is_none_or(|p| p.doc != from.as_str())
+            && !epoch::read_lineage(target)
+                .iter()
+                .any(|l| l.doc == from.as_str())
+    }
+
+    /// One round of [`Self::carry_late`]: the documents of the target's chain first, then the
+    /// losing branches'. True if a carry brought tasks into a document that a losing branch
+    /// carries into, which is then carried again whole.
+    fn carry_round(&mut self, now: Time, id: &QueueId) -> bool {
+        let Some(q) = self.queues.get_mut(id) else {
+            return false;
+        };
+        let mut dirty: Vec<(DocId, DocId, Vec<ChangeHash>)> = q
             .sealed
             .iter_mut()
             .filter(|(_, s)| s.dirty)
@@ -2014,7 +2106,24 @@ impl Core {
                 (d.clone(), s.into.clone(), s.carried.clone())
             })
             .collect();
+        // The chain first: a task a late write of the chain brings back in is there when a
+        // losing branch's record of its end is carried.
+        dirty.sort_by_cached_key(|(from, into, _)| self.off_chain(id, from, into));
+        // The documents that carries brought tasks into, and from where.
+        let mut grown: BTreeMap<DocId, BTreeSet<DocId>> = BTreeMap::new();
         for (from, into, since) in dirty {
+            if self
+                .replica
+                .get(&from)
+                .is_none_or(|d| d.get_heads().is_empty())
+            {
+                // Not in memory (a retired document a move brought back): load it first,
+                // unless no one has it.
+                if self.to_fetch(id, &from) {
+                    self.fetch_epoch(now, id, &from);
+                }
+                continue;
+            }
             // Claims written into a sealed epoch still fence.
             if let Some(c) = self.replica.get(&from).and_then(epoch::effective_claim) {
                 see(&mut self.seen, id, &c);
@@ -2065,13 +2174,7 @@ impl Core {
                     .iter()
                     .filter(|l| l.epoch >= first && l.doc != into.as_str())
                     .filter_map(|l| DocId::parse(&l.doc))
-                    .filter(|d| self.replica.get(d).is_none_or(|d| d.get_heads().is_empty()))
-                    .filter(|d| {
-                        !self
-                            .queues
-                            .get(id)
-                            .is_some_and(|q| q.unavailable.contains(d))
-                    })
+                    .filter(|d| self.to_fetch(id, d))
                     .collect();
                 if !missing.is_empty() {
                     for d in &missing {
@@ -2146,6 +2249,9 @@ impl Core {
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
+                    if c.tasks > 0 {
+                        grown.entry(into.clone()).or_default().insert(from.clone());
+                    }
                     if c.writes > 0 {
                         self.changed(&into);
                         self.events.push_back(Event::Epoch {
@@ -2170,6 +2276,30 @@ impl Core {
                 None => {}
             }
         }
+        // A losing branch's records of a task that was not in the target when they were
+        // carried were left behind: carry the branch again whole (carrying is idempotent).
+        let again: Vec<DocId> = self.queues.get(id).map_or(vec![], |q| {
+            q.sealed
+                .iter()
+                .filter(|(d, s)| {
+                    grown
+                        .get(&s.into)
+                        .is_some_and(|g| g.iter().any(|f| f != *d))
+                        && self.off_chain(id, d, &s.into)
+                })
+                .map(|(d, _)| d.clone())
+                .collect()
+        });
+        let Some(q) = self.queues.get_mut(id) else {
+            return false;
+        };
+        for d in &again {
+            if let Some(s) = q.sealed.get_mut(d) {
+                s.dirty = true;
+                s.carried = vec![];
+            }
+        }
+        !again.is_empty()
     }
 
     /// As the queue's active router, seals the current epoch into a successor holding what is

@@ -510,6 +510,9 @@ pub struct Carried {
     /// Keys left behind: records of tasks that are not in the successor (finished before the
     /// seal), and values that are not packed records.
     pub skipped: usize,
+    /// Of the writes, task entries: tasks that were not in the successor before. Another
+    /// document's records of such a task, left behind before it arrived, can now be carried.
+    pub tasks: usize,
     /// `from`'s heads: pass them as `since` next time.
     pub heads: Vec<ChangeHash>,
 }
@@ -643,6 +646,7 @@ pub fn carry(
     })
     .map_err(|f| f.error)?;
     out.writes += writes.len();
+    out.tasks = writes.keys().filter(|(i, _)| *i == 0).count();
     out.skipped = touched.len() - writes.len();
     Ok(out)
 }
