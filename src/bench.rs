@@ -37,6 +37,8 @@ use piecework_queue_doc::{
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
+mod processes;
+
 /// The most tasks the Automerge floor is measured over (it stays quick).
 pub const FLOOR_MAX_TASKS: usize = 20_000;
 /// How many fsyncs `fsync_ms` is the median of.
@@ -105,8 +107,16 @@ pub struct Options {
     /// Rotate the queue document past twice this many live tasks (`None`: the nodes'
     /// default).
     pub rotate_min_live: Option<usize>,
+    /// Hold the throughput phase's live tasks (submitted and not yet final on the observing
+    /// node) at most this many (`None`: only the window bounds the submitter).
+    pub max_live: Option<usize>,
     /// Submit the throughput phase through each node's HTTP API instead of its handle.
     pub http: bool,
+    /// Run each node as its own `piecework node` process (this executable), fed and
+    /// watched through HTTP and killed with SIGKILL.
+    pub processes: bool,
+    /// The `piecework` executable `--processes` starts (`None`: this one).
+    pub exe: Option<PathBuf>,
     /// Show phases and a progress bar on stderr.
     pub progress: bool,
 }
@@ -123,7 +133,10 @@ impl Default for Options {
             window: 256,
             batch: 64,
             rotate_min_live: None,
+            max_live: None,
             http: false,
+            processes: false,
+            exe: None,
             progress: true,
         }
     }
@@ -148,6 +161,11 @@ impl Options {
         }
         if self.window < 1 {
             bail!("--window must be at least 1");
+        }
+        if let Some(l) = self.max_live
+            && l < self.batch
+        {
+            bail!("--max-live must be at least --batch ({})", self.batch);
         }
         if !(1..=api::MAX_BATCH).contains(&self.batch) {
             bail!("--batch must be in [1, {}]", api::MAX_BATCH);
@@ -229,6 +247,13 @@ pub struct Report {
     pub submit_rate_first_10pct: Option<f64>,
     /// The same over the last 10%.
     pub submit_rate_last_10pct: Option<f64>,
+    /// Outcomes per second over the first 10% of the throughput tasks to end, as the
+    /// observing node saw them: from the first submit to the moment a tenth had ended.
+    pub done_rate_first_10pct: Option<f64>,
+    /// The same over the last 10% to end: from the moment 90% had ended to the last.
+    pub done_rate_last_10pct: Option<f64>,
+    /// The `--max-live` bound (`None`: none).
+    pub max_live: Option<usize>,
     /// Tasks in the latency phase.
     pub latency_samples: usize,
     /// From the wall clock just before the submit to the attempt's `started.at` (the worker's
@@ -274,9 +299,14 @@ pub struct Report {
     /// Loading that largest document and reading its view, in ms (what opening the queue
     /// costs a node).
     pub queue_doc_load_ms: Option<f64>,
-    /// This process's peak resident set, in MiB: every node of the cluster and the bench
-    /// itself, as they all run in this one process.
+    /// This process's peak resident set, in MiB: with the nodes in process, every node of
+    /// the cluster and the bench itself.
     pub process_peak_rss_mib: Option<f64>,
+    /// Whether the nodes ran as separate processes (`--processes`).
+    pub processes: bool,
+    /// With `--processes`: each node's peak resident set (`VmHWM`, sampled at the phases'
+    /// ends and before each kill, the largest over its lives), in MiB; empty otherwise.
+    pub peak_rss_mib: Vec<Option<f64>>,
     /// The whole run, probes and cluster start included.
     pub elapsed_s: f64,
 }
@@ -526,7 +556,77 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         "fsync p50 {fsync_ms:.2} ms; floor {floor_tasks_per_s:.0} tasks/s"
     ));
 
-    let mut cluster = Cluster::start(opts, dir.path()).await?;
+    let m = if opts.processes {
+        with_processes(opts, &display, dir.path()).await?
+    } else {
+        in_process(opts, &display, dir.path()).await?
+    };
+
+    Ok(Report {
+        nodes: opts.nodes,
+        workers: opts.workers,
+        kind: opts.kind,
+        throughput_tasks: opts.tasks,
+        window: opts.window,
+        batch: opts.batch,
+        submit_via: if opts.http || opts.processes {
+            "http"
+        } else {
+            "handle"
+        },
+        throughput_tasks_per_s: m.tp.tasks_per_s,
+        submit_rate_first_10pct: m.tp.first_rate,
+        submit_rate_last_10pct: m.tp.last_rate,
+        done_rate_first_10pct: m.tp.done_first_rate,
+        done_rate_last_10pct: m.tp.done_last_rate,
+        max_live: opts.max_live,
+        latency_samples: opts.latency_samples,
+        submit_to_start_ms: Percentiles::of(&m.to_start),
+        submit_to_done_ms: Percentiles::of(&m.to_done),
+        failovers: opts.failovers,
+        failover_ms: Percentiles::of(&m.failover),
+        unforced_takeovers: (m.last_term.saturating_sub(m.first_term))
+            .saturating_sub(opts.failovers as u64),
+        tasks: m.tasks,
+        succeeded: m.succeeded,
+        lost: m.tasks - m.succeeded,
+        duplicates: m.duplicates,
+        fsync_ms,
+        floor_tasks,
+        floor_tasks_per_s,
+        ratio_to_floor: m.tp.tasks_per_s / floor_tasks_per_s,
+        machine: machine(),
+        commit: commit(),
+        epochs: m.epochs,
+        queue_doc_bytes_max: m.queue_doc_bytes,
+        queue_doc_load_ms: m.queue_doc_load_ms,
+        process_peak_rss_mib: peak_rss_mib(),
+        processes: opts.processes,
+        peak_rss_mib: m.peak_rss,
+        elapsed_s: t_run.elapsed().as_secs_f64(),
+    })
+}
+
+/// What one way of running the cluster measured.
+struct Measured {
+    tp: Throughput,
+    to_start: Vec<f64>,
+    to_done: Vec<f64>,
+    failover: Vec<f64>,
+    first_term: u64,
+    last_term: u64,
+    tasks: usize,
+    succeeded: usize,
+    duplicates: usize,
+    epochs: u64,
+    queue_doc_bytes: Option<usize>,
+    queue_doc_load_ms: Option<f64>,
+    peak_rss: Vec<Option<f64>>,
+}
+
+/// The nodes in this process, each on its own runtime, driven through their handles.
+async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::Result<Measured> {
+    let mut cluster = Cluster::start(opts, root).await?;
     let first_term = cluster.router(0).await?.term;
     display.say(format!(
         "started {} node(s) with {} workers each; queue {}",
@@ -540,7 +640,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         cluster.queue.clone(),
         kept.clone(),
     ));
-    let tp = throughput(&cluster, opts, &display).await;
+    let tp = throughput(&cluster, opts, display).await;
     sampling.abort();
     let _ = sampling.await;
     let largest = kept.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -556,11 +656,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         None => None,
     };
 
-    let (to_start, to_done) = latency(&cluster, opts, &display, &mut all).await?;
+    let (to_start, to_done) = latency(&cluster, opts, display, &mut all).await?;
 
     let mut failover = Vec::new();
     for round in 0..opts.failovers {
-        failover.push(failover_round(&mut cluster, opts, &display, round, &mut all).await?);
+        failover.push(failover_round(&mut cluster, opts, display, round, &mut all).await?);
     }
 
     display.say(format!("checks: waiting for all {} tasks", all.len()));
@@ -590,60 +690,81 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
                     summary = s;
                     (summary.state, &summary.attempts)
                 }
-                Err(_) => continue,
+                Err(e) => {
+                    display.say(format!("lost: task {id}: {e}"));
+                    continue;
+                }
             },
         };
         if state == TaskState::Succeeded {
             succeeded += 1;
+        } else {
+            display.say(format!(
+                "lost: task {id} is {state:?}; attempts {}",
+                serde_json::to_string(attempts).unwrap_or_default()
+            ));
         }
-        let ok = attempts
-            .iter()
-            .filter(|a| {
-                a.finished
-                    .as_ref()
-                    .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
-            })
-            .count();
-        if ok > 1 {
+        if succeeded_attempts(attempts) > 1 {
             duplicates += 1;
         }
     }
     drop(rx);
     drop(cluster);
 
-    Ok(Report {
-        nodes: opts.nodes,
-        workers: opts.workers,
-        kind: opts.kind,
-        throughput_tasks: opts.tasks,
-        window: opts.window,
-        batch: opts.batch,
-        submit_via: if opts.http { "http" } else { "handle" },
-        throughput_tasks_per_s: tp.tasks_per_s,
-        submit_rate_first_10pct: tp.first_rate,
-        submit_rate_last_10pct: tp.last_rate,
-        latency_samples: opts.latency_samples,
-        submit_to_start_ms: Percentiles::of(&to_start),
-        submit_to_done_ms: Percentiles::of(&to_done),
-        failovers: opts.failovers,
-        failover_ms: Percentiles::of(&failover),
-        unforced_takeovers: (last_term.saturating_sub(first_term))
-            .saturating_sub(opts.failovers as u64),
+    Ok(Measured {
+        tp,
+        to_start,
+        to_done,
+        failover,
+        first_term,
+        last_term,
         tasks: all.len(),
         succeeded,
-        lost: all.len() - succeeded,
         duplicates,
-        fsync_ms,
-        floor_tasks,
-        floor_tasks_per_s,
-        ratio_to_floor: tp.tasks_per_s / floor_tasks_per_s,
-        machine: machine(),
-        commit: commit(),
         epochs: view.epoch + 1,
-        queue_doc_bytes_max: largest.as_ref().map(|l| l.bytes.len()),
+        queue_doc_bytes: largest.as_ref().map(|l| l.bytes.len()),
         queue_doc_load_ms,
-        process_peak_rss_mib: peak_rss_mib(),
-        elapsed_s: t_run.elapsed().as_secs_f64(),
+        peak_rss: vec![],
+    })
+}
+
+/// Each node its own process, driven through HTTP ([`processes`]).
+async fn with_processes(
+    opts: &Options,
+    display: &Display,
+    root: &Path,
+) -> anyhow::Result<Measured> {
+    let mut procs = processes::Procs::start(opts, root).await?;
+    display.say(format!(
+        "started {} node process(es) with {} workers each; queue {}",
+        opts.nodes, opts.workers, procs.queue
+    ));
+    let first_term = procs.router_term(0).await?;
+    let mut all: Vec<TaskId> = Vec::new();
+    let tp = processes::throughput(&mut procs, opts, display).await?;
+    all.extend(tp.ids.iter().cloned());
+    let (to_start, to_done) = processes::latency(&procs, opts, display, &mut all).await?;
+    procs.sample_rss();
+    let mut failover = Vec::new();
+    for round in 0..opts.failovers {
+        failover.push(processes::failover_round(&mut procs, opts, display, round, &mut all).await?);
+    }
+    let (succeeded, duplicates, last_term, epoch) = processes::check(&procs, &all, display).await?;
+    procs.sample_rss();
+    Ok(Measured {
+        tp,
+        to_start,
+        to_done,
+        failover,
+        first_term,
+        last_term,
+        tasks: all.len(),
+        succeeded,
+        duplicates,
+        epochs: epoch + 1,
+        queue_doc_bytes: None,
+        queue_doc_load_ms: None,
+        peak_rss: procs.peak_rss(),
     })
 }
 
@@ -698,7 +819,11 @@ fn load_ms(bytes: &[u8]) -> anyhow::Result<f64> {
 
 /// This process's peak resident set (`VmHWM`), in MiB; `None` where `/proc` has no such line.
 fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    vm_hwm_mib(&std::fs::read_to_string("/proc/self/status").ok()?)
+}
+
+/// The `VmHWM` line of a `/proc/PID/status` text, in MiB.
+fn vm_hwm_mib(status: &str) -> Option<f64> {
     let kb: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))?
@@ -710,11 +835,41 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// The wall-clock start (unix ms) of the attempt that succeeded, or else of the last one
+/// that started.
+fn started_at(status: &api::TaskStatus) -> Option<u64> {
+    status
+        .attempts
+        .iter()
+        .filter(|a| a.started.is_some())
+        .max_by_key(|a| {
+            a.finished
+                .as_ref()
+                .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+        })
+        .and_then(|a| a.started.as_ref())
+        .map(|s| s.at)
+}
+
+/// How many of `attempts` succeeded.
+fn succeeded_attempts(attempts: &[piecework_queue_doc::Attempt]) -> usize {
+    attempts
+        .iter()
+        .filter(|a| {
+            a.finished
+                .as_ref()
+                .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+        })
+        .count()
+}
+
 struct Throughput {
     ids: Vec<TaskId>,
     tasks_per_s: f64,
     first_rate: Option<f64>,
     last_rate: Option<f64>,
+    done_first_rate: Option<f64>,
+    done_last_rate: Option<f64>,
 }
 
 async fn throughput(
@@ -723,14 +878,6 @@ async fn throughput(
     display: &Display,
 ) -> anyhow::Result<Throughput> {
     let m = opts.tasks;
-    display.say(format!(
-        "throughput: {m} {} tasks, round-robin over {} node(s), in batches of {}, at most {} in flight",
-        opts.kind.name(),
-        opts.nodes,
-        opts.batch,
-        opts.window
-    ));
-    display.start(m, "acknowledged");
     let handles = cluster.handles();
     // With --http: an HTTP API per node on loopback, served on this runtime.
     let mut clients = Vec::new();
@@ -745,6 +892,114 @@ async fn throughput(
         }
     }
     let mut rx = cluster.watch(0)?;
+    // Outcomes as node 0 sees them, recorded as they come: (when, how many had ended).
+    let base = {
+        let c = rx.borrow().total_counts();
+        c.succeeded + c.failed
+    };
+    let (ended_tx, ended_rx) = watch::channel(0usize);
+    let mut outcomes = {
+        let mut rx = cluster.watch(0)?;
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut last = 0;
+            while rx.changed().await.is_ok() {
+                let c = rx.borrow_and_update().total_counts();
+                let done = (c.succeeded + c.failed).saturating_sub(base);
+                if done > last {
+                    last = done;
+                    seen.push((Instant::now(), done));
+                    ended_tx.send_replace(done);
+                }
+                if done >= m {
+                    break;
+                }
+            }
+            seen
+        })
+    };
+    let q = &cluster.queue;
+    let (ids, acks, t0) = submit_all(opts, display, ended_rx, |turn, reqs| {
+        let h = handles[turn % handles.len()].clone();
+        let client = clients.get(turn % handles.len().max(1)).cloned();
+        async move {
+            match client {
+                Some(c) => submit_http(&c, q, reqs).await,
+                None => submit_batch(&h, q, reqs).await,
+            }
+        }
+    })
+    .await?;
+    display.start(m, "done");
+    let end = wait_final(&mut rx, m, deadline_for(m), Some(&display.bar)).await?;
+    let seen = tokio::time::timeout(Duration::from_secs(10), &mut outcomes)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    outcomes.abort();
+    Ok(Throughput::of(ids, &acks, t0, end, &seen, display))
+}
+
+impl Throughput {
+    /// The phase's figures: `ids` acknowledged at `acks` (in order), the first submit at
+    /// `t0`, the last outcome seen at `end`, and the outcomes as they were seen.
+    fn of(
+        ids: Vec<TaskId>,
+        acks: &[Instant],
+        t0: Instant,
+        end: Instant,
+        seen: &[(Instant, usize)],
+        display: &Display,
+    ) -> Throughput {
+        let m = ids.len();
+        let span = end.duration_since(t0).as_secs_f64();
+        let tasks_per_s = m as f64 / span;
+        display.say(format!(
+            "throughput: {tasks_per_s:.0} tasks/s ({m} in {span:.2} s)"
+        ));
+        let slice = m.div_ceil(10);
+        let (done_first_rate, done_last_rate) = done_rates(seen, t0, m);
+        Throughput {
+            ids,
+            tasks_per_s,
+            first_rate: rate(&acks[..slice]),
+            last_rate: rate(&acks[m - slice..]),
+            done_first_rate,
+            done_last_rate,
+        }
+    }
+}
+
+/// The submitting half of the throughput phase: `opts.tasks` tasks in batches of
+/// `opts.batch`, the `turn`-th batch through `submit(turn, batch)`, at most `opts.window` in
+/// flight and, with `opts.max_live`, at most that many submitted and not yet ended (`ended`
+/// counts the ended ones). Returns the tasks, when each was acknowledged, and when the first
+/// submit went out.
+async fn submit_all<F, Fut>(
+    opts: &Options,
+    display: &Display,
+    mut ended: watch::Receiver<usize>,
+    mut submit: F,
+) -> anyhow::Result<(Vec<TaskId>, Vec<Instant>, Instant)>
+where
+    F: FnMut(usize, Vec<api::SubmitTask>) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Vec<TaskId>>>,
+{
+    let m = opts.tasks;
+    display.say(format!(
+        "throughput: {m} {} tasks, round-robin over {} node(s){}, in batches of {}, at most {} in flight",
+        opts.kind.name(),
+        opts.nodes,
+        if opts.processes {
+            " (each its own process, through HTTP)"
+        } else {
+            ""
+        },
+        opts.batch,
+        opts.window
+    ));
+    display.start(m, "acknowledged");
     let mut ids = Vec::with_capacity(m);
     let mut acks = Vec::with_capacity(m);
     let mut inflight = FuturesUnordered::new();
@@ -759,23 +1014,24 @@ async fn throughput(
         anyhow::Ok(n)
     };
     let t0 = Instant::now();
-    let mut i = 0;
-    let mut turn = 0;
+    let (mut i, mut turn) = (0, 0);
     while i < m {
-        let h = handles[turn % handles.len()].clone();
-        let client = clients.get(turn % handles.len().max(1)).cloned();
-        turn += 1;
-        let q = cluster.queue.clone();
         let n = opts.batch.min(m - i);
+        if let Some(limit) = opts.max_live {
+            // Submitted or in flight, and not yet ended: wait for outcomes to make room,
+            // driving the submits in flight meanwhile.
+            while i + n > limit + *ended.borrow_and_update() {
+                tokio::select! {
+                    r = ended.changed() => r.context("the count of outcomes stopped")?,
+                    Some(r) = inflight.next(), if !inflight.is_empty() => in_flight -= take(r)?,
+                }
+            }
+        }
         let reqs: Vec<api::SubmitTask> = (i..i + n).map(|j| opts.kind.request(j)).collect();
+        inflight.push(submit(turn, reqs));
+        turn += 1;
         i += n;
         in_flight += n;
-        inflight.push(async move {
-            match client {
-                Some(c) => submit_http(&c, &q, reqs).await,
-                None => submit_batch(&h, &q, reqs).await,
-            }
-        });
         while in_flight >= opts.window {
             let r = inflight.next().await.expect("a submit in flight");
             in_flight -= take(r)?;
@@ -788,20 +1044,7 @@ async fn throughput(
         "all {m} acknowledged after {:.2} s; waiting for their outcomes",
         t0.elapsed().as_secs_f64()
     ));
-    display.start(m, "done");
-    let end = wait_final(&mut rx, m, deadline_for(m), Some(&display.bar)).await?;
-    let span = end.duration_since(t0).as_secs_f64();
-    let tasks_per_s = m as f64 / span;
-    let slice = m.div_ceil(10);
-    display.say(format!(
-        "throughput: {tasks_per_s:.0} tasks/s ({m} in {span:.2} s)"
-    ));
-    Ok(Throughput {
-        ids,
-        tasks_per_s,
-        first_rate: rate(&acks[..slice]),
-        last_rate: rate(&acks[m - slice..]),
-    })
+    Ok((ids, acks, t0))
 }
 
 /// Submits one task with `submit`, or several with `submit_many`; every one must be taken.
@@ -853,6 +1096,22 @@ async fn submit_http(
     taken(entries)
 }
 
+/// Outcomes per second over the first and the last tenth of `m` tasks to end, from `seen`
+/// ((when, how many had ended), in order) and the first submit `t0`.
+fn done_rates(seen: &[(Instant, usize)], t0: Instant, m: usize) -> (Option<f64>, Option<f64>) {
+    let slice = m.div_ceil(10);
+    let at = |n: usize| seen.iter().find(|(_, d)| *d >= n).map(|(t, _)| *t);
+    let per_s = |n: usize, from: Instant, to: Instant| {
+        let span = to.duration_since(from).as_secs_f64();
+        (span > 0.0).then(|| n as f64 / span)
+    };
+    let first = at(slice).and_then(|t| per_s(slice, t0, t));
+    let last = at(m - slice)
+        .zip(at(m))
+        .and_then(|(from, to)| per_s(slice, from, to));
+    (first, last)
+}
+
 /// Acknowledgements per second within a slice: those after the first over the span from the
 /// first to the last; `None` if the slice has fewer than 2 or spans no time.
 fn rate(acks: &[Instant]) -> Option<f64> {
@@ -867,57 +1126,75 @@ async fn latency(
     display: &Display,
     all: &mut Vec<TaskId>,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let handles = cluster.handles();
+    let queue = &cluster.queue;
+    measure_latency(opts, display, all, "", |i, req| {
+        let h = handles[i % handles.len()].clone();
+        async move {
+            let id = h
+                .submit(queue, req)
+                .await
+                .context("a latency submit failed")?
+                .task_id;
+            let status = h
+                .wait_task(&id, Duration::from_secs(60))
+                .await
+                .with_context(|| format!("waiting for latency task {id}"))?;
+            Ok(status)
+        }
+    })
+    .await
+}
+
+/// The latency phase's loop: `run_one(i, task)` submits task `i` and waits for its outcome.
+/// Returns the submit→start and submit→done samples, in ms.
+async fn measure_latency<F, Fut>(
+    opts: &Options,
+    display: &Display,
+    all: &mut Vec<TaskId>,
+    via: &str,
+    mut run_one: F,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)>
+where
+    F: FnMut(usize, api::SubmitTask) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<api::TaskStatus>>,
+{
     let s = opts.latency_samples;
     let (mut to_start, mut to_done) = (Vec::with_capacity(s), Vec::with_capacity(s));
     if s == 0 {
         return Ok((to_start, to_done));
     }
-    display.say(format!("latency: {s} tasks, one at a time"));
+    display.say(format!("latency: {s} tasks, one at a time{via}"));
     display.start(s, "latency");
-    let handles = cluster.handles();
     for i in 0..s {
-        let h = &handles[i % handles.len()];
         let req = opts.kind.request(opts.tasks + i);
         let wall = wall_ms();
         let t = Instant::now();
-        let id = h
-            .submit(&cluster.queue, req)
-            .await
-            .context("a latency submit failed")?
-            .task_id;
-        all.push(id.clone());
-        let status = h
-            .wait_task(&id, Duration::from_secs(60))
-            .await
-            .with_context(|| format!("waiting for latency task {id}"))?;
+        let status = run_one(i, req).await?;
         to_done.push(ms(t.elapsed()));
-        let started = status
-            .attempts
-            .iter()
-            .filter(|a| a.started.is_some())
-            .max_by_key(|a| {
-                a.finished
-                    .as_ref()
-                    .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
-            })
-            .and_then(|a| a.started.as_ref())
+        let id = status.id.clone();
+        let at = started_at(&status)
             .with_context(|| format!("latency task {id} ended without a started attempt"))?;
-        to_start.push(started.at.saturating_sub(wall) as f64);
+        to_start.push(at.saturating_sub(wall) as f64);
+        all.push(id);
         display.bar.inc(1);
     }
     Ok((to_start, to_done))
 }
 
-/// Submits a task through `h` every [`TRICKLE_EVERY`] until `stop`; returns the tasks
-/// acknowledged. `acked` counts them as they come.
-async fn trickle(
-    h: NodeHandle,
-    queue: QueueId,
+/// Submits task `first`, `first + 1`, … with `submit` every [`TRICKLE_EVERY`] until `stop`;
+/// returns the tasks acknowledged. `acked` holds them as they come.
+async fn trickle<F, Fut>(
+    submit: F,
     kind: Kind,
     first: usize,
     mut stop: oneshot::Receiver<()>,
-    acked: watch::Sender<usize>,
-) -> anyhow::Result<Vec<TaskId>> {
+    acked: watch::Sender<Vec<TaskId>>,
+) -> anyhow::Result<Vec<TaskId>>
+where
+    F: Fn(api::SubmitTask) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<TaskId>>,
+{
     let mut tick = tokio::time::interval(TRICKLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut inflight = FuturesUnordered::new();
@@ -927,20 +1204,32 @@ async fn trickle(
         tokio::select! {
             _ = &mut stop => break,
             _ = tick.tick() => {
-                let (h, q, req) = (h.clone(), queue.clone(), kind.request(i));
-                inflight.push(async move { h.submit(&q, req).await });
+                inflight.push(submit(kind.request(i)));
                 i += 1;
             }
             Some(r) = inflight.next(), if !inflight.is_empty() => {
-                ids.push(r.context("a trickle submit failed")?.task_id);
-                acked.send_replace(ids.len());
+                ids.push(r.context("a trickle submit failed")?);
+                acked.send_replace(ids.clone());
             }
         }
     }
     while let Some(r) = inflight.next().await {
-        ids.push(r.context("a trickle submit failed")?.task_id);
+        ids.push(r.context("a trickle submit failed")?);
     }
     Ok(ids)
+}
+
+/// Waits until the trickle `acked` reports has its first task acknowledged (it flows before
+/// a kill).
+async fn flowing(acked: &mut watch::Receiver<Vec<TaskId>>) -> anyhow::Result<()> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        acked.wait_for(|ids| !ids.is_empty()),
+    )
+    .await
+    .context("the trickle's first task was not acknowledged within 30 s")?
+    .context("the trickle stopped")?;
+    Ok(())
 }
 
 /// One failover: returns the milliseconds from the kill to the first attempt assigned under
@@ -971,21 +1260,14 @@ async fn failover_round(
     display.bar.set_position(round as u64);
 
     let (stop, stop_rx) = oneshot::channel();
-    let (acked_tx, mut acked) = watch::channel(0usize);
-    let first = all.len();
-    let trickling = tokio::spawn(trickle(
-        via_handle.clone(),
-        cluster.queue.clone(),
-        opts.kind,
-        first,
-        stop_rx,
-        acked_tx,
-    ));
-    // The trickle flows before the kill.
-    tokio::time::timeout(Duration::from_secs(30), acked.wait_for(|&n| n > 0))
-        .await
-        .context("the trickle's first task was not acknowledged within 30 s")?
-        .context("the trickle stopped")?;
+    let (acked_tx, mut acked) = watch::channel(Vec::new());
+    let (h, q) = (via_handle.clone(), cluster.queue.clone());
+    let submit = move |req| {
+        let (h, q) = (h.clone(), q.clone());
+        async move { Ok(h.submit(&q, req).await?.task_id) }
+    };
+    let trickling = tokio::spawn(trickle(submit, opts.kind, all.len(), stop_rx, acked_tx));
+    flowing(&mut acked).await?;
 
     let node = cluster.nodes[victim]
         .take()
@@ -1213,6 +1495,14 @@ pub fn print_report(r: &Report) {
         fmt_rate(r.submit_rate_last_10pct)
     );
     println!(
+        "outcome rate             first 10% {}/s, last 10% {}/s{}",
+        fmt_rate(r.done_rate_first_10pct),
+        fmt_rate(r.done_rate_last_10pct),
+        r.max_live
+            .map(|l| format!(" (at most {l} live)"))
+            .unwrap_or_default()
+    );
+    println!(
         "submit → start (ms)      {}  ({} samples)",
         fmt_p(&r.submit_to_start_ms),
         r.latency_samples
@@ -1264,6 +1554,24 @@ mod tests {
         let one = Percentiles::of(&[7.0]).unwrap();
         assert_eq!((one.p50, one.p99, one.max), (7.0, 7.0, 7.0));
         assert!(Percentiles::of(&[]).is_none());
+    }
+
+    #[test]
+    fn outcome_rates_cover_the_first_and_last_tenth() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // 100 tasks: the first 10 ended by 1 s, the 90th at 5 s, the last at 7 s.
+        let seen = vec![
+            (at(1000), 10),
+            (at(3000), 50),
+            (at(5000), 90),
+            (at(7000), 100),
+        ];
+        let (first, last) = done_rates(&seen, t0, 100);
+        assert_eq!(first, Some(10.0));
+        assert_eq!(last, Some(5.0));
+        // Never saw the end: no last rate.
+        assert_eq!(done_rates(&seen[..2], t0, 100).1, None);
     }
 
     #[test]

@@ -45,6 +45,10 @@ enum Command {
         /// Task workers in this node's pool (default: one per core).
         #[arg(long)]
         workers: Option<u32>,
+        /// Rotate a queue document once its finished tasks outweigh twice this many live
+        /// ones (default: 512). Smaller keeps the document smaller and rotates more often.
+        #[arg(long)]
+        rotate_min_live: Option<usize>,
     },
     /// Create or join queues.
     Queue {
@@ -110,10 +114,19 @@ enum Command {
         /// ones (the nodes' default: 512). A small number forces rotations in a short run.
         #[arg(long)]
         rotate_min_live: Option<usize>,
+        /// Hold the throughput phase's live tasks (submitted, not yet succeeded or failed)
+        /// at most this many: the submitter waits for outcomes. Without it, submits run as
+        /// far ahead of the workers as the window lets them.
+        #[arg(long)]
+        max_live: Option<usize>,
         /// Submit the throughput phase through each node's HTTP API (batches posted as JSON
         /// arrays to `/v1/queues/{id}/tasks`) instead of the in-process `NodeHandle`.
         #[arg(long)]
         http: bool,
+        /// Run each node as a separate `piecework node` process, fed and watched through its
+        /// HTTP API and killed with SIGKILL; reports each node's peak memory.
+        #[arg(long)]
+        processes: bool,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -214,7 +227,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             bootstrap,
             http,
             workers,
-        } => run_node(data_dir, listen, bootstrap, http, workers).await,
+            rotate_min_live,
+        } => run_node(data_dir, listen, bootstrap, http, workers, rotate_min_live).await,
         Command::Demo {
             nodes,
             tasks,
@@ -255,7 +269,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             window,
             batch,
             rotate_min_live,
+            max_live,
             http,
+            processes,
             json,
         } => {
             let opts = piecework::bench::Options {
@@ -268,7 +284,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 window,
                 batch,
                 rotate_min_live,
+                max_live,
                 http,
+                processes,
+                exe: None,
                 progress: true,
             };
             let report = piecework::bench::run(&opts).await?;
@@ -430,10 +449,17 @@ async fn run_node(
     bootstrap: Vec<Multiaddr>,
     http: SocketAddr,
     workers: Option<u32>,
+    rotate_min_live: Option<usize>,
 ) -> anyhow::Result<()> {
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
     config.listen = listen;
     config.bootstrap = bootstrap;
+    if let Some(m) = rotate_min_live {
+        if m == 0 {
+            bail!("--rotate-min-live must be at least 1");
+        }
+        config.rotation = Some((node::ROTATE_RATIO, m));
+    }
     if let Some(w) = workers {
         if w == 0 {
             bail!("--workers must be at least 1");

@@ -74,6 +74,47 @@ async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
     assert_eq!(r.duplicates, 0, "{json}");
 }
 
+/// `--processes`: each node a `piecework node` process of the built executable, fed through
+/// HTTP, its router killed with SIGKILL and restarted. No timing is asserted: every task done,
+/// the failover measured, and a peak resident set read for each node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_of_node_processes_with_a_sigkill_loses_nothing() {
+    let opts = Options {
+        nodes: 2,
+        workers: 2,
+        tasks: 300,
+        kind: Kind::Noop,
+        failovers: 1,
+        latency_samples: 5,
+        max_live: Some(100),
+        processes: true,
+        exe: Some(env!("CARGO_BIN_EXE_piecework").into()),
+        progress: false,
+        ..Options::default()
+    };
+    let r = bench::run(&opts).await.expect("the bench runs");
+    let json = serde_json::to_string(&r).expect("the report serializes");
+    assert!(r.processes, "{json}");
+    assert_eq!(r.submit_via, "http", "{json}");
+    assert_eq!(r.peak_rss_mib.len(), 2, "{json}");
+    assert!(
+        r.peak_rss_mib.iter().all(|m| m.is_some_and(|m| m > 0.0)),
+        "{json}"
+    );
+    assert!(r.failover_ms.is_some(), "{json}");
+    assert!(r.tasks > 300 + 5, "{json}");
+    assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
+    assert_eq!(r.lost, 0, "{json}");
+    assert!(
+        r.duplicates <= r.workers as usize * opts.failovers,
+        "{json}"
+    );
+    assert!(
+        r.done_rate_first_10pct.is_some() && r.done_rate_last_10pct.is_some(),
+        "{json}"
+    );
+}
+
 #[tokio::test]
 async fn the_bench_refuses_bad_arguments() {
     let cases = [
@@ -98,6 +139,14 @@ async fn the_bench_refuses_bad_arguments() {
                 ..Options::default()
             },
             "at least 2 nodes",
+        ),
+        (
+            Options {
+                max_live: Some(10),
+                batch: 64,
+                ..Options::default()
+            },
+            "--max-live",
         ),
     ];
     for (opts, says) in cases {

@@ -109,6 +109,9 @@ pub struct QueueStatus {
     pub members: usize,
     /// Whether routing is paused.
     pub paused: bool,
+    /// The queue document's epoch this node is on (0 until the first rotation): how many
+    /// times the queue document was rotated into a successor that carries only live tasks.
+    pub epoch: u64,
     /// Task counts by state, over the queue's whole life (tasks that ended in earlier epochs
     /// count as succeeded or failed).
     pub tasks: StateCounts,

@@ -62,6 +62,8 @@ enum DocWaiter {
 struct Sealed {
     /// The document its late writes are carried into.
     into: DocId,
+    /// That document's epoch number.
+    into_epoch: u64,
     /// Its heads carried so far.
     carried: Vec<ChangeHash>,
     /// It changed since the last carry.
@@ -1171,6 +1173,7 @@ impl Core {
                     role: role.to_owned(),
                     members: q.view.members.len(),
                     paused: q.view.paused,
+                    epoch: q.epoch,
                     tasks: q.view.total_counts(),
                     config: q.view.config.clone(),
                 }
@@ -1904,6 +1907,7 @@ impl Core {
                 n.clone(),
                 Sealed {
                     into: to.clone(),
+                    into_epoch: epoch_no,
                     carried: vec![],
                     dirty: true,
                     epoch: epoch_no,
@@ -1993,6 +1997,7 @@ impl Core {
                     d.clone(),
                     Sealed {
                         into: to.clone(),
+                        into_epoch: epoch_no,
                         carried: vec![],
                         dirty: true,
                         epoch: e,
@@ -2011,6 +2016,7 @@ impl Core {
             from.clone(),
             Sealed {
                 into: to.clone(),
+                into_epoch: epoch_no,
                 carried: vec![],
                 dirty: true,
                 epoch: from_epoch,
@@ -2024,10 +2030,15 @@ impl Core {
         for (d, s) in q.sealed.iter_mut() {
             if prev.as_ref().is_some_and(|p| p.doc == d.as_str()) {
                 s.into = to.clone();
+                s.into_epoch = epoch_no;
                 s.carried = prev.as_ref().map(|p| p.heads.clone()).unwrap_or_default();
                 s.dirty = true;
-            } else if s.into != to && s.into != root && !lineage.contains(s.into.as_str()) {
+            } else if s.into != to
+                && s.into != root
+                && !epoch::on_lineage(&to_lineage, s.into.as_str(), Some(s.into_epoch))
+            {
                 s.into = to.clone();
+                s.into_epoch = epoch_no;
                 s.carried = vec![];
                 s.dirty = true;
             }
@@ -2083,11 +2094,14 @@ impl Core {
             return false;
         };
         let root = self.queues.get(id).map(|q| &q.root);
+        let from_epoch = self
+            .replica
+            .get(from)
+            .and_then(epoch::read_epoch)
+            .map(|e| e.0);
         root != Some(from)
             && epoch::read_prev(target).is_none_or(|p| p.doc != from.as_str())
-            && !epoch::read_lineage(target)
-                .iter()
-                .any(|l| l.doc == from.as_str())
+            && !epoch::on_lineage(&epoch::read_lineage(target), from.as_str(), from_epoch)
     }
 
     /// One round of [`Self::carry_late`]: the documents of the target's chain first, then the
@@ -2140,8 +2154,8 @@ impl Core {
                 .and_then(epoch::read_epoch)
                 .map_or(0, |e| e.0);
             let direct = prev.as_ref().is_some_and(|p| p.doc == from.as_str());
-            let ancestor =
-                root.as_ref() == Some(&from) || lineage.iter().any(|l| l.doc == from.as_str());
+            let ancestor = root.as_ref() == Some(&from)
+                || epoch::on_lineage(&lineage, from.as_str(), Some(from_epoch));
             // The documents of the target's chain this node holds, newer than `from` if `from`
             // is on it: a task one of them indexes was carried along the chain already.
             let chain: Vec<DocId> = lineage

@@ -33,12 +33,19 @@ struct One {
 
 impl One {
     fn new() -> Self {
+        One::with(|_| {})
+    }
+
+    /// A core whose configuration `f` adjusts.
+    fn with(f: impl FnOnce(&mut Config)) -> Self {
         let t0 = Instant::now();
         let now = Time {
             mono: t0,
             unix_ms: 1_800_000_000_000,
         };
-        let core = Core::new(Config::new(PeerId::new("me"), 1, 2, 7), now);
+        let mut config = Config::new(PeerId::new("me"), 1, 2, 7);
+        f(&mut config);
+        let core = Core::new(config, now);
         let mut one = One {
             core,
             t0,
@@ -116,6 +123,23 @@ impl One {
         }
     }
 
+    /// Moves to `ms`, writes and loads what the core asks for, and ends every run it started
+    /// with a success.
+    fn step(&mut self, ms: u64) {
+        self.at(ms);
+        self.ack_saves();
+        self.answer_loads();
+        for run in std::mem::take(&mut self.runs) {
+            let ok = RunResult {
+                result: Ok(serde_json::json!(1)),
+                logs: vec![],
+            };
+            self.core.handle_run_ended(self.now, run.id, ok);
+            self.drain();
+        }
+        self.ack_saves();
+    }
+
     fn answer_loads(&mut self) {
         for doc in std::mem::take(&mut self.loads) {
             let chunks = self.disk.get(&doc).cloned().unwrap_or_default();
@@ -147,6 +171,18 @@ impl One {
                 max_attempts: None,
             },
         })
+    }
+}
+
+/// A queue with short timings: the lone node claims and runs tasks within a second.
+fn quick() -> QueueConfig {
+    QueueConfig {
+        heartbeat_ms: 100,
+        takeover_after_ms: 300,
+        settle_ms: 50,
+        pool_heartbeat_ms: 100,
+        lease_ms: 1_000,
+        ..QueueConfig::default()
     }
 }
 
@@ -251,14 +287,7 @@ fn a_failed_save_is_retried_and_a_submit_that_cannot_be_durable_gets_an_error() 
 #[test]
 fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
     let mut one = One::new();
-    let q = one.create_queue(QueueConfig {
-        heartbeat_ms: 100,
-        takeover_after_ms: 300,
-        settle_ms: 50,
-        pool_heartbeat_ms: 100,
-        lease_ms: 1_000,
-        ..QueueConfig::default()
-    });
+    let q = one.create_queue(quick());
     let cmd = one.submit(&q);
     one.ack_saves();
     one.ack_saves();
@@ -314,6 +343,67 @@ fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
     let sizes = one.core.sizes();
     assert_eq!(sizes["to_evict"], 0, "{sizes:?}");
     assert_eq!(sizes["runs"], 0, "{sizes:?}");
+}
+
+/// A queue rotated many more times than a lineage keeps links for: its first document (held
+/// as a sealed epoch for good) falls out of the current document's lineage. It once looked
+/// like a losing branch then and was carried again whole, which brought back as live the
+/// tasks it had carried at its seal (they ran twice, or stayed running for good).
+#[test]
+fn more_rotations_than_a_lineage_keeps_bring_no_task_back() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        // Sealed epochs leave the chain quickly: the first document's successor is long
+        // gone when the lineage no longer names it.
+        c.epoch_retain = Duration::from_secs(1);
+    });
+    let q = one.create_queue(quick());
+    let mut submitted_ids = Vec::new();
+    let mut done: std::collections::BTreeSet<piecework_queue_doc::TaskId> = Default::default();
+    let mut t = 0;
+    let target = 2 * piecework_queue_doc::epoch::MAX_LINEAGE as u64 + 10;
+    let mut rounds = 0;
+    while one.core.epoch(&q).map_or(0, |e| e.0) < target {
+        rounds += 1;
+        assert!(rounds < 5_000, "only {:?} epochs", one.core.epoch(&q));
+        // Two tasks in flight, so that each seal carries one that is live.
+        let cmds = [one.submit(&q), one.submit(&q)];
+        one.ack_saves();
+        one.ack_saves();
+        for cmd in cmds {
+            submitted_ids.push(submitted(one.reply(cmd)).unwrap().task_id);
+        }
+        t += 50;
+        one.step(t);
+        let view = one.core.view(&q).unwrap().clone();
+        for task in view.tasks().values() {
+            if task.state() == TaskState::Succeeded {
+                done.insert(task.id.clone());
+            } else {
+                assert!(
+                    !done.contains(&task.id),
+                    "epoch {}: {} came back as {:?}",
+                    view.epoch,
+                    task.id,
+                    task.state()
+                );
+            }
+        }
+    }
+    // Let the last ones finish.
+    for _ in 0..100 {
+        t += 50;
+        one.step(t);
+    }
+    let view = one.core.view(&q).unwrap().clone();
+    let c = view.total_counts();
+    assert_eq!(c.succeeded, submitted_ids.len(), "{c:?}");
+    assert_eq!(
+        c.pending + c.assigned + c.running + c.input_unavailable,
+        0,
+        "{c:?}"
+    );
 }
 
 /// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written

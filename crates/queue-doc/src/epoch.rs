@@ -65,6 +65,18 @@ pub struct Link {
     pub doc: String,
 }
 
+/// Whether the document `doc` of epoch `epoch` (if known) is on the chain `lineage` (as
+/// [`read_lineage`] gives it): named by it, or older than its oldest link once it was cut to
+/// [`MAX_LINEAGE`] (only the newest links are kept, and a document that old is taken to be
+/// an ancestor: no double seal outlives that many rotations).
+pub fn on_lineage(lineage: &[Link], doc: &str, epoch: Option<u64>) -> bool {
+    if lineage.iter().any(|l| l.doc == doc) {
+        return true;
+    }
+    let oldest = lineage.iter().map(|l| l.epoch).min().unwrap_or(0);
+    oldest > 1 && epoch.is_some_and(|e| e < oldest)
+}
+
 /// Orders two epoch documents of one queue by their lineages (each the links from the
 /// queue's first epoch to the document itself, as [`read_lineage`] gives them). At the first
 /// epoch where they differ, the greater seal (claim, then document id) wins, as in [`winner`];

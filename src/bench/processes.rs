@@ -1,0 +1,479 @@
+//! `piecework bench --processes`: the cluster as separate `piecework node` processes (this
+//! very executable), fed and watched through their HTTP APIs on loopback, and killed with
+//! SIGKILL. What only processes can show: each node's own peak resident set.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use piecework_node::api;
+use piecework_queue_doc::{Claim, QueueId, TaskId, TaskState};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{oneshot, watch};
+
+use super::{Display, Options, Throughput, deadline_for, submit_http, wall_ms};
+use crate::client::Client;
+
+/// How often the bench asks node 0 for its task counts while tasks run.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+/// One node process.
+struct Proc {
+    child: Child,
+    client: Client,
+    peer: String,
+    /// Its libp2p address with its peer id, to bootstrap from.
+    addr: String,
+}
+
+impl Proc {
+    /// `VmHWM` of the process, in MiB, while it runs.
+    fn peak_rss_mib(&self) -> Option<f64> {
+        let pid = self.child.id()?;
+        super::vm_hwm_mib(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    }
+}
+
+/// The node processes, by index; a killed node's slot is empty until it is restarted.
+pub(super) struct Procs {
+    exe: PathBuf,
+    root: PathBuf,
+    workers: u32,
+    rotate_min_live: Option<usize>,
+    nodes: Vec<Option<Proc>>,
+    pub(super) queue: QueueId,
+    /// The largest `VmHWM` seen per node, over its lives.
+    peak_rss: Vec<Option<f64>>,
+}
+
+impl Procs {
+    /// Starts the nodes, creates the queue on node 0, joins it from the others, and waits
+    /// until every node sees a router.
+    pub(super) async fn start(opts: &Options, root: &Path) -> anyhow::Result<Procs> {
+        let exe = match &opts.exe {
+            Some(e) => e.clone(),
+            None => std::env::current_exe().context("cannot find this executable")?,
+        };
+        let mut procs = Procs {
+            exe,
+            root: root.to_owned(),
+            workers: opts.workers,
+            rotate_min_live: opts.rotate_min_live,
+            nodes: Vec::new(),
+            queue: QueueId::new("none"),
+            peak_rss: vec![None; opts.nodes],
+        };
+        for i in 0..opts.nodes {
+            let bootstrap = procs
+                .nodes
+                .first()
+                .and_then(|n| n.as_ref())
+                .map(|n| n.addr.clone());
+            let p = procs.spawn(i, bootstrap).await?;
+            procs.nodes.push(Some(p));
+        }
+        let queue = procs
+            .client(0)?
+            .create_queue("bench", Some(crate::demo::demo_config()))
+            .await
+            .context("cannot create the queue")?;
+        procs.queue = queue.clone();
+        for i in 1..opts.nodes {
+            procs
+                .client(i)?
+                .join_queue(&queue)
+                .await
+                .with_context(|| format!("node {i} cannot join the queue"))?;
+        }
+        for i in 0..opts.nodes {
+            procs.router(i, None).await?;
+        }
+        Ok(procs)
+    }
+
+    /// Starts node `i` on its data directory and waits until it serves its HTTP API (it
+    /// prints the address once bound).
+    async fn spawn(&self, i: usize, bootstrap: Option<String>) -> anyhow::Result<Proc> {
+        let dir = self.root.join(format!("node{i}"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(format!("node{i}.log")))
+            .context("cannot create a node's log file")?;
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("node")
+            .arg("--data-dir")
+            .arg(&dir)
+            .args(["--listen", "/ip4/127.0.0.1/tcp/0", "--http", "127.0.0.1:0"])
+            .args(["--workers", &self.workers.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true);
+        if let Some(b) = bootstrap {
+            cmd.args(["--bootstrap", &b]);
+        }
+        if let Some(m) = self.rotate_min_live {
+            cmd.args(["--rotate-min-live", &m.to_string()]);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start node {i} ({})", self.exe.display()))?;
+        let out = child.stdout.take().context("no stdout")?;
+        let mut lines = BufReader::new(out).lines();
+        let (mut peer, mut addr, mut http) = (None, None, None);
+        let read = async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(p) = line.strip_prefix("peer id: ") {
+                    peer = Some(p.to_owned());
+                } else if let Some(a) = line.strip_prefix("listening on: ") {
+                    addr.get_or_insert(a.to_owned());
+                } else if let Some(h) = line.strip_prefix("http api: ") {
+                    http = Some(h.to_owned());
+                    break;
+                }
+            }
+            anyhow::Ok(())
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .with_context(|| format!("node {i} did not start within 60 s"))??;
+        let (Some(peer), Some(addr), Some(http)): (Option<String>, Option<String>, Option<String>) =
+            (peer, addr, http)
+        else {
+            bail!(
+                "node {i} exited before it served its HTTP API (see {})",
+                self.root.join(format!("node{i}.log")).display()
+            );
+        };
+        // Its stdout is not read again: let what it prints go nowhere.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Proc {
+            child,
+            client: Client::new(&http)?,
+            addr: format!("{addr}/p2p/{peer}"),
+            peer,
+        })
+    }
+
+    fn proc(&self, i: usize) -> anyhow::Result<&Proc> {
+        self.nodes[i]
+            .as_ref()
+            .with_context(|| format!("node {i} is not running"))
+    }
+
+    pub(super) fn client(&self, i: usize) -> anyhow::Result<Client> {
+        Ok(self.proc(i)?.client.clone())
+    }
+
+    pub(super) fn clients(&self) -> Vec<Client> {
+        self.nodes
+            .iter()
+            .flatten()
+            .map(|p| p.client.clone())
+            .collect()
+    }
+
+    /// The queue as node `i` sees it.
+    async fn queue_status(&self, i: usize) -> anyhow::Result<api::QueueStatus> {
+        let s = self.client(i)?.status().await?;
+        s.queues
+            .into_iter()
+            .find(|q| q.id == self.queue)
+            .with_context(|| format!("node {i} does not serve the queue"))
+    }
+
+    /// The router node `i` sees, once it sees one greater than `above`.
+    async fn router(&self, i: usize, above: Option<&Claim>) -> anyhow::Result<Claim> {
+        poll(Duration::from_secs(60), "a router", || async {
+            let q = self.queue_status(i).await.ok()?;
+            q.router.filter(|r| above.is_none_or(|a| r > a))
+        })
+        .await
+    }
+
+    /// The router's term as node `i` sees it, once it sees one.
+    pub(super) async fn router_term(&self, i: usize) -> anyhow::Result<u64> {
+        Ok(self.router(i, None).await?.term)
+    }
+
+    /// Tasks of the queue that ended, as node `i` counts them over the queue's life.
+    async fn ended(&self, i: usize) -> anyhow::Result<usize> {
+        let c = self.queue_status(i).await?.tasks;
+        Ok(c.succeeded + c.failed)
+    }
+
+    /// Records every node's `VmHWM` now.
+    pub(super) fn sample_rss(&mut self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Some(r) = n.as_ref().and_then(Proc::peak_rss_mib) {
+                let p = &mut self.peak_rss[i];
+                *p = Some(p.map_or(r, |p: f64| p.max(r)));
+            }
+        }
+    }
+
+    /// Each node's peak resident set over its lives, in MiB.
+    pub(super) fn peak_rss(&self) -> Vec<Option<f64>> {
+        self.peak_rss.clone()
+    }
+
+    /// The node whose peer id is `peer`.
+    fn index_of(&self, peer: &str) -> Option<usize> {
+        self.nodes
+            .iter()
+            .position(|n| n.as_ref().is_some_and(|p| p.peer == peer))
+    }
+}
+
+/// Calls `look` every [`POLL_EVERY`] until it finds something, up to `within`.
+async fn poll<T, F, Fut>(within: Duration, what: &str, mut look: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    tokio::time::timeout(within, async {
+        let mut tick = tokio::time::interval(POLL_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Some(t) = look().await {
+                return t;
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("timed out after {within:?} waiting for {what}"))
+}
+
+/// Waits until node `i` counts at least `total` ended tasks; returns when it saw it.
+async fn wait_ended(
+    procs: &Procs,
+    i: usize,
+    total: usize,
+    within: Duration,
+) -> anyhow::Result<Instant> {
+    poll(within, "every task to succeed or fail", || async {
+        let n = procs.ended(i).await.ok()?;
+        (n >= total).then(Instant::now)
+    })
+    .await
+}
+
+/// The throughput phase through the nodes' HTTP APIs.
+pub(super) async fn throughput(
+    procs: &mut Procs,
+    opts: &Options,
+    display: &Display,
+) -> anyhow::Result<Throughput> {
+    let m = opts.tasks;
+    let clients = procs.clients();
+    let base = procs.ended(0).await?;
+    // Node 0's count of ended tasks, polled while the phase runs.
+    let (ended_tx, ended_rx) = watch::channel(0usize);
+    let watcher = {
+        let c0 = procs.client(0)?;
+        let queue = procs.queue.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<(Instant, usize)> = Vec::new();
+            let mut tick = tokio::time::interval(POLL_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Ok(s) = c0.status().await else { continue };
+                let Some(q) = s.queues.into_iter().find(|q| q.id == queue) else {
+                    continue;
+                };
+                let done = (q.tasks.succeeded + q.tasks.failed).saturating_sub(base);
+                if seen.last().is_none_or(|(_, d)| done > *d) {
+                    seen.push((Instant::now(), done));
+                    ended_tx.send_replace(done);
+                }
+                if done >= m {
+                    return seen;
+                }
+            }
+        })
+    };
+    let q = &procs.queue;
+    let (ids, acks, t0) = super::submit_all(opts, display, ended_rx, |turn, reqs| {
+        let client = clients[turn % clients.len()].clone();
+        async move { submit_http(&client, q, reqs).await }
+    })
+    .await?;
+    procs.sample_rss();
+    display.start(m, "done");
+    let seen = tokio::time::timeout(deadline_for(m), watcher)
+        .await
+        .context("timed out waiting for every task to succeed or fail")?
+        .context("the watcher of node 0 panicked")?;
+    procs.sample_rss();
+    let end = seen.last().map_or(t0, |(t, _)| *t);
+    Ok(Throughput::of(ids, &acks, t0, end, &seen, display))
+}
+
+/// The latency phase: one task at a time, round-robin, each awaited through HTTP.
+pub(super) async fn latency(
+    procs: &Procs,
+    opts: &Options,
+    display: &Display,
+    all: &mut Vec<TaskId>,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let clients = procs.clients();
+    let queue = &procs.queue;
+    super::measure_latency(opts, display, all, ", through HTTP", |i, req| {
+        let c = clients[i % clients.len()].clone();
+        async move {
+            let id = c
+                .submit(queue, &req)
+                .await
+                .context("a latency submit failed")?
+                .task_id;
+            c.wait(&id, Duration::from_secs(60))
+                .await
+                .with_context(|| format!("waiting for latency task {id}"))
+        }
+    })
+    .await
+}
+
+/// One failover: SIGKILL the router's process; returns the milliseconds from the kill to the
+/// first attempt assigned under a greater claim, as the trickle's tasks record it.
+pub(super) async fn failover_round(
+    procs: &mut Procs,
+    opts: &Options,
+    display: &Display,
+    round: usize,
+    all: &mut Vec<TaskId>,
+) -> anyhow::Result<f64> {
+    let n = opts.nodes;
+    let observer = (0..n)
+        .find(|&i| procs.nodes[i].is_some())
+        .context("no node left")?;
+    let old = procs.router(observer, None).await?;
+    let victim = procs
+        .index_of(old.peer.as_str())
+        .context("the router is not one of the bench's nodes")?;
+    let via = (victim + 1) % n;
+    let c = procs.client(via)?;
+    display.say(format!(
+        "failover {}/{}: router is node {victim} (term {}); trickling tasks through node {via}",
+        round + 1,
+        opts.failovers,
+        old.term
+    ));
+    let (stop, stop_rx) = oneshot::channel();
+    let (acked_tx, mut acked) = watch::channel(Vec::new());
+    let (c2, q) = (c.clone(), procs.queue.clone());
+    let submit = move |req: api::SubmitTask| {
+        let (c, q) = (c2.clone(), q.clone());
+        async move { Ok(c.submit(&q, &req).await?.task_id) }
+    };
+    let trickling = tokio::spawn(super::trickle(
+        submit,
+        opts.kind,
+        all.len(),
+        stop_rx,
+        acked_tx,
+    ));
+    super::flowing(&mut acked).await?;
+
+    procs.sample_rss();
+    let mut killed = procs.nodes[victim]
+        .take()
+        .context("the router's node is not running")?;
+    killed
+        .child
+        .start_kill()
+        .context("cannot kill the router's process")?;
+    let kill_wall = wall_ms();
+    killed.child.wait().await.context("the killed process")?;
+
+    // The trickle's tasks, newest first, until one shows an attempt of a new router.
+    let assigned_at = poll(
+        Duration::from_secs(60),
+        "an attempt by a new router",
+        || {
+            let ids: Vec<TaskId> = acked.borrow().iter().rev().take(20).cloned().collect();
+            let c = c.clone();
+            let old = old.clone();
+            async move {
+                let mut first: Option<u64> = None;
+                for id in ids {
+                    let s = c.task_status(&id).await.ok()?;
+                    if let Some(at) = s
+                        .attempts
+                        .iter()
+                        .filter(|a| a.id.claim > old)
+                        .map(|a| a.assigned_at)
+                        .min()
+                    {
+                        first = Some(first.map_or(at, |f| f.min(at)));
+                    }
+                }
+                first
+            }
+        },
+    )
+    .await?;
+    let takeover_ms = assigned_at.saturating_sub(kill_wall) as f64;
+    display.say(format!(
+        "failover {}/{}: a new router assigned its first task {takeover_ms} ms after the kill",
+        round + 1,
+        opts.failovers
+    ));
+
+    let bootstrap = procs.proc(via)?.addr.clone();
+    let restarted = procs.spawn(victim, Some(bootstrap)).await?;
+    procs.nodes[victim] = Some(restarted);
+    procs.router(victim, Some(&old)).await?;
+    display.say(format!(
+        "failover {}/{}: node {victim} restarted and sees the new router",
+        round + 1,
+        opts.failovers
+    ));
+    let _ = stop.send(());
+    let ids = trickling.await.context("the trickle panicked")??;
+    all.extend(ids);
+    wait_ended(procs, via, all.len(), deadline_for(all.len())).await?;
+    Ok(takeover_ms)
+}
+
+/// The checks: every task's state through the first live node's HTTP API; returns
+/// (succeeded, tasks with more than one successful attempt, the router's term, the epoch).
+pub(super) async fn check(
+    procs: &Procs,
+    all: &[TaskId],
+    display: &Display,
+) -> anyhow::Result<(usize, usize, u64, u64)> {
+    let observer = (0..procs.nodes.len())
+        .find(|&i| procs.nodes[i].is_some())
+        .context("no node left")?;
+    display.say(format!("checks: waiting for all {} tasks", all.len()));
+    if let Err(e) = wait_ended(procs, observer, all.len(), deadline_for(all.len())).await {
+        display.say(format!("{e:#}; counting the rest as lost"));
+    }
+    let c = procs.client(observer)?;
+    let term = procs.router(observer, None).await?.term;
+    let epoch = procs.queue_status(observer).await?.epoch;
+    let mut answers = futures::stream::iter(all.iter().cloned())
+        .map(|id| {
+            let c = c.clone();
+            async move { c.task_status(&id).await }
+        })
+        .buffer_unordered(16);
+    let (mut succeeded, mut duplicates) = (0, 0);
+    while let Some(s) = answers.next().await {
+        let Ok(s) = s else { continue };
+        if s.state == TaskState::Succeeded {
+            succeeded += 1;
+        }
+        if super::succeeded_attempts(&s.attempts) > 1 {
+            duplicates += 1;
+        }
+    }
+    Ok((succeeded, duplicates, term, epoch))
+}
