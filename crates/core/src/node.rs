@@ -80,15 +80,6 @@ const MAX_ANNOUNCED: usize = 16;
 /// Bound on the documents remembered as false epoch announcements, per queue.
 const MAX_REJECTED_EPOCHS: usize = 64;
 
-/// Documents waiting to leave memory (saved, unused) are kept this many at most for
-/// [`IDLE_EVICT`]; beyond it the oldest leave after [`CROWDED_IDLE`]. A task's document is
-/// read again from disk when its run starts: ten thousand pending tasks do not hold ten
-/// thousand Automerge documents (some 10 to 20 KiB each) in memory.
-const MAX_IDLE_DOCS: usize = 256;
-
-/// How long a document waits to leave memory when more than [`MAX_IDLE_DOCS`] wait.
-const CROWDED_IDLE: Duration = Duration::from_millis(200);
-
 /// Bound on the carrying rounds of one turn ([`Core::carry_late`]).
 const MAX_CARRY_ROUNDS: usize = 4;
 
@@ -715,7 +706,7 @@ impl Core {
             self.saves.poll_timeout(),
             self.load_retries.first().map(|(at, _)| *at),
             self.replica.poll_timeout(),
-            self.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
+            self.to_evict.first().map(|at| at + IDLE_EVICT),
         ]
         .into_iter()
         .flatten()
@@ -1035,19 +1026,24 @@ impl Core {
         {
             return true;
         }
-        // A task's document is read when a run starts and written when it ends: a live
-        // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
-        // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
-        self.runs.values().any(|r| r.run.task == task)
+        if self.runs.values().any(|r| r.run.task == task)
             || self.task_waiters.iter().any(|w| w.task == task)
-            || self.task_writes.contains_key(doc)
+        {
+            return true;
+        }
+        self.queues.values().any(|q| {
+            q.view
+                .tasks()
+                .get(&task)
+                .is_some_and(|t| !t.state().is_final())
+        })
     }
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     fn evict(&mut self, now: Time) {
         self.retire_epochs(now);
-        let due = self.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
+        let due = self.to_evict.due(now.mono, IDLE_EVICT);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
                 self.to_evict.remove(&doc);
@@ -1430,8 +1426,6 @@ impl Core {
                 }),
             );
             self.saves.changed(&tdoc);
-            // Leaves memory once saved and idle (it is read again when a run starts).
-            self.to_evict.insert_if_absent(tdoc.clone(), now.mono);
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
@@ -1693,11 +1687,12 @@ impl Core {
                     requestable: false,
                 },
             );
-            if final_now && before == Some(false) {
-                summarize.push(td.clone());
+            if final_now {
+                if before == Some(false) {
+                    summarize.push(td.clone());
+                }
+                self.to_evict.insert_if_absent(td, now.mono);
             }
-            // Live or final, a task's document leaves memory once saved and idle.
-            self.to_evict.insert_if_absent(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
@@ -2947,27 +2942,12 @@ impl EvictQueue {
         }
     }
 
-    /// The documents that have waited at least `idle` by `now`, oldest first; and, beyond the
-    /// newest `keep`, those that have waited at least [`CROWDED_IDLE`].
-    fn due(&self, now: Instant, idle: Duration, keep: usize) -> Vec<DocId> {
-        let crowded = self.by_time.len().saturating_sub(keep);
+    /// The documents that have waited at least `idle` by `now`, oldest first.
+    fn due(&self, now: Instant, idle: Duration) -> Vec<DocId> {
         self.by_time
             .iter()
-            .enumerate()
-            .take_while(|(i, (t, _))| {
-                now >= *t + idle || (*i < crowded && now >= *t + CROWDED_IDLE)
-            })
-            .map(|(_, (_, d))| d.clone())
+            .take_while(|(t, _)| now >= *t + idle)
+            .map(|(_, d)| d.clone())
             .collect()
-    }
-
-    /// When the next document is due (see [`EvictQueue::due`]).
-    fn next_due(&self, idle: Duration, keep: usize) -> Option<Instant> {
-        let first = self.first()?;
-        Some(if self.len() > keep {
-            first + CROWDED_IDLE
-        } else {
-            first + idle
-        })
     }
 }

@@ -406,43 +406,6 @@ fn more_rotations_than_a_lineage_keeps_bring_no_task_back() {
     );
 }
 
-/// A backlog of pending tasks does not hold their documents in memory: beyond a few hundred
-/// idle ones they leave once saved, and each is read again from disk when its run starts.
-#[test]
-fn a_backlog_of_pending_tasks_leaves_memory_and_still_runs() {
-    let mut one = One::new();
-    let q = one.create_queue(quick());
-    let mut ids = Vec::new();
-    for _ in 0..6 {
-        let cmds: Vec<CommandId> = (0..100).map(|_| one.submit(&q)).collect();
-        one.ack_saves();
-        one.ack_saves();
-        for cmd in cmds {
-            ids.push(submitted(one.reply(cmd)).unwrap().task_id);
-        }
-    }
-    // Nothing runs yet: the documents wait in memory until they are crowded out.
-    let mut t = 0;
-    for _ in 0..5 {
-        t += 100;
-        one.at(t);
-        one.ack_saves();
-    }
-    let loaded = one.core.documents_loaded();
-    assert!(
-        loaded < 400,
-        "{loaded} documents loaded for 600 pending tasks"
-    );
-    // Every task still runs: its document is loaded when its run starts.
-    let mut rounds = 0;
-    while one.core.view(&q).unwrap().total_counts().succeeded < ids.len() {
-        rounds += 1;
-        assert!(rounds < 10_000, "{:?}", one.core.view(&q).unwrap().counts());
-        t += 50;
-        one.step(t);
-    }
-}
-
 /// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written
 /// by a faulty or hostile member) neither panics the node nor makes it spin.
 #[test]
