@@ -5,8 +5,19 @@
 
 use piecework::bench::{self, Kind, Options};
 
+/// The nodes' warnings and the network's connection events, shown with a failing test's
+/// output (`RUST_LOG` overrides the filter).
+fn logs() {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn,piecework_net=debug".into());
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .try_init();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_bench_with_a_failover_loses_nothing() {
+    logs();
     let opts = Options {
         nodes: 3,
         tasks: 300,
@@ -50,6 +61,7 @@ async fn a_small_bench_with_a_failover_loses_nothing() {
 /// document sampled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
+    logs();
     let opts = Options {
         nodes: 3,
         workers: 2,
@@ -79,6 +91,7 @@ async fn a_bench_with_a_tiny_rotation_threshold_rotates_and_loses_nothing() {
 /// the failover measured, and a peak resident set read for each node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bench_of_node_processes_with_a_sigkill_loses_nothing() {
+    logs();
     let opts = Options {
         nodes: 2,
         workers: 2,

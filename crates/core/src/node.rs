@@ -83,6 +83,11 @@ const MAX_REJECTED_EPOCHS: usize = 64;
 /// Bound on the carrying rounds of one turn ([`Core::carry_late`]).
 const MAX_CARRY_ROUNDS: usize = 4;
 
+/// How often a join still waiting for its queue document asks the connected peers again: a
+/// request or its answer lost with a stream that was reset, or a peer that joined the queue
+/// since it was first asked, does not hold the join until [`FIND_TIMEOUT`].
+const JOIN_ASK_EVERY: Duration = Duration::from_secs(1);
+
 /// The documents of the branch `own` (a lineage, as [`epoch::read_lineage`] gives it) that
 /// the lineage `target` does not share: what a node on `own` wrote since the fork. Never the
 /// queue's first document.
@@ -193,6 +198,8 @@ pub struct Core {
     /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
     /// their deadline. Counted in [`MAX_WAITERS`].
     join_retries: Vec<DocWaiter>,
+    /// When the joins still waiting ask the peers again ([`JOIN_ASK_EVERY`]).
+    next_join_ask: Instant,
     /// `task status --wait` requests: counted in [`MAX_WAITERS`], each with a deadline.
     task_waiters: Vec<TaskWaiter>,
     /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
@@ -269,6 +276,7 @@ impl Core {
             stale: BTreeSet::new(),
             doc_waiters: BTreeMap::new(),
             join_retries: vec![],
+            next_join_ask: now.mono,
             task_waiters: vec![],
             submit_waits: vec![],
             submits_dirty: false,
@@ -726,9 +734,10 @@ impl Core {
         for ws in self.doc_waiters.values() {
             for w in ws {
                 match w {
-                    DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
-                        earliest(*deadline)
+                    DocWaiter::Join { deadline, .. } => {
+                        earliest((*deadline).min(self.next_join_ask));
                     }
+                    DocWaiter::Status { deadline, .. } => earliest(*deadline),
                     DocWaiter::Start { .. }
                     | DocWaiter::Revive { .. }
                     | DocWaiter::Epoch { .. } => {}
@@ -744,7 +753,7 @@ impl Core {
         }
         for w in &self.join_retries {
             if let DocWaiter::Join { deadline, .. } = w {
-                earliest(*deadline);
+                earliest((*deadline).min(self.next_join_ask));
             }
         }
         t
@@ -813,6 +822,7 @@ impl Core {
         self.check_submits(now);
         self.check_task_waiters(now);
         self.expire_doc_waiters(now);
+        self.ask_joins_again(now);
         if now.mono >= self.next_dial {
             self.dial_members();
             self.next_dial = now.mono + DIAL_EVERY;
@@ -984,6 +994,35 @@ impl Core {
         }
     }
 
+    /// Every [`JOIN_ASK_EVERY`] while joins wait: a join whose fetch still waits asks the
+    /// connected peers again, and one that found no peer with the queue fetches again.
+    fn ask_joins_again(&mut self, now: Time) {
+        if now.mono < self.next_join_ask {
+            return;
+        }
+        let fetching: Vec<DocId> = self
+            .doc_waiters
+            .iter()
+            .filter(|(_, ws)| ws.iter().any(|w| matches!(w, DocWaiter::Join { .. })))
+            .map(|(d, _)| d.clone())
+            .collect();
+        let retries = std::mem::take(&mut self.join_retries);
+        if fetching.is_empty() && retries.is_empty() {
+            return;
+        }
+        self.next_join_ask = now.mono + JOIN_ASK_EVERY;
+        for doc in fetching {
+            self.replica.ask_again(&doc);
+        }
+        for w in retries {
+            if let DocWaiter::Join { id, .. } = &w
+                && let Some(doc) = queue_doc(id)
+            {
+                self.wait_for(now, &doc, w);
+            }
+        }
+    }
+
     fn expire_doc_waiters(&mut self, now: Time) {
         let expired = |w: &DocWaiter| match w {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
@@ -1089,6 +1128,7 @@ impl Core {
                     return;
                 }
                 let deadline = now.mono + FIND_TIMEOUT;
+                self.next_join_ask = self.next_join_ask.max(now.mono + JOIN_ASK_EVERY);
                 self.wait_for(
                     now,
                     &doc,

@@ -28,6 +28,8 @@ struct One {
     runs: Vec<piecework_core::RunRequest>,
     replies: Vec<(CommandId, Reply)>,
     events: Vec<Event>,
+    /// Frames the core sent, for a test that carries them to another core.
+    frames: Vec<(PeerId, Vec<u8>)>,
     next: u64,
 }
 
@@ -56,6 +58,7 @@ impl One {
             runs: vec![],
             replies: vec![],
             events: vec![],
+            frames: vec![],
             next: 0,
         };
         one.drain();
@@ -63,7 +66,9 @@ impl One {
     }
 
     fn drain(&mut self) {
-        while self.core.poll_transmit().is_some() {}
+        while let Some(f) = self.core.poll_transmit() {
+            self.frames.push(f);
+        }
         while let Some(io) = self.core.poll_io() {
             match io {
                 Io::Save(s) => self.saves.push(s),
@@ -503,4 +508,66 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         one.core.fence(&q).is_none_or(|c| c.term < u64::MAX),
         "a term of u64::MAX is not taken as the fence"
     );
+}
+
+/// Carries the frames each of two cores sent to the other until neither sends more.
+fn exchange(a: &mut One, b: &mut One) {
+    for _ in 0..100 {
+        let (fa, fb) = (std::mem::take(&mut a.frames), std::mem::take(&mut b.frames));
+        if fa.is_empty() && fb.is_empty() {
+            return;
+        }
+        let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+        for (_, f) in fa {
+            b.core.handle_sync(b.now, &pa, &f);
+            b.drain();
+        }
+        for (_, f) in fb {
+            a.core.handle_sync(a.now, &pb, &f);
+            a.drain();
+        }
+        a.answer_loads();
+        b.answer_loads();
+        a.ack_saves();
+        b.ack_saves();
+    }
+}
+
+/// A join whose request was lost (a frame dropped with a stream reset the other side did not
+/// see) asks the connected peers again within a second instead of waiting out `FIND_TIMEOUT`.
+/// This is the bench's "node 2 cannot join the queue" of a CI run.
+#[test]
+fn a_join_whose_request_was_lost_asks_again() {
+    let mut a = One::new();
+    let q = a.create_queue(quick());
+    let mut b = One::with(|c| c.peer = PeerId::new("you"));
+    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+    a.core.handle_connected(a.now, pb);
+    a.drain();
+    b.core.handle_connected(b.now, pa);
+    b.drain();
+    exchange(&mut a, &mut b);
+    let join = b.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: true,
+    });
+    b.answer_loads();
+    assert!(!b.frames.is_empty(), "b asks a for the queue document");
+    b.frames.clear();
+    let mut joined_at = None;
+    for ms in (100..=3_000).step_by(100) {
+        a.at(ms);
+        b.at(ms);
+        exchange(&mut a, &mut b);
+        match b.reply(join) {
+            Some(Reply::Joined(Ok(_))) => {
+                joined_at = Some(ms);
+                break;
+            }
+            Some(_) => panic!("the join failed"),
+            None => {}
+        }
+    }
+    let at = joined_at.expect("joined within 3 s, not at FIND_TIMEOUT");
+    assert!(at <= 1_500, "joined at {at} ms");
 }

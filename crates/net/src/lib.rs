@@ -62,6 +62,9 @@ pub fn topic_for(queue: &str) -> String {
     format!("piecework/v1/queue/{queue}")
 }
 
+/// How often a node connected to no peer dials its bootstrap addresses again.
+pub const BOOTSTRAP_REDIAL: Duration = Duration::from_secs(2);
+
 /// How to start the network.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -69,7 +72,8 @@ pub struct Config {
     pub keypair: identity::Keypair,
     /// Addresses to listen on, e.g. `/ip4/127.0.0.1/tcp/0`.
     pub listen: Vec<Multiaddr>,
-    /// Peers to dial at start.
+    /// Peers to dial at start, and again every [`BOOTSTRAP_REDIAL`] while no peer at all is
+    /// connected (a node started before its bootstrap peer, or cut off from every peer).
     pub bootstrap: Vec<Multiaddr>,
     /// How long an idle connection stays open.
     pub idle_timeout: Duration,
@@ -378,6 +382,7 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
     let shutdown = CancellationToken::new();
     let event_loop = EventLoop {
         swarm,
+        bootstrap: config.bootstrap.clone(),
         commands: cmd_rx,
         events: ev_tx,
         control,
@@ -400,6 +405,8 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
 
 struct EventLoop {
     swarm: Swarm<Behaviour>,
+    /// Dialed again while no peer is connected.
+    bootstrap: Vec<Multiaddr>,
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
     control: libp2p_stream::Control,
@@ -415,8 +422,14 @@ struct EventLoop {
 
 impl EventLoop {
     async fn run(mut self) {
+        let mut redial = tokio::time::interval_at(
+            tokio::time::Instant::now() + BOOTSTRAP_REDIAL,
+            BOOTSTRAP_REDIAL,
+        );
+        redial.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                _ = redial.tick(), if !self.bootstrap.is_empty() => self.redial_bootstrap(),
                 ev = self.swarm.select_next_some() => {
                     if self.handle_swarm_event(ev).await.is_err() {
                         break;
@@ -429,6 +442,18 @@ impl EventLoop {
             }
         }
         tracing::debug!("network event loop stopped");
+    }
+
+    /// Dials the bootstrap addresses again when no peer is connected.
+    fn redial_bootstrap(&mut self) {
+        if self.swarm.connected_peers().next().is_some() {
+            return;
+        }
+        for addr in self.bootstrap.clone() {
+            if let Err(e) = self.swarm.dial(addr.clone()) {
+                tracing::debug!(%addr, "cannot dial bootstrap peer again: {e}");
+            }
+        }
     }
 
     fn handle_command(&mut self, c: Command) {

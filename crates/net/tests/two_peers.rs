@@ -109,3 +109,32 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
     assert_eq!(info.connected, vec![id_b]);
     Ok(())
 }
+
+/// A peer whose bootstrap peer is not up yet dials it again: its first dial fails (the
+/// address answers with a plain TCP socket that closes), then the real peer starts on that
+/// address and the two connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_peer_that_starts_later_is_dialed_again() -> anyhow::Result<()> {
+    let squatter = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = squatter.local_addr()?.port();
+    let addr: libp2p::Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse()?;
+    let key_b = identity::Keypair::generate_ed25519();
+    let mut config = Config::new(key_b, vec!["/ip4/127.0.0.1/tcp/0".parse()?]);
+    config.bootstrap = vec![addr.clone()];
+    let mut b = spawn(config)?;
+    // The first dial reaches the squatter, which closes it: that dial fails.
+    let (conn, _) = timeout(WAIT, squatter.accept()).await??;
+    drop(conn);
+    drop(squatter);
+    let key_a = identity::Keypair::generate_ed25519();
+    let id_a = key_a.public().to_peer_id();
+    let _a = spawn(Config::new(key_a, vec![addr]))?;
+    timeout(
+        WAIT,
+        next_matching(&mut b, |e| {
+            matches!(e, Event::Connected(p) if p == id_a).then_some(())
+        }),
+    )
+    .await?;
+    Ok(())
+}

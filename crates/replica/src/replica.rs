@@ -487,6 +487,29 @@ impl Replica {
         self.loading.entry(id.clone()).or_default().fetch = true;
     }
 
+    /// Asks every connected peer a fetch of `id` may ask again, for a fetch still waiting for
+    /// the document's changes: a request or its answer lost on a stream that was reset, or a
+    /// peer that did not have the document when first asked and may have it now. Does nothing
+    /// for a document that has content or is not being fetched (see [`Replica::fetch`]).
+    pub fn ask_again(&mut self, id: &DocId) {
+        if self.has_content(id) || self.fetching.get(id).is_none_or(|f| f.arrived) {
+            return;
+        }
+        let targets: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|p| self.may_ask(id, p))
+            .cloned()
+            .collect();
+        for p in targets {
+            if self.send_control(&p, Message::Request { doc: id.clone() })
+                && let Some(f) = self.fetching.get_mut(id)
+            {
+                f.asked.insert(p);
+            }
+        }
+    }
+
     /// Drops a loaded document from memory (storage keeps it). Refused (false) while it has
     /// changes not marked saved, or a fetch of it still waits for its changes.
     pub fn evict(&mut self, id: &DocId) -> bool {
