@@ -55,6 +55,9 @@ enum DocWaiter {
         task: TaskId,
         n: u64,
     },
+    /// Run records or a summary for a task document that had left memory: written by the
+    /// next turn once it is back (`Core::task_writes` keeps them meanwhile).
+    Write,
 }
 
 /// A sealed epoch this node holds.
@@ -79,6 +82,19 @@ const MAX_ANNOUNCED: usize = 16;
 
 /// Bound on the documents remembered as false epoch announcements, per queue.
 const MAX_REJECTED_EPOCHS: usize = 64;
+
+/// Documents waiting to leave memory (saved, unused) are kept this many at most for
+/// [`IDLE_EVICT`]; beyond it the oldest leave after [`CROWDED_IDLE`]. A task's document is
+/// read again from disk when its run starts: ten thousand pending tasks do not hold ten
+/// thousand Automerge documents (some 10 to 20 KiB each) in memory.
+const MAX_IDLE_DOCS: usize = 1_024;
+
+/// How long a document waits to leave memory when more than [`MAX_IDLE_DOCS`] wait.
+const CROWDED_IDLE: Duration = Duration::from_millis(200);
+
+/// How many pending tasks per worker of this node have their documents read ahead of their
+/// start: those first in routing order. A pending task's document otherwise stays on disk.
+const PREFETCH_PER_WORKER: usize = 8;
 
 /// Bound on the carrying rounds of one turn ([`Core::carry_late`]).
 const MAX_CARRY_ROUNDS: usize = 4;
@@ -142,8 +158,9 @@ struct Queue {
     sealed: BTreeMap<DocId, Sealed>,
     /// Epoch documents being fetched: a few (one per announced successor).
     fetching: BTreeSet<DocId>,
-    /// Epoch documents a fetch found nowhere: a move or a carry stops waiting for them (at
-    /// most [`MAX_REJECTED_EPOCHS`]).
+    /// Epoch documents a fetch found nowhere: a move stops waiting for them, a carry that
+    /// needs one waits without asking again; forgotten (asked for again) when a peer connects
+    /// (at most [`MAX_REJECTED_EPOCHS`]).
     unavailable: BTreeSet<DocId>,
     /// Epoch documents of this queue that peers' heartbeats say they are on, other than this
     /// node's current one: at most [`MAX_ANNOUNCED`], forgotten once placed.
@@ -204,6 +221,9 @@ pub struct Core {
     task_waiters: Vec<TaskWaiter>,
     /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
     submit_waits: Vec<SubmitWait>,
+    /// The task documents of `submit_waits`: kept in memory until their submit is answered
+    /// (a document that left memory is no longer synced, so no peer would acknowledge it).
+    acking: BTreeSet<DocId>,
     /// Something that can answer a submit wait happened since [`Core::check_submits`] last ran.
     submits_dirty: bool,
     /// Inside [`Core::begin_batch`]: turns wait for [`Core::end_batch`].
@@ -226,6 +246,9 @@ pub struct Core {
     /// change per document at the end of the turn. At most one run per worker plus the tasks
     /// that became final in this turn.
     task_writes: BTreeMap<DocId, TaskWrites>,
+    /// The documents of each queue's first pending tasks in routing order (at most
+    /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
+    prefetch: BTreeMap<QueueId, BTreeSet<DocId>>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
@@ -279,6 +302,7 @@ impl Core {
             next_join_ask: now.mono,
             task_waiters: vec![],
             submit_waits: vec![],
+            acking: BTreeSet::new(),
             submits_dirty: false,
             batching: false,
             submit_deadline: None,
@@ -287,6 +311,7 @@ impl Core {
             to_revive: BTreeSet::new(),
             attempt_writes: BTreeMap::new(),
             task_writes: BTreeMap::new(),
+            prefetch: BTreeMap::new(),
             next_run: 0,
             seen: BTreeMap::new(),
             transmit: VecDeque::new(),
@@ -432,6 +457,15 @@ impl Core {
         self.replica.handle_connected(peer);
         for q in self.queues.values_mut() {
             if q.asked_behind.take().is_some() {
+                self.stale.insert(QueueId::new(q.root.as_str()));
+            }
+            // The newcomer may have the epoch documents no one had: ask again, and look at
+            // the carries that waited for them.
+            if !q.unavailable.is_empty() {
+                q.unavailable.clear();
+                for s in q.sealed.values_mut() {
+                    s.dirty = true;
+                }
                 self.stale.insert(QueueId::new(q.root.as_str()));
             }
         }
@@ -714,7 +748,7 @@ impl Core {
             self.saves.poll_timeout(),
             self.load_retries.first().map(|(at, _)| *at),
             self.replica.poll_timeout(),
-            self.to_evict.first().map(|at| at + IDLE_EVICT),
+            self.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
         ]
         .into_iter()
         .flatten()
@@ -740,6 +774,7 @@ impl Core {
                     DocWaiter::Status { deadline, .. } => earliest(*deadline),
                     DocWaiter::Start { .. }
                     | DocWaiter::Revive { .. }
+                    | DocWaiter::Write
                     | DocWaiter::Epoch { .. } => {}
                 }
             }
@@ -814,7 +849,7 @@ impl Core {
                 break;
             }
         }
-        self.flush_task_writes();
+        self.flush_task_writes(now);
         for save in self.saves.take_writes(&self.replica) {
             self.io.push_back(Io::Save(save));
         }
@@ -897,7 +932,11 @@ impl Core {
 
     /// A document this node waited for is loaded.
     fn arrived(&mut self, now: Time, doc: &DocId) {
-        for w in self.doc_waiters.remove(doc).unwrap_or_default() {
+        let waiters = self.doc_waiters.remove(doc).unwrap_or_default();
+        let asked = waiters
+            .iter()
+            .any(|w| matches!(w, DocWaiter::Status { .. }));
+        for w in waiters {
             match w {
                 DocWaiter::Join { cmd, id, .. } => {
                     let r = self.finish_join(now, &id);
@@ -911,6 +950,7 @@ impl Core {
                 } => self.answer_status(now, cmd, task, wait_until),
                 DocWaiter::Start { run, .. } => self.start_run(run),
                 DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
+                DocWaiter::Write => {}
                 DocWaiter::Epoch { queue } => {
                     if let Some(q) = self.queues.get_mut(&queue) {
                         q.fetching.remove(doc);
@@ -924,13 +964,15 @@ impl Core {
             }
         }
         // A task's document loaded from disk may be behind: this node may have been down when
-        // the task ended, and a final task's document is no longer announced. Ask the members.
+        // the task ended, and a final task's document is no longer announced. Ask the members,
+        // for a status or a final task. (A live task's document read for its start or ahead
+        // of it needs only its input, which never changes; its later changes are pushed here.)
         let task = TaskId::new(doc.as_str());
-        if self
-            .queues
-            .values()
-            .any(|q| q.view.tasks().contains_key(&task))
-        {
+        if self.queues.values().any(|q| {
+            q.view
+                .task(&task)
+                .is_some_and(|t| asked || t.state().is_final())
+        }) {
             self.replica.refresh_from_members(doc);
         }
         if !self.is_live(doc) {
@@ -977,6 +1019,11 @@ impl Core {
                 }
                 // Not here either: another member may have it.
                 DocWaiter::Revive { .. } => {}
+                DocWaiter::Write => {
+                    if self.task_writes.remove(doc).is_some() {
+                        tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
+                    }
+                }
                 // Asked again at the next change of the queue.
                 DocWaiter::Epoch { queue } => {
                     if let Some(q) = self.queues.get_mut(&queue) {
@@ -1028,7 +1075,10 @@ impl Core {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                 now.mono >= *deadline
             }
-            DocWaiter::Start { .. } | DocWaiter::Revive { .. } | DocWaiter::Epoch { .. } => false,
+            DocWaiter::Start { .. }
+            | DocWaiter::Revive { .. }
+            | DocWaiter::Epoch { .. }
+            | DocWaiter::Write => false,
         };
         let mut gone = vec![];
         for ws in self.doc_waiters.values_mut() {
@@ -1050,7 +1100,10 @@ impl Core {
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
-                DocWaiter::Start { .. } | DocWaiter::Revive { .. } | DocWaiter::Epoch { .. } => {}
+                DocWaiter::Start { .. }
+                | DocWaiter::Revive { .. }
+                | DocWaiter::Epoch { .. }
+                | DocWaiter::Write => {}
             }
         }
     }
@@ -1065,24 +1118,21 @@ impl Core {
         {
             return true;
         }
+        // A task's document is read when a run starts and written when it ends: a live
+        // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
+        // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
-        if self.runs.values().any(|r| r.run.task == task)
+        self.runs.values().any(|r| r.run.task == task)
             || self.task_waiters.iter().any(|w| w.task == task)
-        {
-            return true;
-        }
-        self.queues.values().any(|q| {
-            q.view
-                .tasks()
-                .get(&task)
-                .is_some_and(|t| !t.state().is_final())
-        })
+            || self.task_writes.contains_key(doc)
+            || self.acking.contains(doc)
+            || self.prefetch.values().any(|p| p.contains(doc))
     }
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     fn evict(&mut self, now: Time) {
         self.retire_epochs(now);
-        let due = self.to_evict.due(now.mono, IDLE_EVICT);
+        let due = self.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
                 self.to_evict.remove(&doc);
@@ -1466,6 +1516,8 @@ impl Core {
                 }),
             );
             self.saves.changed(&tdoc);
+            // Leaves memory once saved and idle (it is read again when a run starts).
+            self.to_evict.insert_if_absent(tdoc.clone(), now.mono);
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
@@ -1493,6 +1545,7 @@ impl Core {
             }
         };
         self.submits_dirty = true;
+        self.acking.extend(tasks.iter().map(|(d, _, _)| d.clone()));
         self.submit_waits.push(SubmitWait {
             cmd,
             answer,
@@ -1576,6 +1629,17 @@ impl Core {
                     .collect())),
             };
             self.replies.push_back((w.cmd, reply));
+        }
+        let acking: BTreeSet<DocId> = self
+            .submit_waits
+            .iter()
+            .flat_map(|w| w.tasks.iter().map(|(d, _, _)| d.clone()))
+            .collect();
+        // Answered: their documents may leave memory once idle.
+        for d in std::mem::replace(&mut self.acking, acking) {
+            if !self.acking.contains(&d) {
+                self.to_evict.insert_if_absent(d, now.mono);
+            }
         }
     }
 
@@ -1727,12 +1791,11 @@ impl Core {
                     requestable: false,
                 },
             );
-            if final_now {
-                if before == Some(false) {
-                    summarize.push(td.clone());
-                }
-                self.to_evict.insert_if_absent(td, now.mono);
+            if final_now && before == Some(false) {
+                summarize.push(td.clone());
             }
+            // Live or final, a task's document leaves memory once saved and idle.
+            self.to_evict.insert_if_absent(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
@@ -1750,6 +1813,7 @@ impl Core {
             self.next_dial = now.mono;
         }
         self.pool.handle_view(id, &view);
+        self.prefetch(now, id, &view);
         self.events.push_back(Event::View {
             queue: id.clone(),
             view,
@@ -1757,6 +1821,27 @@ impl Core {
         if switched {
             // Membership is not carried across epochs: a node (re)writes its own.
             self.write_member(now, id);
+        }
+    }
+
+    /// Reads ahead the documents of the queue's first pending tasks in routing order, so that
+    /// a start does not wait for the disk; the ones that left the window may leave memory.
+    fn prefetch(&mut self, now: Time, id: &QueueId, view: &QueueView) {
+        let want = PREFETCH_PER_WORKER * self.config.workers as usize;
+        let window: BTreeSet<DocId> = view
+            .routable()
+            .take(want)
+            .filter_map(|t| task_doc(&t.id))
+            .collect();
+        for doc in &window {
+            if !self.replica.is_loaded(doc) {
+                self.replica.fetch(doc, now.mono);
+            }
+        }
+        let old = self.prefetch.insert(id.clone(), window).unwrap_or_default();
+        let window = &self.prefetch[id];
+        for doc in old.difference(window) {
+            self.to_evict.insert_if_absent(doc.clone(), now.mono);
         }
     }
 
@@ -2127,6 +2212,30 @@ impl Core {
         }
     }
 
+    /// Whether this node holds every change document `doc` of a chain (`lineage`) had when it
+    /// was sealed into the next document of that chain: the seal heads, read from the next
+    /// document's `prev` or from `doc`'s own seal. True when they are not known here.
+    fn holds_sealed_state(&self, doc: &DocId, lineage: &[Link]) -> bool {
+        let Some(d) = self.replica.get(doc) else {
+            return true;
+        };
+        let epoch = epoch::read_epoch(d).map_or(0, |e| e.0);
+        let Some(next) = lineage
+            .iter()
+            .filter(|l| l.epoch > epoch)
+            .min_by_key(|l| l.epoch)
+        else {
+            return true;
+        };
+        let heads = DocId::parse(&next.doc)
+            .and_then(|n| self.replica.get(&n))
+            .and_then(epoch::read_prev)
+            .filter(|p| p.doc == doc.as_str())
+            .map(|p| p.heads)
+            .or_else(|| epoch::seal_heads(d, &next.doc));
+        heads.is_none_or(|h| epoch::known_heads(d, &h).len() == h.len())
+    }
+
     /// Whether sealed document `from` is off the chain of `into` (a losing branch's): its
     /// late writes are carried whole.
     fn off_chain(&self, id: &QueueId, from: &DocId, into: &DocId) -> bool {
@@ -2203,7 +2312,13 @@ impl Core {
                 .filter(|l| l.doc != into.as_str() && (!ancestor || l.epoch > from_epoch))
                 .filter_map(|l| DocId::parse(&l.doc))
                 .chain(root.clone().filter(|_| !ancestor))
-                .filter(|d| *d != from && self.replica.is_loaded(d))
+                .filter(|d| {
+                    *d != from
+                        && self
+                            .replica
+                            .get(d)
+                            .is_some_and(|x| !x.get_heads().is_empty())
+                })
                 .collect();
             // A carrier that jumped epochs (a restart) must see every document of the chain
             // between: a task carried along it and dropped there would otherwise come back.
@@ -2224,20 +2339,31 @@ impl Core {
                 (false, false) => Some(fork.saturating_sub(1)),
             };
             if let Some(first) = needed_from {
-                let missing: Vec<DocId> = lineage
+                // Every one of them: without one, a task carried into it and ended there
+                // would come back. One that no connected peer had is asked for again when a
+                // peer connects (`Core::handle_connected`); until then nothing is carried.
+                let lacking: Vec<DocId> = lineage
                     .iter()
                     .filter(|l| l.epoch >= first && l.doc != into.as_str())
                     .filter_map(|l| DocId::parse(&l.doc))
-                    .filter(|d| self.to_fetch(id, d))
+                    .filter(|d| self.replica.get(d).is_none_or(|x| x.get_heads().is_empty()))
                     .collect();
-                if !missing.is_empty() {
-                    for d in &missing {
-                        self.fetch_epoch(now, id, d);
+                if !lacking.is_empty() {
+                    let mut asked = false;
+                    for d in lacking
+                        .iter()
+                        .filter(|d| self.to_fetch(id, d))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                    {
+                        self.fetch_epoch(now, id, &d);
+                        asked = true;
                     }
-                    if let Some(s) = self
-                        .queues
-                        .get_mut(id)
-                        .and_then(|q| q.sealed.get_mut(&from))
+                    if asked
+                        && let Some(s) = self
+                            .queues
+                            .get_mut(id)
+                            .and_then(|q| q.sealed.get_mut(&from))
                     {
                         s.dirty = true;
                     }
@@ -2277,6 +2403,29 @@ impl Core {
                 && epoch::known_heads(f, h).len() < h.len()
             {
                 self.replica.resync_with_members(&from);
+                continue;
+            }
+            // The same for the chain's documents: one this node holds only in part (its own
+            // messages were lost while the others wrote it) may lack a task that was carried
+            // into it, ran and ended there; that task would come back. Each must have what it
+            // held when it was sealed into the next.
+            let behind: Vec<DocId> = chain
+                .iter()
+                .filter(|d| !self.holds_sealed_state(d, &lineage))
+                .cloned()
+                .collect();
+            if !behind.is_empty() {
+                for d in &behind {
+                    self.replica.resync_with_members(d);
+                }
+                // Looked at again at the next turn (their changes do not mark `from`).
+                if let Some(s) = self
+                    .queues
+                    .get_mut(id)
+                    .and_then(|q| q.sealed.get_mut(&from))
+                {
+                    s.dirty = true;
+                }
                 continue;
             }
             let from_loser = !direct && !ancestor;
@@ -2462,6 +2611,17 @@ impl Core {
                     q.rejected.pop_first();
                 }
                 q.rejected.insert(d.clone());
+            }
+            // A document still held (the queue's first, or a loser) whose late writes went
+            // into a retired one now carries into the current document: the retired one is
+            // carried from no more, so what reached it later would stay there.
+            let (cur, cur_epoch) = (q.doc.clone(), q.epoch);
+            for s in q.sealed.values_mut() {
+                if gone.iter().any(|(g, d, _)| g == id && *d == s.into) {
+                    s.into = cur.clone();
+                    s.into_epoch = cur_epoch;
+                    s.dirty = true;
+                }
             }
         }
         for (id, doc, epoch_no) in gone {
@@ -2769,15 +2929,31 @@ impl Core {
     }
 
     /// Writes each task document's pending run records and summary in one change.
-    fn flush_task_writes(&mut self) {
+    /// A document that left memory is read back first; its writes wait for it.
+    fn flush_task_writes(&mut self, now: Time) {
         for (doc, w) in std::mem::take(&mut self.task_writes) {
+            if self
+                .replica
+                .get(&doc)
+                .is_none_or(|d| d.get_heads().is_empty())
+            {
+                if w.runs.is_empty() && w.summary.is_none() {
+                    continue;
+                }
+                let waits = self
+                    .doc_waiters
+                    .get(&doc)
+                    .is_some_and(|ws| ws.iter().any(|w| matches!(w, DocWaiter::Write)));
+                self.task_writes.insert(doc.clone(), w);
+                if !waits {
+                    self.wait_for(now, &doc, DocWaiter::Write);
+                }
+                continue;
+            }
             match self.change(&doc, |d| task::record_runs(d, &w.runs, w.summary.as_ref())) {
                 Some(Ok(())) => {}
                 Some(Err(e)) => tracing::warn!(%doc, "cannot record the task's runs: {e}"),
-                None if w.runs.is_empty() => {}
-                None => {
-                    tracing::warn!(%doc, "cannot record the task's runs: its document is not loaded")
-                }
+                None => {}
             }
         }
     }
@@ -2982,12 +3158,27 @@ impl EvictQueue {
         }
     }
 
-    /// The documents that have waited at least `idle` by `now`, oldest first.
-    fn due(&self, now: Instant, idle: Duration) -> Vec<DocId> {
+    /// The documents that have waited at least `idle` by `now`, oldest first; and, beyond the
+    /// newest `keep`, those that have waited at least [`CROWDED_IDLE`].
+    fn due(&self, now: Instant, idle: Duration, keep: usize) -> Vec<DocId> {
+        let crowded = self.by_time.len().saturating_sub(keep);
         self.by_time
             .iter()
-            .take_while(|(t, _)| now >= *t + idle)
-            .map(|(_, d)| d.clone())
+            .enumerate()
+            .take_while(|(i, (t, _))| {
+                now >= *t + idle || (*i < crowded && now >= *t + CROWDED_IDLE)
+            })
+            .map(|(_, (_, d))| d.clone())
             .collect()
+    }
+
+    /// When the next document is due (see [`EvictQueue::due`]).
+    fn next_due(&self, idle: Duration, keep: usize) -> Option<Instant> {
+        let first = self.first()?;
+        Some(if self.len() > keep {
+            first + CROWDED_IDLE
+        } else {
+            first + idle
+        })
     }
 }

@@ -411,6 +411,63 @@ fn more_rotations_than_a_lineage_keeps_bring_no_task_back() {
     );
 }
 
+/// A backlog of pending tasks does not hold their documents in memory: beyond about a
+/// thousand idle ones the oldest leave within a second, all of them after `IDLE_EVICT`, and
+/// each is read again from disk when its run starts (or before: see the read-ahead below).
+#[test]
+fn a_backlog_of_pending_tasks_leaves_memory_and_still_runs() {
+    let mut one = One::new();
+    let q = one.create_queue(quick());
+    let mut ids = Vec::new();
+    for _ in 0..15 {
+        let cmds: Vec<CommandId> = (0..100).map(|_| one.submit(&q)).collect();
+        one.ack_saves();
+        one.ack_saves();
+        for cmd in cmds {
+            ids.push(submitted(one.reply(cmd)).unwrap().task_id);
+        }
+    }
+    // Nothing ends yet (the two runs started are never answered): the documents wait in
+    // memory until they are crowded out...
+    let mut t = 0;
+    for _ in 0..5 {
+        t += 100;
+        one.at(t);
+        one.ack_saves();
+    }
+    let loaded = one.core.documents_loaded();
+    assert!(
+        loaded < 1_100,
+        "{loaded} documents loaded for 1,500 pending tasks"
+    );
+    // ...and the rest leave once idle for IDLE_EVICT.
+    t += IDLE_EVICT.as_millis() as u64 + 100;
+    one.at(t);
+    one.ack_saves();
+    let loaded = one.core.documents_loaded();
+    assert!(loaded < 100, "{loaded} documents loaded after IDLE_EVICT");
+    // The documents of the tasks next in routing order stay in memory (read ahead): their
+    // starts do not wait for the disk.
+    let view = one.core.view(&q).unwrap();
+    let next: Vec<DocId> = view
+        .routable()
+        .take(16)
+        .map(|t| DocId::parse(t.id.as_str()).unwrap())
+        .collect();
+    assert_eq!(next.len(), 16);
+    for d in &next {
+        assert!(one.core.is_loaded(d), "{d} was read ahead of its start");
+    }
+    // Every task still runs: its document is loaded when its run starts.
+    let mut rounds = 0;
+    while one.core.view(&q).unwrap().total_counts().succeeded < ids.len() {
+        rounds += 1;
+        assert!(rounds < 10_000, "{:?}", one.core.view(&q).unwrap().counts());
+        t += 50;
+        one.step(t);
+    }
+}
+
 /// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written
 /// by a faulty or hostile member) neither panics the node nor makes it spin.
 #[test]

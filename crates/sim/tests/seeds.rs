@@ -321,6 +321,27 @@ mod regressions {
         passes(151);
     }
 
+    /// A node cut off on the queue's first document took five submits there after the
+    /// others had retired epoch 1. They carried those late writes into epoch 1, their first
+    /// document's successor, which nobody carried from any more: six tasks were lost. A held
+    /// document whose target is retired now carries into the current one. Found once task
+    /// documents were read ahead of their start (timings moved).
+    #[test]
+    fn seed_66_late_writes_skip_a_retired_epoch() {
+        passes(66);
+    }
+
+    /// A node whose own messages were lost for 12 s jumped from epoch 0 to epoch 2. It held
+    /// the epoch-1 document only as an empty shell (its fetch had found no member answering,
+    /// and such a document was never asked for again), counted it as held, and carried back
+    /// three tasks that had ended in epoch 1. A carry now waits for every document of the
+    /// chain with its content, and a document no member had is asked for again when a peer
+    /// connects. Found once pending tasks' documents left memory (timings moved).
+    #[test]
+    fn seed_133_a_carry_waits_for_an_empty_chain_document() {
+        passes(133);
+    }
+
     /// A loser carried into the winner without the winning chain's documents at hand, and
     /// brought back a task dropped there. Such a carry now waits for them.
     #[test]
