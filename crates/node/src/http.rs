@@ -65,7 +65,8 @@ impl From<QueueError> for ApiError {
             QueueError::BadId(_) | QueueError::Create(_) => StatusCode::BAD_REQUEST,
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            QueueError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // Busy or stopping: a client may try again (here later, or another node).
+            QueueError::Busy(_) | QueueError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -77,7 +78,7 @@ impl From<SubmitError> for ApiError {
         let code = match e {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SubmitError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SubmitError::Busy(_) | SubmitError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
             SubmitError::TooMany(_) => StatusCode::PAYLOAD_TOO_LARGE,
             SubmitError::NotDurable(_) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -95,8 +96,7 @@ impl From<TaskError> for ApiError {
             }
             TaskError::NotATask(..) => StatusCode::UNPROCESSABLE_ENTITY,
             TaskError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
-            TaskError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-            TaskError::Stopped => StatusCode::INTERNAL_SERVER_ERROR,
+            TaskError::Busy(_) | TaskError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError(code, e.to_string())
     }
@@ -245,4 +245,27 @@ async fn wait_task(
     let Query(q) = q?;
     let timeout = Duration::from_millis(q.timeout_ms.unwrap_or(30_000)).min(MAX_WAIT);
     Ok(Json(node.wait_task(&TaskId::new(id), timeout).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that is stopping answers 503, as a busy one does: the request may succeed
+    /// later or on another node, and nothing went wrong in it.
+    #[test]
+    fn a_stopping_node_answers_service_unavailable() {
+        assert_eq!(
+            ApiError::from(QueueError::Stopped).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ApiError::from(SubmitError::Stopped).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            ApiError::from(TaskError::Stopped).0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+    }
 }
