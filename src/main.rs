@@ -434,6 +434,12 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
         s.queue,
         s.attempts.len()
     );
+    if let (Some(p), Some(u), Some(m)) = (s.priority, s.urgent, s.max_attempts) {
+        println!(
+            "  priority {p}{}  max attempts {m}",
+            if u { " (urgent)" } else { "" }
+        );
+    }
     if let Some(r) = &s.result {
         println!("  result {r}");
     }

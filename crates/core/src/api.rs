@@ -166,6 +166,16 @@ pub struct TaskStatus {
     pub submitter: String,
     /// Its input.
     pub input: serde_json::Value,
+    /// Its priority, while the queue's current epoch indexes it (not after it finished and
+    /// left the live document).
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// Whether it was submitted urgent (same as `priority`).
+    #[serde(default)]
+    pub urgent: Option<bool>,
+    /// The attempts it may take (same as `priority`).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
     /// The result of the first successful run, once this node has it.
     pub result: Option<serde_json::Value>,
     /// The last error, if an attempt failed.

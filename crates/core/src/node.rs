@@ -1654,7 +1654,13 @@ impl Core {
             .queues
             .get(&t.queue)
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
-        let (state, attempts, error) = match (q.view.task(task), &t.summary) {
+        let entry = q.view.task(task);
+        let (priority, urgent, max_attempts) = (
+            entry.map(|e| e.priority),
+            entry.map(|e| e.urgent),
+            entry.map(|e| e.max_attempts),
+        );
+        let (state, attempts, error) = match (entry, &t.summary) {
             (Some(entry), _) => (entry.state(), entry.attempts.clone(), last_error(entry)),
             // Finished and no longer carried by the queue's current epoch: its summary.
             (None, Some(s)) => (s.state, s.attempts.clone(), s.error.clone()),
@@ -1669,6 +1675,9 @@ impl Core {
             submitter: t.submitter.to_string(),
             result: t.result().cloned(),
             input: t.input.clone(),
+            priority,
+            urgent,
+            max_attempts,
             error,
             attempts,
             runs: t.runs,
