@@ -248,7 +248,7 @@ pub struct Core {
     task_writes: BTreeMap<DocId, TaskWrites>,
     /// The documents of each queue's first pending tasks in routing order (at most
     /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
-    prefetch: BTreeMap<QueueId, BTreeSet<DocId>>,
+    prefetch: BTreeMap<QueueId, BTreeSet<TaskId>>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
@@ -1126,7 +1126,7 @@ impl Core {
             || self.task_waiters.iter().any(|w| w.task == task)
             || self.task_writes.contains_key(doc)
             || self.acking.contains(doc)
-            || self.prefetch.values().any(|p| p.contains(doc))
+            || self.prefetch.values().any(|p| p.contains(&task))
     }
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
@@ -1837,21 +1837,23 @@ impl Core {
     /// a start does not wait for the disk; the ones that left the window may leave memory.
     fn prefetch(&mut self, now: Time, id: &QueueId, view: &QueueView) {
         let want = PREFETCH_PER_WORKER * self.config.workers as usize;
-        let window: BTreeSet<DocId> = view
-            .routable()
-            .take(want)
-            .filter_map(|t| task_doc(&t.id))
-            .collect();
-        for doc in &window {
-            if !self.replica.is_loaded(doc) {
-                self.replica.fetch(doc, now.mono);
+        let window: BTreeSet<TaskId> = view.routable().take(want).map(|t| t.id.clone()).collect();
+        let old = self.prefetch.remove(id).unwrap_or_default();
+        // Only the tasks that entered or left the window: a task id is parsed (and its
+        // checksum verified) into a document id once per move, not once per refresh.
+        for t in window.difference(&old) {
+            if let Some(doc) = task_doc(t)
+                && !self.replica.is_loaded(&doc)
+            {
+                self.replica.fetch(&doc, now.mono);
             }
         }
-        let old = self.prefetch.insert(id.clone(), window).unwrap_or_default();
-        let window = &self.prefetch[id];
-        for doc in old.difference(window) {
-            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+        for t in old.difference(&window) {
+            if let Some(doc) = task_doc(t) {
+                self.to_evict.insert_if_absent(doc, now.mono);
+            }
         }
+        self.prefetch.insert(id.clone(), window);
     }
 
     // ----- epochs -----
