@@ -75,6 +75,10 @@ struct Sealed {
     epoch: u64,
     /// When this node moved past it.
     since: Instant,
+    /// Its target was retired here, after this node had carried it up to `carried` along
+    /// the chain: it now carries into the current document, and a task it indexed at
+    /// `carried` was carried along already (so the chain's documents are not needed).
+    forwarded: bool,
 }
 
 /// Bound on the announced epoch documents a queue keeps to look at.
@@ -2048,6 +2052,7 @@ impl Core {
                     dirty: true,
                     epoch: epoch_no,
                     since: now.mono,
+                    forwarded: false,
                 },
             );
             self.epoch_docs.insert(n, id.clone());
@@ -2138,6 +2143,7 @@ impl Core {
                         dirty: true,
                         epoch: e,
                         since: now.mono,
+                        forwarded: false,
                     },
                 );
                 self.epoch_docs.insert(d, id.clone());
@@ -2157,6 +2163,7 @@ impl Core {
                 dirty: true,
                 epoch: from_epoch,
                 since: now.mono,
+                forwarded: false,
             },
         );
         // Where each sealed document's late writes go now: the document `to` continues
@@ -2168,6 +2175,7 @@ impl Core {
                 s.into = to.clone();
                 s.into_epoch = epoch_no;
                 s.carried = prev.as_ref().map(|p| p.heads.clone()).unwrap_or_default();
+                s.forwarded = false;
                 s.dirty = true;
             } else if s.into != to
                 && s.into != root
@@ -2176,6 +2184,7 @@ impl Core {
                 s.into = to.clone();
                 s.into_epoch = epoch_no;
                 s.carried = vec![];
+                s.forwarded = false;
                 s.dirty = true;
             }
         }
@@ -2271,21 +2280,21 @@ impl Core {
         let Some(q) = self.queues.get_mut(id) else {
             return false;
         };
-        let mut dirty: Vec<(DocId, DocId, Vec<ChangeHash>)> = q
+        let mut dirty: Vec<(DocId, DocId, Vec<ChangeHash>, bool)> = q
             .sealed
             .iter_mut()
             .filter(|(_, s)| s.dirty)
             .map(|(d, s)| {
                 s.dirty = false;
-                (d.clone(), s.into.clone(), s.carried.clone())
+                (d.clone(), s.into.clone(), s.carried.clone(), s.forwarded)
             })
             .collect();
         // The chain first: a task a late write of the chain brings back in is there when a
         // losing branch's record of its end is carried.
-        dirty.sort_by_cached_key(|(from, into, _)| self.off_chain(id, from, into));
+        dirty.sort_by_cached_key(|(from, into, _, _)| self.off_chain(id, from, into));
         // The documents that carries brought tasks into, and from where.
         let mut grown: BTreeMap<DocId, BTreeSet<DocId>> = BTreeMap::new();
-        for (from, into, since) in dirty {
+        for (from, into, since, forwarded) in dirty {
             if self
                 .replica
                 .get(&from)
@@ -2313,7 +2322,9 @@ impl Core {
                 .get(&from)
                 .and_then(epoch::read_epoch)
                 .map_or(0, |e| e.0);
-            let direct = prev.as_ref().is_some_and(|p| p.doc == from.as_str());
+            // A forwarded document carries as if into its direct successor, from the heads it
+            // carried along the chain before (see `Sealed::forwarded`).
+            let direct = forwarded || prev.as_ref().is_some_and(|p| p.doc == from.as_str());
             let ancestor = root.as_ref() == Some(&from)
                 || epoch::on_lineage(&lineage, from.as_str(), Some(from_epoch));
             // The documents of the target's chain this node holds, newer than `from` if `from`
@@ -2382,7 +2393,9 @@ impl Core {
                 }
             }
             // Where `from` was sealed into the target's chain: the seal heads.
-            let heads = if direct {
+            let heads = if forwarded {
+                Some(since.clone())
+            } else if direct {
                 prev.as_ref().map(|p| p.heads.clone())
             } else if ancestor {
                 let next = lineage
@@ -2631,6 +2644,7 @@ impl Core {
                 if gone.iter().any(|(g, d, _)| g == id && *d == s.into) {
                     s.into = cur.clone();
                     s.into_epoch = cur_epoch;
+                    s.forwarded = !s.carried.is_empty();
                     s.dirty = true;
                 }
             }
