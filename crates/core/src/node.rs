@@ -2538,6 +2538,12 @@ impl Core {
         let Role::Active { claim, .. } = q.router.role() else {
             return;
         };
+        // The successor is built from the view and sealed at the document's heads: a view
+        // behind the document (a carry or a peer's change since its refresh) would leave out
+        // tasks the seal covers, and those are never carried afterwards.
+        if self.stale.contains(id) {
+            return;
+        }
         let view = q.view.clone();
         if view.router.as_ref() != Some(claim)
             || !view.routable_version()

@@ -373,6 +373,15 @@ mod regressions {
         passes_with(2023, FaultMix::partitions());
     }
 
+    /// The router rotated in the same turn as it carried a late submit into its current
+    /// document: the successor was built from the view of before the carry but sealed at the
+    /// document's heads after it, so the task was neither in the successor nor a late write
+    /// (lost). A router no longer rotates while its view is behind its document.
+    #[test]
+    fn seed_2200_partitions_a_rotation_waits_for_a_fresh_view() {
+        passes_with(2200, FaultMix::partitions());
+    }
+
     /// A retired losing successor was named again by a stale peer and carried from anew,
     /// bringing back a finished task. A retired epoch is never followed or carried again.
     #[test]
