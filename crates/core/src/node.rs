@@ -1584,6 +1584,7 @@ impl Core {
                 && self.saves.is_durable(&w.queue_doc, w.queue_version);
             if !durable {
                 if let Some(e) = failing {
+                    self.release_acking(now, &w);
                     let reply = match w.answer {
                         SubmitAnswer::One(_) => Reply::Submitted(Err(SubmitError::NotDurable(e))),
                         SubmitAnswer::Many(_) => {
@@ -1614,6 +1615,7 @@ impl Core {
                 self.submit_waits.push(w);
                 continue;
             }
+            self.release_acking(now, &w);
             let reply = match w.answer {
                 SubmitAnswer::One(task_id) => Reply::Submitted(Ok(api::Submitted {
                     task_id,
@@ -1634,16 +1636,13 @@ impl Core {
             };
             self.replies.push_back((w.cmd, reply));
         }
-        let acking: BTreeSet<DocId> = self
-            .submit_waits
-            .iter()
-            .flat_map(|w| w.tasks.iter().map(|(d, _, _)| d.clone()))
-            .collect();
-        // Answered: their documents may leave memory once idle.
-        for d in std::mem::replace(&mut self.acking, acking) {
-            if !self.acking.contains(&d) {
-                self.to_evict.insert_if_absent(d, now.mono);
-            }
+    }
+
+    /// A submit is answered: its documents may leave memory once idle.
+    fn release_acking(&mut self, now: Time, w: &SubmitWait) {
+        for (d, _, _) in &w.tasks {
+            self.acking.remove(d);
+            self.to_evict.insert_if_absent(d.clone(), now.mono);
         }
     }
 
