@@ -1397,6 +1397,8 @@ fn floor(n: usize) -> anyhow::Result<f64> {
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                // As a node submits a noop task: inline.
+                input: Some("{}".into()),
             },
         )
         .context("floor: submit")?;

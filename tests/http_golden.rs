@@ -98,6 +98,21 @@ fn steps() -> Vec<Step> {
         case("task_succeeded", "a task that succeeded, with its result")
             .get("/v1/tasks/<task:hashed>")
             .into(),
+        case(
+            "submit_document_task",
+            "submitting a task whose input is too large to be inline: it gets a task document",
+        )
+        .post("/v1/queues/<queue:main>/tasks")
+        .json(json!({ "kind": "sha256", "input": { "data": "d".repeat(300), "rounds": 1 } }))
+        .capture("task_id", "<task:document>")
+        .into(),
+        Step::Settle(Settle::Finished("<task:document>")),
+        case(
+            "task_document_succeeded",
+            "a task with a task document that succeeded, with its result",
+        )
+        .get("/v1/tasks/<task:document>")
+        .into(),
         // GET /v1/tasks/{id}/wait
         case(
             "wait_succeeded",
@@ -203,7 +218,7 @@ fn steps() -> Vec<Step> {
             .post("/v1/queues/not-a-queue/join")
             .into(),
         case("join_task_id", "joining a task's document")
-            .post("/v1/queues/<task:hashed>/join")
+            .post("/v1/queues/<task:document>/join")
             .into(),
         // Errors of POST /v1/queues/{id}/tasks. Batch submits (a JSON array body) go here too:
         // `.json(json!([{ "kind": "noop" }, ...]))`; a successful one before `status_busy`

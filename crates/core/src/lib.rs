@@ -143,7 +143,16 @@ pub struct Config {
     /// How long a sealed epoch's document is kept after this node moved past it
     /// ([`EPOCH_RETAIN`] by default).
     pub epoch_retain: Duration,
+    /// The largest input (bytes of JSON text) this node submits inline: in the queue
+    /// document's entry, with no task document ([`INLINE_INPUT_MAX`] by default; 0 gives every
+    /// task a document).
+    pub inline_input_max: usize,
 }
+
+/// The default `Config::inline_input_max`. A task whose input's JSON text is at most this
+/// long lives in its queue document alone: its input in its entry, its runs' results and
+/// logs with their ends. A larger input gets a task document of its own.
+pub const INLINE_INPUT_MAX: usize = 256;
 
 /// The default `Config::rotate_ratio`.
 pub const ROTATE_RATIO: usize = 2;
@@ -165,7 +174,15 @@ impl Config {
             rotate_ratio: ROTATE_RATIO,
             rotate_min_live: ROTATE_MIN_LIVE,
             epoch_retain: EPOCH_RETAIN,
+            inline_input_max: INLINE_INPUT_MAX,
         }
+    }
+
+    /// The same settings, submitting inputs of at most `max` bytes inline (see
+    /// `Config::inline_input_max`).
+    pub fn with_inline_input_max(mut self, max: usize) -> Self {
+        self.inline_input_max = max;
+        self
     }
 
     /// The same settings, keeping sealed epochs for `retain` (see `Config::epoch_retain`).
@@ -367,6 +384,18 @@ pub enum Io {
     Subscribe {
         /// The topic.
         topic: String,
+    },
+    /// Keep the final status of inline tasks (which have no task document) once the queue
+    /// document stops carrying them: each record is a task and its [`api::TaskStatus`] as
+    /// JSON. No answer; the store keeps the latest ones up to its retention.
+    Archive {
+        /// The records.
+        records: Vec<(TaskId, Vec<u8>)>,
+    },
+    /// Read a task's archived status; answer with [`Core::handle_archived`].
+    Lookup {
+        /// The task.
+        task: TaskId,
     },
     /// Remember that this node joined a queue, so that a restart reopens it.
     RememberQueue {

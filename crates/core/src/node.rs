@@ -8,8 +8,8 @@ use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::epoch::{self, Latest, Link, Seal};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptOutcome, Changed, Claim, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
-    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
+    AttemptId, AttemptOutcome, Changed, Claim, Output, PeerId, QueueConfig, QueueId, QueueView,
+    RunningReport, Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};
@@ -99,6 +99,10 @@ const CROWDED_IDLE: Duration = Duration::from_millis(200);
 /// How many pending tasks per worker of this node have their documents read ahead of their
 /// start: those first in routing order. A pending task's document otherwise stays on disk.
 const PREFETCH_PER_WORKER: usize = 8;
+
+/// Archived statuses kept in memory as well, the latest: a lookup right after an archive
+/// write answers without waiting for the disk.
+const RECENT_ARCHIVED: usize = 4_096;
 
 /// Bound on the carrying rounds of one turn ([`Core::carry_late`]).
 const MAX_CARRY_ROUNDS: usize = 4;
@@ -253,6 +257,18 @@ pub struct Core {
     /// The documents of each queue's first pending tasks in routing order (at most
     /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
     prefetch: BTreeMap<QueueId, BTreeSet<TaskId>>,
+    /// What the runs of inline tasks produced, from their end until the pool's finish writes
+    /// it with the end: at most one per worker.
+    outputs: BTreeMap<(TaskId, AttemptId), Output>,
+    /// Final statuses of inline tasks to archive at the end of the turn (tasks that became
+    /// final in this turn's refreshes).
+    to_archive: Vec<(TaskId, Vec<u8>)>,
+    /// The latest archived statuses, also in memory: at most [`RECENT_ARCHIVED`].
+    recent_archived: BTreeMap<TaskId, Vec<u8>>,
+    /// `recent_archived`'s keys, oldest first.
+    recent_order: VecDeque<TaskId>,
+    /// Status requests waiting for an archive lookup, by task: counted in [`MAX_WAITERS`].
+    lookups: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
@@ -316,6 +332,11 @@ impl Core {
             attempt_writes: BTreeMap::new(),
             task_writes: BTreeMap::new(),
             prefetch: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            to_archive: Vec::new(),
+            recent_archived: BTreeMap::new(),
+            recent_order: VecDeque::new(),
+            lookups: BTreeMap::new(),
             next_run: 0,
             seen: BTreeMap::new(),
             transmit: VecDeque::new(),
@@ -695,14 +716,29 @@ impl Core {
             task: run.task.clone(),
             ok,
         });
-        if let Some(tdoc) = task_doc(&run.task) {
+        let key = (run.task.clone(), run.attempt.clone());
+        if self.inline_input(&run.queue, &run.task).is_some() {
+            // Written with the attempt's end, in the queue document.
+            let output = Output {
+                // A null result (a no-op's) is not written: it reads back as null.
+                result: task_end
+                    .result
+                    .as_ref()
+                    .filter(|v| !v.is_null())
+                    .and_then(|v| serde_json::to_string(v).ok()),
+                logs: task_end.logs,
+            };
+            self.outputs.insert(key.clone(), output);
+        } else if let Some(tdoc) = task_doc(&run.task) {
             self.task_writes
                 .entry(tdoc)
                 .or_default()
                 .runs
                 .push((start, task_end));
         }
-        self.pool.handle_finished(run.worker.index, end);
+        if !self.pool.handle_finished(run.worker.index, end) {
+            self.outputs.remove(&key);
+        }
         self.turn(now);
     }
 
@@ -854,6 +890,7 @@ impl Core {
             }
         }
         self.flush_task_writes(now);
+        self.flush_archive();
         for save in self.saves.take_writes(&self.replica) {
             self.io.push_back(Io::Save(save));
         }
@@ -932,6 +969,7 @@ impl Core {
         self.doc_waiters.values().map(Vec::len).sum::<usize>()
             + self.join_retries.len()
             + self.task_waiters.len()
+            + self.lookups.values().map(Vec::len).sum::<usize>()
     }
 
     /// A document this node waited for is loaded.
@@ -1207,13 +1245,13 @@ impl Core {
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
             Command::SubmitMany { queue, tasks } => self.submit_many(now, cmd, queue, tasks),
             Command::TaskStatus { task, wait } => {
-                let Some(doc) = task_doc(&task) else {
+                if task_doc(&task).is_none() {
                     self.replies.push_back((
                         cmd,
                         Reply::Task(Box::new(Err(TaskError::BadId(task.to_string())))),
                     ));
                     return;
-                };
+                }
                 if self.waiting() >= MAX_WAITERS {
                     self.replies.push_back((
                         cmd,
@@ -1222,18 +1260,7 @@ impl Core {
                     return;
                 }
                 let wait_until = wait.map(|w| now.mono + w.min(MAX_WAIT));
-                let deadline = now.mono + FIND_TIMEOUT;
-                // Answered at once if the document is here with content, else once it arrives.
-                self.wait_for(
-                    now,
-                    &doc,
-                    DocWaiter::Status {
-                        cmd,
-                        task,
-                        wait_until,
-                        deadline,
-                    },
-                );
+                self.find_status(now, cmd, task, wait_until);
             }
             Command::Status => {
                 let status = self.status();
@@ -1476,21 +1503,29 @@ impl Core {
                 answers.push(Err(e.to_string()));
                 continue;
             }
-            let mut doc = self.new_doc();
-            let new = NewTask {
-                queue: queue_id.clone(),
-                kind: req.kind.clone(),
-                input: req.input,
-                submitter: self.config.peer.clone(),
-                submitted_at: now.unix_ms,
-            };
-            if let Err(e) = task::init(&mut doc, &new) {
-                if !many {
-                    return Err(e.into());
+            let text = serde_json::to_string(&req.input).unwrap_or_default();
+            let inline = !text.is_empty() && text.len() <= self.config.inline_input_max;
+            // Inline: the entry carries the input and there is no task document.
+            let doc = if inline {
+                None
+            } else {
+                let mut doc = self.new_doc();
+                let new = NewTask {
+                    queue: queue_id.clone(),
+                    kind: req.kind.clone(),
+                    input: req.input,
+                    submitter: self.config.peer.clone(),
+                    submitted_at: now.unix_ms,
+                };
+                if let Err(e) = task::init(&mut doc, &new) {
+                    if !many {
+                        return Err(e.into());
+                    }
+                    answers.push(Err(SubmitError::from(e).to_string()));
+                    continue;
                 }
-                answers.push(Err(SubmitError::from(e).to_string()));
-                continue;
-            }
+                Some(doc)
+            };
             let tdoc = DocId::generate(&mut self.rng);
             let task_id = TaskId::new(tdoc.as_str());
             submissions.push(Submission {
@@ -1501,9 +1536,12 @@ impl Core {
                 priority: req.priority,
                 urgent: req.urgent,
                 max_attempts: req.max_attempts,
+                input: inline.then_some(text),
             });
             answers.push(Ok(task_id));
-            docs.push((tdoc, doc));
+            if let Some(doc) = doc {
+                docs.push((tdoc, doc));
+            }
         }
         // The task documents first, so that they are scoped (indexed) when peers receive the
         // entries.
@@ -1646,7 +1684,131 @@ impl Core {
         }
     }
 
+    /// Answers a status request: from a view for a task a queue indexes (with its task
+    /// document if it has one), else from the archive of inline tasks, else from the task's
+    /// document, loaded or fetched.
+    fn find_status(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        task: TaskId,
+        wait_until: Option<Instant>,
+    ) {
+        let indexed = self.queues.values().any(|q| q.view.task(&task).is_some());
+        if indexed && self.inline_task(&task).is_some() {
+            self.answer_status(now, cmd, task, wait_until);
+            return;
+        }
+        if !indexed {
+            if let Some(json) = self.recent_archived.get(&task) {
+                let reply = archived_status(&task, json);
+                self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
+                return;
+            }
+            let asked = self.lookups.contains_key(&task);
+            self.lookups
+                .entry(task.clone())
+                .or_default()
+                .push((cmd, wait_until));
+            if !asked {
+                self.io.push_back(Io::Lookup { task });
+            }
+            return;
+        }
+        self.status_from_doc(now, cmd, task, wait_until);
+    }
+
+    /// Answers a status request once the task's document is here with content.
+    fn status_from_doc(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        task: TaskId,
+        wait_until: Option<Instant>,
+    ) {
+        let Some(doc) = task_doc(&task) else {
+            let reply = Err(TaskError::BadId(task.to_string()));
+            self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
+            return;
+        };
+        let deadline = now.mono + FIND_TIMEOUT;
+        self.wait_for(
+            now,
+            &doc,
+            DocWaiter::Status {
+                cmd,
+                task,
+                wait_until,
+                deadline,
+            },
+        );
+    }
+
+    /// The archive's answer for a task (see [`Io::Lookup`]): its final status, or `None` if
+    /// it is not archived here, in which case the requests look for its task document.
+    pub fn handle_archived(&mut self, now: Time, task: TaskId, status: Option<Vec<u8>>) {
+        let waiting = self.lookups.remove(&task).unwrap_or_default();
+        for (cmd, wait_until) in waiting {
+            match &status {
+                Some(json) => {
+                    let reply = archived_status(&task, json);
+                    self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
+                }
+                None if self.inline_task(&task).is_some() => {
+                    // Indexed meanwhile (its entry arrived).
+                    self.answer_status(now, cmd, task.clone(), wait_until);
+                }
+                None => self.status_from_doc(now, cmd, task.clone(), wait_until),
+            }
+        }
+        self.turn(now);
+    }
+
+    /// Hands the turn's archive records to the driver, and keeps the latest in memory.
+    fn flush_archive(&mut self) {
+        if self.to_archive.is_empty() {
+            return;
+        }
+        let records = std::mem::take(&mut self.to_archive);
+        for (task, json) in &records {
+            if self
+                .recent_archived
+                .insert(task.clone(), json.clone())
+                .is_none()
+            {
+                self.recent_order.push_back(task.clone());
+            }
+        }
+        while self.recent_order.len() > RECENT_ARCHIVED {
+            if let Some(t) = self.recent_order.pop_front() {
+                self.recent_archived.remove(&t);
+            }
+        }
+        self.io.push_back(Io::Archive { records });
+    }
+
+    /// The input (JSON text) of an inline task that the queue's current view indexes.
+    fn inline_input(&self, queue: &QueueId, task: &TaskId) -> Option<String> {
+        self.queues.get(queue)?.view.task(task)?.input.clone()
+    }
+
+    /// The queue and entry of an inline task that a joined queue's current view indexes.
+    fn inline_task(&self, task: &TaskId) -> Option<(&QueueId, &Queue, &TaskEntry)> {
+        self.queues.iter().find_map(|(id, q)| {
+            q.view
+                .task(task)
+                .filter(|t| t.input.is_some())
+                .map(|t| (id, q, t))
+        })
+    }
+
     fn status_of(&self, task: &TaskId) -> Result<api::TaskStatus, TaskError> {
+        if let Some((id, q, t)) = self.inline_task(task) {
+            return match self.replica.get(&q.doc) {
+                Some(d) => Ok(inline_status(id, t, d)),
+                None => Err(TaskError::NotFound(task.clone())),
+            };
+        }
         let doc = task_doc(task).ok_or_else(|| TaskError::BadId(task.to_string()))?;
         let d = self
             .replica
@@ -1727,7 +1889,14 @@ impl Core {
                 ));
                 continue;
             }
-            if !self.replica.is_loaded(&doc) {
+            let indexed = self.queues.values().any(|q| q.view.task(&w.task).is_some());
+            if !indexed && !self.replica.is_loaded(&doc) {
+                // It left the current epoch (an inline task, archived once final) or its
+                // document left memory: look again.
+                self.find_status(now, w.cmd, w.task, Some(w.until));
+                continue;
+            }
+            if !self.replica.is_loaded(&doc) && self.inline_task(&w.task).is_none() {
                 // Evicted meanwhile: load it again and answer when it is back.
                 let deadline = now.mono + FIND_TIMEOUT;
                 self.wait_for(
@@ -1794,6 +1963,17 @@ impl Core {
             if before == Some(final_now) {
                 continue;
             }
+            if t.input.is_some() {
+                // Inline: no task document. Its final status is archived (again after a
+                // restart: archiving is idempotent), to answer once no epoch carries it.
+                if final_now && let Some(d) = self.replica.get(&q.doc) {
+                    let status = inline_status(id, t, d);
+                    if let Ok(json) = serde_json::to_vec(&status) {
+                        self.to_archive.push((tid.clone(), json));
+                    }
+                }
+                continue;
+            }
             let Some(td) = task_doc(tid) else { continue };
             self.replica.set_scope(
                 &td,
@@ -1840,7 +2020,14 @@ impl Core {
     /// a start does not wait for the disk; the ones that left the window may leave memory.
     fn prefetch(&mut self, now: Time, id: &QueueId, view: &QueueView) {
         let want = PREFETCH_PER_WORKER * self.config.workers as usize;
-        let window: BTreeSet<TaskId> = view.routable().take(want).map(|t| t.id.clone()).collect();
+        // The first pending tasks, of which only those with a task document (not inline) have
+        // one to read: filtering first would scan every pending inline task.
+        let window: BTreeSet<TaskId> = view
+            .routable()
+            .take(want)
+            .filter(|t| t.input.is_none())
+            .map(|t| t.id.clone())
+            .collect();
         let old = self.prefetch.remove(id).unwrap_or_default();
         // Only the tasks that entered or left the window: a task id is parsed (and its
         // checksum verified) into a document id once per move, not once per refresh.
@@ -2756,6 +2943,20 @@ impl Core {
     fn pool_action(&mut self, now: Time, action: PoolAction) {
         match action {
             PoolAction::Start(run) => {
+                if let Some(input) = self.inline_input(&run.queue, &run.task) {
+                    let input = match serde_json::from_str(&input) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.pool.handle_start_failed(
+                                run.worker.index,
+                                format!("unreadable inline input: {e}"),
+                            );
+                            return;
+                        }
+                    };
+                    self.start_with(run, input);
+                    return;
+                }
                 let Some(doc) = task_doc(&run.task) else {
                     self.pool.handle_start_failed(
                         run.worker.index,
@@ -2783,7 +2984,10 @@ impl Core {
                         reason: error.clone().unwrap_or_default(),
                     });
                 }
+                let output = self.outputs.remove(&(task.clone(), attempt.clone()));
+                let inline = self.inline_input(&qid, &task).is_some();
                 if outcome == AttemptOutcome::Interrupted
+                    && !inline
                     && let (Some(inc), Some(doc)) = (started_by, task_doc(&task))
                 {
                     // The earlier life recorded the start in the queue document only.
@@ -2824,6 +3028,7 @@ impl Core {
                             worker,
                             outcome,
                             error,
+                            output,
                         },
                         started: None,
                     });
@@ -2868,6 +3073,13 @@ impl Core {
                 return;
             }
         };
+        self.start_with(run, input);
+    }
+
+    /// Starts a run whose input is at hand: records the start, then (once it is written) asks
+    /// the driver to run the handler.
+    fn start_with(&mut self, run: Run, input: serde_json::Value) {
+        let index = run.worker.index;
         if !self.queues.contains_key(&run.queue) {
             self.pool
                 .handle_start_failed(index, "this node left the task's queue".into());
@@ -3210,5 +3422,82 @@ impl EvictQueue {
         } else {
             first + idle
         })
+    }
+}
+
+/// The status of an inline task from its queue's view and document (its runs' outputs are
+/// read from the document: the view does not keep them).
+fn inline_status(queue: &QueueId, t: &TaskEntry, doc: &Automerge) -> api::TaskStatus {
+    let outputs: BTreeMap<AttemptId, Output> = piecework_queue_doc::read_outputs(doc, &t.id)
+        .into_iter()
+        .collect();
+    let runs: Vec<task::Run> = t
+        .attempts
+        .iter()
+        .filter_map(|a| {
+            let started = a.started.as_ref()?;
+            let f = a.finished.as_ref()?;
+            let out = outputs.get(&a.id);
+            Some(task::Run {
+                attempt: a.id.clone(),
+                worker: a.worker.clone(),
+                incarnation: started.incarnation,
+                started_at: started.at,
+                end: Some(TaskRunEnd {
+                    outcome: f.outcome,
+                    at: f.at,
+                    // A success with no result written returned null.
+                    result: out
+                        .and_then(|o| o.result.as_deref())
+                        .and_then(|r| serde_json::from_str(r).ok())
+                        .or((f.outcome == AttemptOutcome::Succeeded)
+                            .then_some(serde_json::Value::Null)),
+                    error: f.error.clone(),
+                    logs: out.map(|o| o.logs.clone()).unwrap_or_default(),
+                }),
+            })
+        })
+        .collect();
+    let result = runs
+        .iter()
+        .filter_map(|r| r.end.as_ref())
+        .find(|e| e.outcome == AttemptOutcome::Succeeded)
+        .and_then(|e| e.result.clone());
+    api::TaskStatus {
+        id: t.id.clone(),
+        queue: queue.clone(),
+        kind: t.kind.clone(),
+        state: t.state(),
+        submitted_at: t.submitted_at,
+        submitter: t.submitter.to_string(),
+        input: t
+            .input
+            .as_deref()
+            .and_then(|i| serde_json::from_str(i).ok())
+            .unwrap_or(serde_json::Value::Null),
+        priority: Some(t.priority),
+        urgent: Some(t.urgent),
+        max_attempts: Some(t.max_attempts),
+        result,
+        error: last_error(t),
+        attempts: t.attempts.clone(),
+        runs,
+    }
+}
+
+/// An archived status, as the archive keeps it: the task's final status when it was archived
+/// (with what only the live document knew, its priority, urgency and attempt limit, unset).
+fn archived_status(task: &TaskId, json: &[u8]) -> Result<api::TaskStatus, TaskError> {
+    match serde_json::from_slice::<api::TaskStatus>(json) {
+        Ok(mut s) => {
+            s.priority = None;
+            s.urgent = None;
+            s.max_attempts = None;
+            Ok(s)
+        }
+        Err(e) => {
+            tracing::warn!(%task, "unreadable archived status: {e}");
+            Err(TaskError::NotFound(task.clone()))
+        }
     }
 }

@@ -14,7 +14,9 @@ use piecework_core::{
     Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, RunResult,
     SAVE_FAILURES_REPORTED, Save, Time, Wire,
 };
-use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, RouterBeat, TaskState, queue};
+use piecework_queue_doc::{
+    Claim, PeerId, QueueConfig, QueueId, RouterBeat, TaskId, TaskState, queue,
+};
 use piecework_replica::DocId;
 
 /// A core and everything around it: a disk, a clock, and what it asked for.
@@ -30,6 +32,9 @@ struct One {
     events: Vec<Event>,
     /// Frames the core sent, for a test that carries them to another core.
     frames: Vec<(PeerId, Vec<u8>)>,
+    /// The archive of inline tasks' final statuses (on disk), and the lookups asked of it.
+    archive: BTreeMap<TaskId, Vec<u8>>,
+    lookups: Vec<TaskId>,
     next: u64,
 }
 
@@ -59,6 +64,8 @@ impl One {
             replies: vec![],
             events: vec![],
             frames: vec![],
+            archive: BTreeMap::new(),
+            lookups: vec![],
             next: 0,
         };
         one.drain();
@@ -74,6 +81,8 @@ impl One {
                 Io::Save(s) => self.saves.push(s),
                 Io::Load { doc } => self.loads.push(doc),
                 Io::Run(r) => self.runs.push(r),
+                Io::Archive { records } => self.archive.extend(records),
+                Io::Lookup { task } => self.lookups.push(task),
                 _ => {}
             }
         }
@@ -151,6 +160,11 @@ impl One {
             self.core.handle_loaded(self.now, &doc, Ok(chunks));
             self.drain();
         }
+        for task in std::mem::take(&mut self.lookups) {
+            let status = self.archive.get(&task).cloned();
+            self.core.handle_archived(self.now, task, status);
+            self.drain();
+        }
     }
 
     fn create_queue(&mut self, config: QueueConfig) -> QueueId {
@@ -203,7 +217,8 @@ fn submitted(r: Option<Reply>) -> Result<piecework_core::api::Submitted, SubmitE
 /// on disk, and writes of one document never overlap.
 #[test]
 fn a_submit_is_acknowledged_only_when_both_documents_are_on_disk() {
-    let mut one = One::new();
+    // Task documents: no task is inline.
+    let mut one = One::with(|c| c.inline_input_max = 0);
     let q = one.create_queue(QueueConfig::default());
     let first = one.submit(&q);
     assert_eq!(
@@ -240,7 +255,8 @@ fn a_submit_is_acknowledged_only_when_both_documents_are_on_disk() {
 /// submit whose documents cannot be written gets an error instead of hanging or lying.
 #[test]
 fn a_failed_save_is_retried_and_a_submit_that_cannot_be_durable_gets_an_error() {
-    let mut one = One::new();
+    // Task documents: no task is inline.
+    let mut one = One::with(|c| c.inline_input_max = 0);
     let q = one.create_queue(QueueConfig::default());
     let cmd = one.submit(&q);
     one.fail_saves();
@@ -291,7 +307,8 @@ fn a_failed_save_is_retried_and_a_submit_that_cannot_be_durable_gets_an_error() 
 /// Fault 8: a task document loaded for a lookup leaves memory once idle and saved.
 #[test]
 fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
-    let mut one = One::new();
+    // Task documents: no task is inline.
+    let mut one = One::with(|c| c.inline_input_max = 0);
     let q = one.create_queue(quick());
     let cmd = one.submit(&q);
     one.ack_saves();
@@ -416,7 +433,8 @@ fn more_rotations_than_a_lineage_keeps_bring_no_task_back() {
 /// each is read again from disk when its run starts (or before: see the read-ahead below).
 #[test]
 fn a_backlog_of_pending_tasks_leaves_memory_and_still_runs() {
-    let mut one = One::new();
+    // Task documents: no task is inline.
+    let mut one = One::with(|c| c.inline_input_max = 0);
     let q = one.create_queue(quick());
     let mut ids = Vec::new();
     for _ in 0..15 {
@@ -627,4 +645,114 @@ fn a_join_whose_request_was_lost_asks_again() {
     }
     let at = joined_at.expect("joined within 3 s, not at FIND_TIMEOUT");
     assert!(at <= 1_500, "joined at {at} ms");
+}
+
+fn task_status(
+    one: &mut One,
+    task: &piecework_queue_doc::TaskId,
+) -> piecework_core::api::TaskStatus {
+    let cmd = one.command(Command::TaskStatus {
+        task: task.clone(),
+        wait: None,
+    });
+    one.answer_loads();
+    match one.reply(cmd) {
+        Some(Reply::Task(r)) => (*r).unwrap_or_else(|e| panic!("status of {task}: {e}")),
+        other => panic!("expected a task status, got {other:?}"),
+    }
+}
+
+/// An inline task (a small input) has no task document: its submit writes the queue document
+/// alone, its run reads the input from the entry and writes its result with its end, and its
+/// status answers from the view, then, once a rotation left it behind, from the archive the
+/// node wrote when it finished, in memory and on disk (a restarted node).
+#[test]
+fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+    });
+    let q = one.create_queue(quick());
+    let cmd = one.command(Command::Submit {
+        queue: q.clone(),
+        task: SubmitTask {
+            kind: "echo".into(),
+            input: serde_json::json!({"n": 7}),
+            priority: 3,
+            urgent: false,
+            max_attempts: None,
+        },
+    });
+    assert_eq!(
+        one.saves.len(),
+        1,
+        "the queue document alone: {:?}",
+        one.saves
+    );
+    one.ack_saves();
+    let task = submitted(one.reply(cmd)).unwrap().task_id;
+    let entry = one.core.view(&q).unwrap().task(&task).cloned().unwrap();
+    assert_eq!(entry.input.as_deref(), Some(r#"{"n":7}"#));
+
+    let mut t = 0;
+    while one.runs.is_empty() {
+        t += 50;
+        assert!(t < 5_000, "the task never started");
+        one.at(t);
+        one.ack_saves();
+    }
+    assert_eq!(one.runs[0].input, serde_json::json!({"n": 7}));
+    let docs_before = one.core.documents_loaded();
+    for run in std::mem::take(&mut one.runs) {
+        let r = RunResult {
+            result: Ok(serde_json::json!({"echo": 7})),
+            logs: vec!["ran".into()],
+        };
+        one.core.handle_run_ended(one.now, run.id, r);
+        one.drain();
+    }
+    one.ack_saves();
+    assert_eq!(one.core.documents_loaded(), docs_before, "no task document");
+    let s = task_status(&mut one, &task);
+    assert_eq!(s.state, TaskState::Succeeded);
+    assert_eq!(s.result, Some(serde_json::json!({"echo": 7})));
+    assert_eq!(s.input, serde_json::json!({"n": 7}));
+    assert_eq!(s.priority, Some(3));
+    assert_eq!(s.runs.len(), 1);
+    assert_eq!(s.runs[0].end.as_ref().unwrap().logs, vec!["ran".to_owned()]);
+    assert!(one.archive.contains_key(&task), "archived once final");
+
+    // Other tasks go by until the queue rotates and the first one is no longer indexed.
+    while one.core.view(&q).unwrap().task(&task).is_some() {
+        t += 50;
+        assert!(t < 60_000, "no rotation left the task behind");
+        let c = one.submit(&q);
+        one.step(t);
+        one.reply(c);
+    }
+    let s = task_status(&mut one, &task);
+    assert_eq!(s.state, TaskState::Succeeded);
+    assert_eq!(s.result, Some(serde_json::json!({"echo": 7})));
+    assert_eq!(s.priority, None, "only the live document knew it");
+
+    // A restarted node answers from its disk's archive.
+    let disk = one.disk.clone();
+    let archive = one.archive.clone();
+    let mut two = One::with(|c| c.incarnation = 2);
+    two.disk = disk;
+    two.archive = archive;
+    let cmd = two.command(Command::TaskStatus {
+        task: task.clone(),
+        wait: None,
+    });
+    assert_eq!(two.lookups, vec![task.clone()], "asked the archive");
+    two.answer_loads();
+    match two.reply(cmd) {
+        Some(Reply::Task(r)) => {
+            let s = (*r).unwrap();
+            assert_eq!(s.state, TaskState::Succeeded);
+            assert_eq!(s.result, Some(serde_json::json!({"echo": 7})));
+        }
+        other => panic!("expected a task status, got {other:?}"),
+    }
 }

@@ -11,7 +11,7 @@ use piecework_core::{
     api::StorageFailure,
 };
 use piecework_net as net;
-use piecework_queue_doc::PeerId;
+use piecework_queue_doc::{PeerId, TaskId};
 use piecework_replica::DocId;
 use piecework_worker_pool::{Context, execute};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -42,6 +42,10 @@ enum Input {
     RunEnded {
         id: RunId,
         result: RunResult,
+    },
+    Archived {
+        task: TaskId,
+        status: Option<Vec<u8>>,
     },
 }
 
@@ -151,6 +155,7 @@ impl Shell {
             Input::Loaded { doc, chunks } => self.core.handle_loaded(now(), &doc, chunks),
             Input::Saved { id, result } => self.core.handle_saved(now(), id, result),
             Input::RunEnded { id, result } => self.core.handle_run_ended(now(), id, result),
+            Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
         }
     }
 
@@ -329,6 +334,32 @@ impl Shell {
                 let net = self.shared.net.clone();
                 tokio::spawn(async move {
                     let _ = net.subscribe(topic).await;
+                });
+            }
+            Io::Archive { records } => {
+                let store = self.shared.store.clone();
+                tokio::spawn(async move {
+                    let records = records
+                        .into_iter()
+                        .map(|(t, json)| (t.as_str().to_owned(), json))
+                        .collect();
+                    if let Err(e) = store.archive(records).await {
+                        tracing::error!("cannot archive final task statuses: {e}");
+                    }
+                });
+            }
+            Io::Lookup { task } => {
+                let store = self.shared.store.clone();
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    let status = match store.archived(task.as_str()).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::error!(%task, "cannot read the archive: {e}");
+                            None
+                        }
+                    };
+                    let _ = tx.send(Input::Archived { task, status }).await;
                 });
             }
             Io::RememberQueue { id, name } => {

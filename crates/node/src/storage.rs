@@ -5,6 +5,11 @@
 //! made or received, and `<doc>/s` for a snapshot that replaces them when they grow many
 //! ([`Store::compact`]). Loading reads every chunk of the document in one range scan.
 //!
+//! The `archive` table keeps the final status of inline tasks (tasks with no task document,
+//! see `piecework_core::Config::inline_input_max`) once their queue document stops carrying
+//! them: task id → status JSON. It keeps the latest [`ARCHIVE_KEEP`] tasks; an `archive_order`
+//! table (sequence → task id) says which are the oldest.
+//!
 //! Writes go through one writer thread that commits them in groups: every write waiting when a
 //! transaction starts joins it (at most [`MAX_BATCH`]), and all of them are acknowledged after
 //! the one durable commit. A write is acknowledged only once it is on disk. Reads run on tokio's
@@ -14,12 +19,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::oneshot;
 
 const CHUNKS: TableDefinition<&str, &[u8]> = TableDefinition::new("chunks");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const QUEUES: TableDefinition<&str, &str> = TableDefinition::new("queues");
+const ARCHIVE: TableDefinition<&str, &[u8]> = TableDefinition::new("archive");
+const ARCHIVE_ORDER: TableDefinition<u64, &str> = TableDefinition::new("archive_order");
+
+/// Archived task statuses kept, at most: the oldest go first.
+pub const ARCHIVE_KEEP: u64 = 100_000;
 
 /// Writes committed in one transaction, at most.
 pub const MAX_BATCH: usize = 512;
@@ -49,6 +59,10 @@ enum Write {
     },
     Meta(String, Vec<u8>),
     Queue(String, String),
+    Archive {
+        records: Vec<(String, Vec<u8>)>,
+        keep: u64,
+    },
 }
 
 struct Request {
@@ -62,6 +76,7 @@ pub struct Store {
     db: Arc<Database>,
     writes: std_mpsc::SyncSender<Request>,
     closed: tokio::sync::watch::Receiver<bool>,
+    archive_keep: u64,
 }
 
 /// Resolves once a store's writer thread has stopped and released the database file, so the
@@ -99,6 +114,8 @@ impl Store {
             tx.open_table(CHUNKS).map_err(redb_err)?;
             tx.open_table(META).map_err(redb_err)?;
             tx.open_table(QUEUES).map_err(redb_err)?;
+            tx.open_table(ARCHIVE).map_err(redb_err)?;
+            tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
             tx.commit().map_err(redb_err)?;
         }
         let (tx, rx) = std_mpsc::sync_channel(WRITE_QUEUE);
@@ -116,7 +133,14 @@ impl Store {
             db,
             writes: tx,
             closed,
+            archive_keep: ARCHIVE_KEEP,
         })
+    }
+
+    /// The same store, keeping at most `keep` archived statuses ([`ARCHIVE_KEEP`] by default).
+    pub fn with_archive_keep(mut self, keep: u64) -> Store {
+        self.archive_keep = keep;
+        self
     }
 
     /// A signal for when the last handle is gone and the file released (see [`Closed`]).
@@ -210,6 +234,34 @@ impl Store {
             .await
     }
 
+    /// Archives final task statuses (task id → JSON) durably: a task archived again keeps its
+    /// place and takes the new value; beyond [`ARCHIVE_KEEP`] the oldest are dropped.
+    pub async fn archive(&self, records: Vec<(String, Vec<u8>)>) -> Result<(), StorageError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.write(Write::Archive {
+            records,
+            keep: self.archive_keep,
+        })
+        .await
+    }
+
+    /// A task's archived status.
+    pub async fn archived(&self, task: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let db = self.db.clone();
+        let task = task.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(redb_err)?;
+            let t = tx.open_table(ARCHIVE).map_err(redb_err)?;
+            Ok(t.get(task.as_str())
+                .map_err(redb_err)?
+                .map(|v| v.value().to_vec()))
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
     /// The joined queues (id → name).
     pub async fn queues(&self) -> Result<Vec<(String, String)>, StorageError> {
         let db = self.db.clone();
@@ -273,6 +325,8 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
         let mut chunks = tx.open_table(CHUNKS).map_err(redb_err)?;
         let mut meta = tx.open_table(META).map_err(redb_err)?;
         let mut queues = tx.open_table(QUEUES).map_err(redb_err)?;
+        let mut archive = tx.open_table(ARCHIVE).map_err(redb_err)?;
+        let mut order = tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
         for r in batch {
             match &r.write {
                 Write::Append(list) => {
@@ -293,6 +347,28 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
                 }
                 Write::Queue(k, v) => {
                     queues.insert(k.as_str(), v.as_str()).map_err(redb_err)?;
+                }
+                Write::Archive { records, keep } => {
+                    let mut next = order
+                        .last()
+                        .map_err(redb_err)?
+                        .map_or(0, |(k, _)| k.value() + 1);
+                    for (task, status) in records {
+                        let known = archive
+                            .insert(task.as_str(), status.as_slice())
+                            .map_err(redb_err)?
+                            .is_some();
+                        if !known {
+                            order.insert(next, task.as_str()).map_err(redb_err)?;
+                            next += 1;
+                        }
+                    }
+                    while order.len().map_err(redb_err)? > *keep {
+                        let Some((_, task)) = order.pop_first().map_err(redb_err)? else {
+                            break;
+                        };
+                        archive.remove(task.value()).map_err(redb_err)?;
+                    }
                 }
             }
         }
@@ -358,5 +434,35 @@ mod tests {
             s.queues().await.unwrap(),
             vec![("automerge:q".to_owned(), "emails".to_owned())]
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_archive_keeps_the_latest_statuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("store.redb"))
+            .unwrap()
+            .with_archive_keep(3);
+        let rec = |t: &str, v: &str| (t.to_owned(), v.as_bytes().to_vec());
+        s.archive(vec![rec("t1", "a"), rec("t2", "b")])
+            .await
+            .unwrap();
+        // Archived again: new value, same place.
+        s.archive(vec![rec("t1", "a2"), rec("t3", "c")])
+            .await
+            .unwrap();
+        assert_eq!(s.archived("t1").await.unwrap(), Some(b"a2".to_vec()));
+        s.archive(vec![rec("t4", "d"), rec("t5", "e")])
+            .await
+            .unwrap();
+        // Five archived, three kept: t1 and t2 were the oldest.
+        assert_eq!(s.archived("t1").await.unwrap(), None);
+        assert_eq!(s.archived("t2").await.unwrap(), None);
+        for (t, v) in [("t3", "c"), ("t4", "d"), ("t5", "e")] {
+            assert_eq!(
+                s.archived(t).await.unwrap(),
+                Some(v.as_bytes().to_vec()),
+                "{t}"
+            );
+        }
     }
 }

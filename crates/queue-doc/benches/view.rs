@@ -37,6 +37,7 @@ fn submit(doc: &mut Automerge, i: u64) -> TaskId {
         priority: 0,
         urgent: false,
         max_attempts: None,
+        input: None,
     };
     queue::submit(doc, &s).expect("submit");
     id

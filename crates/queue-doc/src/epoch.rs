@@ -294,6 +294,7 @@ pub fn build_successor(
         let started = tx.put_object(ROOT, packed::STARTED, ObjType::Map)?;
         let ended = tx.put_object(ROOT, packed::ENDED, ObjType::Map)?;
         let seen = tx.put_object(ROOT, packed::SEEN, ObjType::Map)?;
+        let output = tx.put_object(ROOT, packed::OUTPUT, ObjType::Map)?;
         for t in view.tasks().values() {
             if t.state().is_final() {
                 stats.dropped += 1;
@@ -307,8 +308,16 @@ pub fn build_successor(
                 p: t.priority,
                 u: t.urgent,
                 m: u64::from(t.max_attempts),
+                i: t.input.clone(),
             };
             tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
+            // What the ended runs of an inline task produced (its failed runs' logs).
+            if t.input.is_some() {
+                for (id, out) in crate::view::read_outputs(old, &t.id) {
+                    let key = packed::attempt_key(&t.id, &id);
+                    tx.put(&output, key.as_str(), packed::encode(&out))?;
+                }
+            }
             for a in &t.attempts {
                 let key = packed::attempt_key(&t.id, &a.id);
                 let rec = packed::Assigned {
@@ -540,12 +549,13 @@ fn key_of(obj: &ObjId) -> Option<ObjKey> {
 
 /// The maps carried, in the order they are carried: task entries first, so that the records
 /// of a task submitted late find it.
-const CARRIED: [&str; 5] = [
+const CARRIED: [&str; 6] = [
     keys::TASKS,
     packed::ASSIGNED,
     packed::STARTED,
     packed::ENDED,
     packed::SEEN,
+    packed::OUTPUT,
 ];
 
 /// Carries into `into` the writes `from` received after `since`: for every key of the task
@@ -640,6 +650,11 @@ pub fn carry(
                         })
                         .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
                 }
+                // An inline run's output: written once, with its end, by the run's pool.
+                5 => packed_values(from, packed::OUTPUT, key)
+                    .max()
+                    .filter(|_| packed_values(tx, packed::OUTPUT, key).next().is_none())
+                    .map(automerge::ScalarValue::from),
                 _ => {
                     let theirs = max_uint_all(from, packed::SEEN, key);
                     (theirs > max_uint_all(tx, packed::SEEN, key))

@@ -12,7 +12,10 @@
 //!   [`queue::claim_router`], [`queue::submit`] ([`queue::submit_many`] for a batch), [`queue::record_assignments`],
 //!   [`queue::record_start`], [`queue::record_finish`] ([`queue::record_attempts`] for a
 //!   turn's starts and ends in one change). Read it with [`QueueView::read`].
-//! - A **task document** per task (its URL is the task id) holds the kind, the input, one
+//!   An **inline task** (a small input, [`Submission::input`]) lives there alone: its input in
+//!   its entry ([`TaskEntry::input`]) and what its runs produced written with their ends
+//!   ([`Output`], read with [`read_outputs`]).
+//! - A **task document** per task that is not inline (its URL is the task id) holds the kind, the input, one
 //!   run record per run that ended and the final summary: [`task::init`],
 //!   [`task::record_runs`] (a run's whole record and the summary in one change),
 //!   [`task::read`], [`task::read_input`]. Earlier versions wrote a run's start when it began
@@ -67,6 +70,8 @@
 //!     priority: 0,
 //!     urgent: false,
 //!     max_attempts: None,
+//!     // Small enough to be inline: no task document.
+//!     input: Some(r#"{"to":"ada"}"#.into()),
 //! }).unwrap();
 //! let view = QueueView::read(&doc).unwrap();
 //! assert_eq!(view.pending()[0].state(), TaskState::Pending);
@@ -90,8 +95,9 @@ pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
+pub use packed::Output;
 pub use queue::{Assignment, Submission};
 pub use view::{
     Attempt, AttemptOutcome, Finished, Member, QueueView, Started, StateCounts, TaskEntry,
-    TaskState,
+    TaskState, read_outputs,
 };

@@ -11,6 +11,7 @@
 //! | `started` | attempt key | [`Start`] (time, pool incarnation) | the worker's pool |
 //! | `ended` | attempt key | [`End`] (time, outcome, error) | the worker's pool, or a router |
 //! | `seen` | task id | the attempt number up to which its input was seen available | members |
+//! | `output` | attempt key | [`Output`] (result, logs) of an inline task's run | the worker's pool, with the end |
 //!
 //! The attempt key is `TASK/N/TERM/ROUTER` (attempt number, and the assigning router's claim):
 //! a task's attempts are the keys between `TASK/` and `TASK0`, and an attempt is a key, never a
@@ -32,9 +33,10 @@ pub(crate) const ASSIGNED: &str = "assigned";
 pub(crate) const STARTED: &str = "started";
 pub(crate) const ENDED: &str = "ended";
 pub(crate) const SEEN: &str = "seen";
+pub(crate) const OUTPUT: &str = "output";
 
-/// The four layout-2 maps, by root key.
-pub(crate) const MAPS: [&str; 4] = [ASSIGNED, STARTED, ENDED, SEEN];
+/// The layout-2 maps, by root key.
+pub(crate) const MAPS: [&str; 5] = [ASSIGNED, STARTED, ENDED, SEEN, OUTPUT];
 
 /// A task's index entry.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,6 +55,21 @@ pub(crate) struct Entry {
     pub(crate) u: bool,
     /// Max attempts.
     pub(crate) m: u64,
+    /// The input (JSON text) of an inline task: one small enough to live in the queue
+    /// document, with no task document (see [`crate::queue::Submission::input`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) i: Option<String>,
+}
+
+/// What a run of an inline task produced, written with its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Output {
+    /// The handler's result (JSON text), on success.
+    #[serde(default, rename = "r", skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The log lines the handler wrote.
+    #[serde(default, rename = "l", skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
 }
 
 /// An assignment.

@@ -32,6 +32,11 @@ pub struct Submission {
     pub urgent: bool,
     /// Failed attempts before the task is dead-lettered; the queue's default if `None`.
     pub max_attempts: Option<u32>,
+    /// The input (JSON text) of an inline task: a task small enough to live in the queue
+    /// document alone. An inline task has no task document; its runs' results and logs are
+    /// written into the queue document with their ends ([`Output`](crate::Output)). `None`
+    /// for a task whose input is in its task document.
+    pub input: Option<String>,
 }
 
 /// An assignment of one task attempt to a worker, made by a router.
@@ -331,6 +336,7 @@ pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), Submi
                 p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
                 u: s.urgent,
                 m: u64::from(max_attempts),
+                i: s.input.clone(),
             };
             tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         }
@@ -542,10 +548,11 @@ pub fn record_finish(
         if !is_queue(tx) {
             return Err(AttemptError::NotAQueue);
         }
-        finish_in(tx, task, attempt, worker, outcome, error, now_ms)
+        finish_in(tx, task, attempt, worker, outcome, error, None, now_ms)
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn finish_in(
     tx: &mut Transaction<'_>,
     task: &TaskId,
@@ -553,6 +560,7 @@ fn finish_in(
     worker: &WorkerId,
     outcome: AttemptOutcome,
     error: Option<&str>,
+    output: Option<&packed::Output>,
     now_ms: u64,
 ) -> Result<(), AttemptError> {
     let found = owned_attempt(tx, task, attempt, worker)?;
@@ -575,11 +583,12 @@ fn finish_in(
         o: outcome.as_str().to_owned(),
         e: error.map(str::to_owned),
     };
-    tx.put(
-        &map,
-        packed::attempt_key(task, attempt),
-        packed::encode(&record),
-    )?;
+    let key = packed::attempt_key(task, attempt);
+    tx.put(&map, key.as_str(), packed::encode(&record))?;
+    if let Some(out) = output.filter(|o| **o != packed::Output::default()) {
+        let map = layout_map(tx, packed::OUTPUT)?;
+        tx.put(&map, key.as_str(), packed::encode(out))?;
+    }
     Ok(())
 }
 
@@ -609,6 +618,9 @@ pub enum AttemptWrite {
         outcome: AttemptOutcome,
         /// The error, for a failure or a refusal.
         error: Option<String>,
+        /// What the run produced, for an inline task (written with the end, in the `output`
+        /// map; nothing is written for an empty one).
+        output: Option<crate::Output>,
     },
 }
 
@@ -648,6 +660,7 @@ pub fn record_attempts(
                 worker,
                 outcome,
                 error,
+                output,
             } => finish_in(
                 &mut tx,
                 task,
@@ -655,6 +668,7 @@ pub fn record_attempts(
                 worker,
                 *outcome,
                 error.as_deref(),
+                output.as_ref(),
                 now_ms,
             ),
         });

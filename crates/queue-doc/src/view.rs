@@ -191,6 +191,9 @@ pub struct TaskEntry {
     /// The greatest attempt number at which a member holding the task's document marked its
     /// input available (0: never).
     pub input_seen: u64,
+    /// The input (JSON text) of an inline task, which has no task document; `None` for a task
+    /// whose input is in its task document.
+    pub input: Option<String>,
 }
 
 impl TaskEntry {
@@ -788,6 +791,7 @@ pub(crate) fn read_task_entry(
                     .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS),
                 attempts: Vec::new(),
                 input_seen: 0,
+                input: e.i,
             }
         }
         EntryValue::Other => return None,
@@ -965,7 +969,35 @@ fn read_map_entry(
         max_attempts,
         attempts,
         input_seen,
+        input: None,
     })
+}
+
+/// What the runs of an inline task produced, by attempt, from the `output` map of a queue
+/// document (the view does not keep it: only a task's status reads it). Among concurrent
+/// values of one attempt (two ends after a restart) the greatest text wins.
+pub fn read_outputs<R: ReadDoc>(doc: &R, task: &TaskId) -> Vec<(AttemptId, crate::Output)> {
+    let mut out: BTreeMap<AttemptId, String> = BTreeMap::new();
+    for m in am::all_objects(doc, &ROOT, packed::OUTPUT, ObjType::Map) {
+        for item in doc.map_range(&m, packed::attempts_of(task)) {
+            let Some((_, id)) = packed::parse_attempt_key(item.key.as_ref()) else {
+                continue;
+            };
+            for (v, _) in doc.get_all(&m, item.key.as_ref()).unwrap_or_default() {
+                if let automerge::Value::Scalar(sv) = v
+                    && let automerge::ScalarValue::Str(text) = sv.as_ref()
+                {
+                    let e = out.entry(id.clone()).or_default();
+                    if text.as_str() > e.as_str() {
+                        *e = text.to_string();
+                    }
+                }
+            }
+        }
+    }
+    out.into_iter()
+        .filter_map(|(id, text)| Some((id, packed::decode(&text)?)))
+        .collect()
 }
 
 pub(crate) fn read_attempt(

@@ -43,6 +43,7 @@ fn queue_with_assigned(n: u32) -> (Automerge, Vec<TaskId>) {
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                input: None,
             },
         )
         .unwrap();
@@ -77,6 +78,7 @@ fn finish(task: &TaskId, w: u32, outcome: AttemptOutcome) -> AttemptWrite {
         worker: worker(w),
         outcome,
         error: None,
+        output: None,
     }
 }
 

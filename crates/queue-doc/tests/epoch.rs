@@ -70,6 +70,7 @@ impl Writer {
                         priority: 0,
                         urgent: false,
                         max_attempts: Some(2),
+                        input: None,
                     },
                 )
                 .unwrap();

@@ -59,6 +59,7 @@ fn an_unavailable_input_parks_the_task_until_a_member_marks_it() {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            input: None,
         },
     )
     .unwrap();

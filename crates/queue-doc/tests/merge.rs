@@ -129,6 +129,7 @@ impl Cluster {
                         priority: i64::from(priority),
                         urgent,
                         max_attempts: None,
+                        input: None,
                     },
                 )
                 .unwrap();

@@ -230,6 +230,7 @@ fn submit(doc: &mut Automerge, n: u32) -> TaskId {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            input: None,
         },
     )
     .unwrap();

@@ -109,6 +109,7 @@ impl Peer {
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                input: None,
             },
         )
         .unwrap();

@@ -106,6 +106,12 @@ enum Ev {
         incarnation: u64,
         doc: DocId,
     },
+    /// An archive lookup's answer.
+    Archived {
+        node: usize,
+        incarnation: u64,
+        task: TaskId,
+    },
     Submit,
     Join {
         node: usize,
@@ -165,6 +171,8 @@ struct Live {
 struct Disk {
     docs: BTreeMap<DocId, BTreeMap<String, Vec<u8>>>,
     queues: BTreeSet<QueueId>,
+    /// Archived final statuses of inline tasks.
+    archive: BTreeMap<TaskId, Vec<u8>>,
     /// Writes in flight (not acknowledged yet).
     pending: BTreeMap<SaveId, Save>,
     /// Every write fails until then (virtual µs).
@@ -752,6 +760,19 @@ impl World {
                 self.nodes[node].core.handle_loaded(t, &doc, chunks);
                 self.drive(node);
             }
+            Ev::Archived {
+                node,
+                incarnation,
+                task,
+            } => {
+                if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+                    return;
+                }
+                let status = self.nodes[node].disk.archive.get(&task).cloned();
+                let t = self.time(node);
+                self.nodes[node].core.handle_archived(t, task, status);
+                self.drive(node);
+            }
             Ev::Submit => self.submit(),
             Ev::Join { node, queue } => self.join(node, queue),
             Ev::Fault(f) => self.fault(&f),
@@ -928,6 +949,20 @@ impl World {
             }
             Io::RememberQueue { id, .. } => {
                 self.nodes[i].disk.queues.insert(id);
+            }
+            Io::Archive { records } => {
+                self.count("archived");
+                self.nodes[i].disk.archive.extend(records);
+            }
+            Io::Lookup { task } => {
+                self.schedule_at(
+                    self.now_us + READ_US,
+                    Ev::Archived {
+                        node: i,
+                        incarnation: inc,
+                        task,
+                    },
+                );
             }
         }
     }
@@ -1221,7 +1256,12 @@ impl World {
         let mut tasks: Vec<SubmitTask> = (0..n)
             .map(|k| SubmitTask {
                 kind: "sim".into(),
-                input: serde_json::json!({"n": self.submitted.len() + k}),
+                // Every third task's input is too large to be inline: it gets a task document.
+                input: if (self.submitted.len() + k) % 3 == 2 {
+                    serde_json::json!({"n": self.submitted.len() + k, "pad": "x".repeat(300)})
+                } else {
+                    serde_json::json!({"n": self.submitted.len() + k})
+                },
                 priority: self.rng.random_range(-2..=2),
                 urgent: false,
                 max_attempts: None,
@@ -1784,7 +1824,15 @@ impl World {
             .filter_map(|d| disk.load(&d))
             .filter_map(|d| QueueView::read(&d))
             .any(|v| v.tasks().contains_key(task));
-        let stored = DocId::parse(task.as_str()).is_some_and(|d| disk.load(&d).is_some());
+        // An inline task has no task document: its entry holds its input.
+        let inline = self.nodes[i]
+            .core
+            .epoch_docs(queue)
+            .into_iter()
+            .filter_map(|d| disk.load(&d))
+            .filter_map(|d| QueueView::read(&d))
+            .any(|v| v.task(task).is_some_and(|t| t.input.is_some()));
+        let stored = inline || DocId::parse(task.as_str()).is_some_and(|d| disk.load(&d).is_some());
         if !indexed || !stored {
             self.violate(
                 8,

@@ -58,6 +58,7 @@ impl Fixture {
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                input: None,
             },
         )
         .unwrap();
