@@ -48,6 +48,26 @@ pub const TRICKLE_EVERY: Duration = Duration::from_millis(20);
 /// The longest pause between two looks at a queue view (see [`wait_view`]).
 const MAX_LOOK_PAUSE: Duration = Duration::from_millis(50);
 
+/// The queue timings of the bench's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Timings {
+    /// The demo's ([`crate::demo::demo_config`]): takeover after 1 s.
+    Demo,
+    /// The fastest the docs recommend ([`crate::demo::fast_config`]): takeover after 150 ms.
+    Fast,
+}
+
+impl Timings {
+    /// The queue configuration.
+    pub fn config(self) -> piecework_queue_doc::QueueConfig {
+        match self {
+            Timings::Demo => crate::demo::demo_config(),
+            Timings::Fast => crate::demo::fast_config(),
+        }
+    }
+}
+
 /// The task kind the bench submits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -95,6 +115,8 @@ pub struct Options {
     pub tasks: usize,
     /// The kind of every task.
     pub kind: Kind,
+    /// The queue's timings.
+    pub timings: Timings,
     /// Router kills (0: no failover phase).
     pub failovers: usize,
     /// Tasks in the latency phase, one at a time.
@@ -128,6 +150,7 @@ impl Default for Options {
             workers: 4,
             tasks: 10_000,
             kind: Kind::Noop,
+            timings: Timings::Demo,
             failovers: 0,
             latency_samples: 200,
             window: 256,
@@ -266,6 +289,11 @@ pub struct Report {
     /// From each kill to the first attempt assigned under a greater claim (`assigned_at`, the
     /// new router's wall clock); `None` without failovers.
     pub failover_ms: Option<Percentiles>,
+    /// The queue's timings.
+    pub timings: Timings,
+    /// What the issue bounds failover by: `takeover_after + settle + pool heartbeat + 300` ms
+    /// of the queue's timings.
+    pub failover_bound_ms: u64,
     /// Router terms beyond one per kill, from the first router to the last: takeovers the
     /// bench did not cause (a router that looked silent, e.g. on an overloaded machine), or
     /// claims that raced.
@@ -479,7 +507,7 @@ impl Cluster {
             .collect();
         let h0 = nodes[0].as_ref().expect("started").handle().clone();
         let queue = h0
-            .create_queue("bench", Some(crate::demo::demo_config()))
+            .create_queue("bench", Some(opts.timings.config()))
             .await
             .context("cannot create the queue")?;
         for (i, n) in nodes.iter().enumerate().skip(1) {
@@ -585,6 +613,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         submit_to_done_ms: Percentiles::of(&m.to_done),
         failovers: opts.failovers,
         failover_ms: Percentiles::of(&m.failover),
+        timings: opts.timings,
+        failover_bound_ms: {
+            let c = opts.timings.config();
+            c.takeover_after_ms + c.settle_ms + c.pool_heartbeat_ms + 300
+        },
         unforced_takeovers: (m.last_term.saturating_sub(m.first_term))
             .saturating_sub(opts.failovers as u64),
         tasks: m.tasks,
@@ -1511,9 +1544,11 @@ pub fn print_report(r: &Report) {
     );
     println!("submit → done (ms)       {}", fmt_p(&r.submit_to_done_ms));
     println!(
-        "failover (ms)            {}  ({} kills)",
+        "failover (ms)            {}  ({} kills, {:?} timings, bound {} ms)",
         fmt_p(&r.failover_ms),
-        r.failovers
+        r.failovers,
+        r.timings,
+        r.failover_bound_ms
     );
     println!(
         "unforced takeovers       {}  (router terms beyond one per kill)",

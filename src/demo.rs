@@ -72,6 +72,21 @@ pub struct Summary {
     pub completed_at_kill: usize,
 }
 
+/// The fastest queue timings the docs recommend (`docs/benchmarks.md`, failover): a router
+/// heartbeat every 50 ms, takeover after 150 ms, settle 25 ms, a pool heartbeat every 50 ms
+/// and a 500 ms lease. A router is taken over about 200–300 ms after it dies. Faster timings
+/// depose healthy routers whose node is busy for a moment.
+pub fn fast_config() -> QueueConfig {
+    QueueConfig {
+        heartbeat_ms: 50,
+        takeover_after_ms: 150,
+        settle_ms: 25,
+        pool_heartbeat_ms: 50,
+        lease_ms: 500,
+        ..QueueConfig::default()
+    }
+}
+
 /// The queue timings the demo uses: a router heartbeat every 200 ms, takeover after 1 s.
 pub fn demo_config() -> QueueConfig {
     QueueConfig {

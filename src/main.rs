@@ -98,6 +98,10 @@ enum Command {
         /// The task kind.
         #[arg(long, value_enum, default_value_t = piecework::bench::Kind::Noop)]
         kind: piecework::bench::Kind,
+        /// The queue's timings: the demo's (takeover after 1 s) or the fastest the docs
+        /// recommend (takeover after 150 ms).
+        #[arg(long, value_enum, default_value_t = piecework::bench::Timings::Demo)]
+        timings: piecework::bench::Timings,
         /// Times to kill the active router (needs 2 nodes or more).
         #[arg(long, default_value_t = 0)]
         failovers: usize,
@@ -264,6 +268,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             workers,
             tasks,
             kind,
+            timings,
             failovers,
             latency_samples,
             window,
@@ -279,6 +284,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 workers,
                 tasks,
                 kind,
+                timings,
                 failovers,
                 latency_samples,
                 window,

@@ -3,7 +3,7 @@
 //! that every task submitted in every phase succeeded, that no task ran twice except where the
 //! kill allows it, and that the failover was measured. The bench itself waits on queue views and task outcomes, never on a fixed sleep.
 
-use piecework::bench::{self, Kind, Options};
+use piecework::bench::{self, Kind, Options, Timings};
 
 /// The nodes' warnings and the network's connection events, shown with a failing test's
 /// output (`RUST_LOG` overrides the filter).
@@ -52,6 +52,36 @@ async fn a_small_bench_with_a_failover_loses_nothing() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert!(v["failover_ms"]["p50"].is_number(), "{json}");
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1, "{json}");
+}
+
+/// Two router kills at the fastest timings the docs recommend (takeover after 150 ms):
+/// nothing lost, every task done, and the report names the timings and their bound. No
+/// timing is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bench_at_the_fast_timings_fails_over_and_loses_nothing() {
+    logs();
+    let opts = Options {
+        nodes: 3,
+        tasks: 300,
+        kind: Kind::Noop,
+        timings: Timings::Fast,
+        failovers: 2,
+        latency_samples: 5,
+        progress: false,
+        ..Options::default()
+    };
+    let r = bench::run(&opts).await.expect("the bench runs");
+    let json = serde_json::to_string(&r).expect("the report serializes");
+    assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
+    assert_eq!(r.lost, 0, "{json}");
+    assert!(
+        r.duplicates <= r.workers as usize * opts.failovers,
+        "{json}"
+    );
+    assert!(r.failover_ms.is_some(), "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["timings"], "fast", "{json}");
+    assert_eq!(v["failover_bound_ms"], 150 + 25 + 50 + 300, "{json}");
 }
 
 /// The CI bench of the bounded queue document: 2,000 tasks on three nodes with a tiny rotation

@@ -77,7 +77,7 @@ impl Procs {
         }
         let queue = procs
             .client(0)?
-            .create_queue("bench", Some(crate::demo::demo_config()))
+            .create_queue("bench", Some(opts.timings.config()))
             .await
             .context("cannot create the queue")?;
         procs.queue = queue.clone();
