@@ -143,6 +143,16 @@ pub struct Options {
     pub progress: bool,
 }
 
+impl Options {
+    /// How many final statuses each node keeps: the checks read every task's, so at least
+    /// all of the run's (a few times its throughput and latency tasks, for the failovers'
+    /// trickle), and never fewer than a node's default.
+    pub fn archive_keep(&self) -> u64 {
+        let tasks = (self.tasks + self.latency_samples) as u64;
+        piecework_node::storage::ARCHIVE_KEEP.max(4 * tasks)
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -456,6 +466,7 @@ struct Cluster {
     root: PathBuf,
     workers: u32,
     rotate_min_live: Option<usize>,
+    archive_keep: u64,
     nodes: Vec<Option<IsolatedNode>>,
     peers: Vec<PeerId>,
     queue: QueueId,
@@ -466,10 +477,12 @@ impl Cluster {
         root: &Path,
         workers: u32,
         rotate_min_live: Option<usize>,
+        archive_keep: u64,
         i: usize,
         bootstrap: Vec<Multiaddr>,
     ) -> Config {
         let mut c = Config::new(root.join(format!("node{i}")), crate::kinds::builtin());
+        c.archive_keep = archive_keep;
         c.workers = workers;
         c.bootstrap = bootstrap;
         c.rotation = rotate_min_live.map(|m| (piecework_node::ROTATE_RATIO, m));
@@ -478,7 +491,14 @@ impl Cluster {
 
     async fn start(opts: &Options, root: &Path) -> anyhow::Result<Cluster> {
         let first = spawn_isolated(
-            Cluster::config(root, opts.workers, opts.rotate_min_live, 0, vec![]),
+            Cluster::config(
+                root,
+                opts.workers,
+                opts.rotate_min_live,
+                opts.archive_keep(),
+                0,
+                vec![],
+            ),
             1,
         )
         .await
@@ -491,6 +511,7 @@ impl Cluster {
                     root,
                     opts.workers,
                     opts.rotate_min_live,
+                    opts.archive_keep(),
                     i,
                     vec![addr.clone()],
                 ),
@@ -520,6 +541,7 @@ impl Cluster {
             root: root.to_owned(),
             workers: opts.workers,
             rotate_min_live: opts.rotate_min_live,
+            archive_keep: opts.archive_keep(),
             nodes,
             peers,
             queue,
@@ -1341,6 +1363,7 @@ async fn failover_round(
             &cluster.root,
             cluster.workers,
             cluster.rotate_min_live,
+            cluster.archive_keep,
             victim,
             vec![addr],
         ),

@@ -49,6 +49,9 @@ enum Command {
         /// ones (default: 512). Smaller keeps the document smaller and rotates more often.
         #[arg(long)]
         rotate_min_live: Option<usize>,
+        /// Final statuses of inline tasks kept, the latest (default: 100,000).
+        #[arg(long)]
+        archive_keep: Option<u64>,
     },
     /// Create or join queues.
     Queue {
@@ -232,7 +235,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             http,
             workers,
             rotate_min_live,
-        } => run_node(data_dir, listen, bootstrap, http, workers, rotate_min_live).await,
+            archive_keep,
+        } => {
+            run_node(
+                data_dir,
+                listen,
+                bootstrap,
+                http,
+                workers,
+                rotate_min_live,
+                archive_keep,
+            )
+            .await
+        }
         Command::Demo {
             nodes,
             tasks,
@@ -462,8 +477,15 @@ async fn run_node(
     http: SocketAddr,
     workers: Option<u32>,
     rotate_min_live: Option<usize>,
+    archive_keep: Option<u64>,
 ) -> anyhow::Result<()> {
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
+    if let Some(k) = archive_keep {
+        if k == 0 {
+            bail!("--archive-keep must be at least 1");
+        }
+        config.archive_keep = k;
+    }
     config.listen = listen;
     config.bootstrap = bootstrap;
     if let Some(m) = rotate_min_live {

@@ -43,6 +43,7 @@ pub(super) struct Procs {
     root: PathBuf,
     workers: u32,
     rotate_min_live: Option<usize>,
+    archive_keep: u64,
     nodes: Vec<Option<Proc>>,
     pub(super) queue: QueueId,
     /// The largest `VmHWM` seen per node, over its lives.
@@ -62,6 +63,7 @@ impl Procs {
             root: root.to_owned(),
             workers: opts.workers,
             rotate_min_live: opts.rotate_min_live,
+            archive_keep: opts.archive_keep(),
             nodes: Vec::new(),
             queue: QueueId::new("none"),
             peak_rss: vec![None; opts.nodes],
@@ -119,6 +121,7 @@ impl Procs {
         if let Some(m) = self.rotate_min_live {
             cmd.args(["--rotate-min-live", &m.to_string()]);
         }
+        cmd.args(["--archive-keep", &self.archive_keep.to_string()]);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start node {i} ({})", self.exe.display()))?;

@@ -81,6 +81,12 @@ struct Sealed {
     forwarded: bool,
 }
 
+/// Sealed epochs a queue holds past their carry, at most, besides its first document: the
+/// oldest clean ones are retired before `Config::epoch_retain` when more are held. A queue
+/// that rotates every second or two would otherwise hold a minute of history in memory
+/// (some 4 KiB per task).
+const MAX_SEALED_HELD: usize = 8;
+
 /// Bound on the announced epoch documents a queue keeps to look at.
 const MAX_ANNOUNCED: usize = 16;
 
@@ -2352,6 +2358,29 @@ impl Core {
                 forwarded: false,
             },
         );
+        // The document `to` continues, if this node had retired it: held again (read back
+        // from disk) and carried from `to`'s seal heads. This node's own writes to it after
+        // the other side sealed it (a partition) would otherwise never reach `to`.
+        if let Some(pd) = prev.as_ref().and_then(|p| DocId::parse(&p.doc))
+            && pd != from
+            && pd != to
+            && !q.sealed.contains_key(&pd)
+        {
+            q.rejected.remove(&pd);
+            q.sealed.insert(
+                pd.clone(),
+                Sealed {
+                    into: to.clone(),
+                    into_epoch: epoch_no,
+                    carried: vec![],
+                    dirty: true,
+                    epoch: epoch_no.saturating_sub(1),
+                    since: now.mono,
+                    forwarded: false,
+                },
+            );
+            self.epoch_docs.insert(pd, id.clone());
+        }
         // Where each sealed document's late writes go now: the document `to` continues
         // carries from `to`'s seal heads; one whose target left `to`'s chain (a losing
         // branch) is carried into `to` whole. Carrying again is harmless.
@@ -2811,9 +2840,21 @@ impl Core {
         let retain = self.config.epoch_retain;
         for (id, q) in &mut self.queues {
             let root = q.root.clone();
+            // Beyond MAX_SEALED_HELD, the oldest clean ones go whatever their age.
+            let mut clean: Vec<(Instant, u64, DocId)> = q
+                .sealed
+                .iter()
+                .filter(|(d, s)| **d != root && !s.dirty)
+                .map(|(d, s)| (s.since, s.epoch, d.clone()))
+                .collect();
+            clean.sort();
+            let excess = clean.len().saturating_sub(MAX_SEALED_HELD);
+            let crowded: BTreeSet<DocId> = clean.into_iter().take(excess).map(|c| c.2).collect();
             q.sealed.retain(|d, s| {
-                let keep =
-                    *d == root || s.dirty || now.mono.saturating_duration_since(s.since) < retain;
+                let keep = *d == root
+                    || s.dirty
+                    || (now.mono.saturating_duration_since(s.since) < retain
+                        && !crowded.contains(d));
                 if !keep {
                     gone.push((id.clone(), d.clone(), s.epoch));
                 }

@@ -91,6 +91,9 @@ pub struct Config {
     /// When this node, as a queue's router, rotates the queue document: `(ratio, min_live)`
     /// (`piecework_core::Config::rotate_ratio`); `None` for the defaults.
     pub rotation: Option<(usize, usize)>,
+    /// How many final statuses of inline tasks the store keeps ([`storage::ARCHIVE_KEEP`] by
+    /// default): a task whose status was dropped answers "not found" once no epoch carries it.
+    pub archive_keep: u64,
 }
 
 impl Config {
@@ -105,6 +108,7 @@ impl Config {
             workers,
             registry,
             rotation: None,
+            archive_keep: storage::ARCHIVE_KEEP,
         }
     }
 }
@@ -240,7 +244,8 @@ impl Node {
         })?;
         let keypair = identity::load_or_create(&config.data_dir)?;
         let libp2p_peer = keypair.public().to_peer_id();
-        let store = storage::Store::open(&config.data_dir.join("piecework.redb"))?;
+        let store = storage::Store::open(&config.data_dir.join("piecework.redb"))?
+            .with_archive_keep(config.archive_keep);
         let incarnation = store
             .meta("incarnation")
             .await?

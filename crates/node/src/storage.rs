@@ -31,6 +31,10 @@ const ARCHIVE_ORDER: TableDefinition<u64, &str> = TableDefinition::new("archive_
 /// Archived task statuses kept, at most: the oldest go first.
 pub const ARCHIVE_KEEP: u64 = 100_000;
 
+/// redb's page cache (its default is 1 GiB, which a node that only appends and reads a
+/// document back now and then does not need: the cache grows with what was written).
+pub const CACHE_BYTES: usize = 32 << 20;
+
 /// Writes committed in one transaction, at most.
 pub const MAX_BATCH: usize = 512;
 /// Writes waiting for the writer thread, at most (callers wait for room).
@@ -108,7 +112,12 @@ fn snapshot_key(doc: &str) -> String {
 impl Store {
     /// Opens (or creates) the store at `path` and starts its writer thread.
     pub fn open(path: &Path) -> Result<Store, StorageError> {
-        let db = Arc::new(Database::create(path).map_err(redb_err)?);
+        let db = Arc::new(
+            Database::builder()
+                .set_cache_size(CACHE_BYTES)
+                .create(path)
+                .map_err(redb_err)?,
+        );
         {
             let tx = db.begin_write().map_err(redb_err)?;
             tx.open_table(CHUNKS).map_err(redb_err)?;

@@ -382,6 +382,16 @@ mod regressions {
         passes_with(2200, FaultMix::partitions());
     }
 
+    /// A node wrote a task's success into an epoch document, rotated it away and retired it;
+    /// across a partition another router sealed the same document without that write. When
+    /// the partition healed the node switched to the other side's successor: the retired
+    /// document it continues was not carried from, and the task came back as running on two
+    /// nodes. A switch holds again (and carries from) the document its target continues.
+    #[test]
+    fn seed_2116_partitions_a_switch_carries_the_retired_document_its_target_continues() {
+        passes_with(2116, FaultMix::partitions());
+    }
+
     /// A retired losing successor was named again by a stale peer and carried from anew,
     /// bringing back a finished task. A retired epoch is never followed or carried again.
     #[test]
