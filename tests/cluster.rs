@@ -168,12 +168,13 @@ async fn every_task_completes_after_the_active_router_is_killed() {
         vec![after[0].peer.clone()],
         "exactly the effective router is active"
     );
-    // And the outcomes are in the task documents too, readable from a survivor.
+    // And the outcomes are readable from a survivor (these tasks are inline: their results
+    // travel in the queue document).
     let s = handles[survivors[1]].task_status(&ids[0]).await.unwrap();
     assert_eq!(s.state, TaskState::Succeeded);
     assert!(
         s.result.is_some(),
-        "the result travelled with the task document"
+        "the result travelled with the queue document"
     );
 }
 
