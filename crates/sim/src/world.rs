@@ -1817,21 +1817,16 @@ impl World {
         let disk = &self.nodes[i].disk;
         // In whichever epoch document the node wrote it to (the current one, or one it has
         // moved past since).
-        let indexed = self.nodes[i]
+        // The entry, if any: an inline task has no task document, its entry holds its input.
+        let entry_inline = self.nodes[i]
             .core
             .epoch_docs(queue)
             .into_iter()
             .filter_map(|d| disk.load(&d))
             .filter_map(|d| QueueView::read(&d))
-            .any(|v| v.tasks().contains_key(task));
-        // An inline task has no task document: its entry holds its input.
-        let inline = self.nodes[i]
-            .core
-            .epoch_docs(queue)
-            .into_iter()
-            .filter_map(|d| disk.load(&d))
-            .filter_map(|d| QueueView::read(&d))
-            .any(|v| v.task(task).is_some_and(|t| t.input.is_some()));
+            .find_map(|v| v.task(task).map(|t| t.input.is_some()));
+        let indexed = entry_inline.is_some();
+        let inline = entry_inline == Some(true);
         let stored = inline || DocId::parse(task.as_str()).is_some_and(|d| disk.load(&d).is_some());
         if !indexed || !stored {
             self.violate(
