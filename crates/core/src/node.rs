@@ -761,10 +761,12 @@ impl Core {
 
     // ----- outputs -----
 
-    /// The next frame to send, and to whom.
-    pub fn poll_transmit(&mut self) -> Option<(PeerId, Vec<u8>)> {
+    /// The next frame to send, and to whom. `now` is when it goes: a document's sync messages
+    /// to a peer that has not answered the last one wait a little
+    /// ([`piecework_replica::SYNC_ANSWER_WAIT`]; [`Core::poll_timeout`] says until when).
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<(PeerId, Vec<u8>)> {
         if self.transmit.is_empty() {
-            while let Some((peer, msg)) = self.replica.poll_transmit() {
+            while let Some((peer, msg)) = self.replica.poll_transmit(now) {
                 self.transmit.push_back((peer, msg.encode()));
             }
         }

@@ -73,7 +73,7 @@ impl One {
     }
 
     fn drain(&mut self) {
-        while let Some(f) = self.core.poll_transmit() {
+        while let Some(f) = self.core.poll_transmit(self.now.mono) {
             self.frames.push(f);
         }
         while let Some(io) = self.core.poll_io() {

@@ -18,10 +18,14 @@
 //! a [`Client`], whose commands travel over a bounded channel, and hears from it through a
 //! bounded [`Event`] receiver. Dropping every `Client` stops the loop.
 //!
+//! Gossip messages ([`Event::Message`]) arrive on their own receiver, [`Net::gossip`], so that
+//! an application behind on sync messages still hears heartbeats at once (read it first).
+//!
 //! Bounds: [`COMMAND_CAPACITY`] pending commands (senders wait), [`EVENT_CAPACITY`] pending
-//! events. When the application falls that far behind, gossip messages are dropped and counted
-//! (heartbeats repeat); connection events and sync events are never dropped, their senders wait
-//! for room instead (which slows the peer down through Yamux flow control).
+//! events and [`GOSSIP_CAPACITY`] pending gossip messages. When the application falls that far
+//! behind on gossip, messages are dropped and counted (heartbeats repeat); connection events and
+//! sync events are never dropped, their senders wait for room instead (which slows the peer down
+//! through Yamux flow control).
 //!
 //! Sync sends never wait: [`Client::send_sync`] queues a frame within a per-peer byte budget
 //! ([`Config::sync_queue_bytes`], default [`sync::MAX_QUEUED_BYTES`]) or refuses it with
@@ -54,6 +58,8 @@ pub use sync::SendOutcome;
 pub const COMMAND_CAPACITY: usize = 256;
 /// Pending events from the event loop to the application.
 pub const EVENT_CAPACITY: usize = 4096;
+/// Pending gossip messages from the event loop to the application.
+pub const GOSSIP_CAPACITY: usize = 1024;
 /// The largest gossip message: 256 KiB (a pool heartbeat of 256 workers is about 60 KiB).
 pub const MAX_GOSSIP_MESSAGE: usize = 256 * 1024;
 
@@ -315,8 +321,11 @@ struct Behaviour {
 pub struct Net {
     /// The handle to the event loop.
     pub client: Client,
-    /// What the network reports. Read it steadily: see the crate docs on bounds.
+    /// What the network reports, but gossip. Read it steadily: see the crate docs on bounds.
     pub events: mpsc::Receiver<Event>,
+    /// Gossip messages ([`Event::Message`] only), apart so that they are never queued behind
+    /// sync messages.
+    pub gossip: mpsc::Receiver<Event>,
 }
 
 /// Builds the swarm, starts listening and dialing the bootstrap peers, and spawns the event loop
@@ -371,6 +380,7 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
     let control = swarm.behaviour().stream.new_control();
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_CAPACITY);
     let (ev_tx, ev_rx) = mpsc::channel(EVENT_CAPACITY);
+    let (gossip_tx, gossip_rx) = mpsc::channel(GOSSIP_CAPACITY);
     let streams = sync::Streams::new(
         ev_tx.clone(),
         sync::Limits {
@@ -385,6 +395,7 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
         bootstrap: config.bootstrap.clone(),
         commands: cmd_rx,
         events: ev_tx,
+        gossip: gossip_tx,
         control,
         streams: streams.clone(),
         dropped: Arc::new(AtomicU64::new(0)),
@@ -400,6 +411,7 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
             streams,
         },
         events: ev_rx,
+        gossip: gossip_rx,
     })
 }
 
@@ -409,6 +421,7 @@ struct EventLoop {
     bootstrap: Vec<Multiaddr>,
     commands: mpsc::Receiver<Command>,
     events: mpsc::Sender<Event>,
+    gossip: mpsc::Sender<Event>,
     control: libp2p_stream::Control,
     streams: sync::Streams,
     dropped: Arc<AtomicU64>,
@@ -547,7 +560,7 @@ impl EventLoop {
                     source,
                     data: message.data,
                 };
-                match self.events.try_send(ev) {
+                match self.gossip.try_send(ev) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => {
                         self.dropped.fetch_add(1, Ordering::Relaxed);

@@ -97,7 +97,7 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
         loop {
             tokio::select! {
                 _ = tick.tick() => { b.client.publish(topic.clone(), b"beat".to_vec()); }
-                ev = a.events.recv() => if let Some(Event::Message { source, data, topic: t }) = ev {
+                ev = a.gossip.recv() => if let Some(Event::Message { source, data, topic: t }) = ev {
                     return (source, data, t);
                 },
             }

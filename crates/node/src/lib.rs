@@ -289,7 +289,7 @@ impl Node {
         let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
         tokio::spawn(tracing::Instrument::instrument(
-            shell.run(command_rx, net.events),
+            shell.run(command_rx, net.events, net.gossip),
             span,
         ));
         let handle = NodeHandle { shared };

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use piecework_core::{
     Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId, Time,
@@ -21,6 +21,11 @@ use crate::{NodeEvent, Shared, now_ms};
 /// Inputs (network events, storage and handler answers, API requests) handed to the core in
 /// one batch at most: one turn then answers them all.
 const BATCH: usize = 256;
+/// The longest a batch keeps taking inputs: past it the turn runs (timers, heartbeats, replies)
+/// and the rest waits for the next one. A node behind on sync messages (each costs Automerge a
+/// walk of the objects it touches) would otherwise hold its heartbeats for as long as a whole
+/// batch takes.
+const BATCH_TIME: Duration = Duration::from_millis(10);
 /// Capacity of the shell's internal input queue (run results, storage answers).
 const INPUT_QUEUE: usize = 1024;
 
@@ -95,6 +100,7 @@ impl Shell {
         mut self,
         mut commands: mpsc::Receiver<Request>,
         mut net_events: mpsc::Receiver<net::Event>,
+        mut gossip: mpsc::Receiver<net::Event>,
     ) {
         self.drain();
         loop {
@@ -108,6 +114,8 @@ impl Shell {
             self.core.begin_batch();
             let open = tokio::select! {
                 biased;
+                // Gossip first: a heartbeat must not wait behind a backlog of sync messages.
+                ev = gossip.recv() => ev.map(|e| self.handle_net(e)).is_some(),
                 input = self.inputs.recv() => input.map(|i| self.handle_input(i)).is_some(),
                 ev = net_events.recv() => ev.map(|e| self.handle_net(e)).is_some(),
                 req = commands.recv() => req.map(|r| self.handle_request(r)).is_some(),
@@ -119,8 +127,13 @@ impl Shell {
             // Take whatever else is ready too (up to a bound, never waiting for more), so
             // that one turn answers them all.
             let mut taken = 0;
-            while taken < BATCH {
+            let started = Instant::now();
+            while taken < BATCH && started.elapsed() < BATCH_TIME {
                 let before = taken;
+                while let Ok(e) = gossip.try_recv() {
+                    self.handle_net(e);
+                    taken += 1;
+                }
                 if let Ok(i) = self.inputs.try_recv() {
                     self.handle_input(i);
                     taken += 1;
@@ -228,7 +241,7 @@ impl Shell {
     fn drain(&mut self) {
         loop {
             let mut any = false;
-            while let Some((peer, frame)) = self.core.poll_transmit() {
+            while let Some((peer, frame)) = self.core.poll_transmit(Instant::now()) {
                 any = true;
                 self.send(&peer, frame);
             }

@@ -57,6 +57,15 @@ pub const MAX_QUEUED_PER_PEER: usize = 1024;
 /// sends are not checked: a document that large is refused by the peers it is sent to.
 pub const MAX_DOC_BYTES: usize = 16 << 20;
 
+/// How long a sync message that carried changes to a peer waits for that peer's answer before
+/// the next one for the same document is sent anyway. While it waits, further changes collect
+/// into one message: a peer slower than the changes arrive receives fewer, larger messages
+/// instead of a growing backlog (applying a message costs Automerge a walk of every object it
+/// touches, so many small ones cost far more than one large one). The first change after a
+/// quiet spell goes at once. A peer that already has the changes may not answer at all: this is
+/// the longest that delays the next message.
+pub const SYNC_ANSWER_WAIT: Duration = Duration::from_millis(20);
+
 /// Where a document belongs: which group's members it is synced with, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scope {
@@ -159,6 +168,21 @@ struct Link {
     /// the loaded documents (evicted ones are removed), and many changes in between become one
     /// message.
     sync: BTreeSet<DocId>,
+    /// Documents whose last message to the peer carried changes and has not been answered,
+    /// with when the next may go anyway ([`SYNC_ANSWER_WAIT`]).
+    unanswered: BTreeMap<DocId, Instant>,
+    /// Documents with a message owed, held back until their entry in `unanswered` goes.
+    held: BTreeSet<DocId>,
+}
+
+impl Link {
+    /// The peer said something about `id`: a message held for it may go.
+    fn answered(&mut self, id: &DocId) {
+        self.unanswered.remove(id);
+        if self.held.remove(id) {
+            self.sync.insert(id.clone());
+        }
+    }
 }
 
 /// A peer's documents and their sync state. See the crate docs for how to drive it.
@@ -758,6 +782,17 @@ impl Replica {
     /// forgotten. Call it at [`Replica::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_held(now);
+        for l in self.links.values_mut() {
+            let due: Vec<DocId> = l
+                .held
+                .iter()
+                .filter(|d| l.unanswered.get(*d).is_none_or(|at| *at <= now))
+                .cloned()
+                .collect();
+            for d in due {
+                l.answered(&d);
+            }
+        }
         while let Some((at, id)) = self.deadlines.first().cloned() {
             if at > now {
                 break;
@@ -778,7 +813,11 @@ impl Replica {
     /// The next message to send, and to whom. Messages to one peer come in order; peers are
     /// served in turn; nothing is generated for a blocked peer. Sync messages are generated
     /// here, from the sync state, so the changes made between two polls travel together.
-    pub fn poll_transmit(&mut self) -> Option<(PeerId, Message)> {
+    ///
+    /// A document whose last message to a peer carried changes and is not answered yet is held
+    /// back for that peer until the answer comes or [`SYNC_ANSWER_WAIT`] has passed since `now`
+    /// of that message (then [`Replica::poll_timeout`] says when).
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<(PeerId, Message)> {
         let mut turn: Vec<PeerId> = self
             .links
             .iter()
@@ -797,7 +836,19 @@ impl Replica {
                 return Some((peer, msg));
             }
             while let Some(doc) = self.links.get_mut(&peer).and_then(|l| l.sync.pop_first()) {
-                if let Some(msg) = self.generate(&doc, &peer) {
+                if let Some(l) = self.links.get_mut(&peer)
+                    && l.unanswered.get(&doc).is_some_and(|at| *at > now)
+                {
+                    l.held.insert(doc);
+                    continue;
+                }
+                if let Some((msg, changes)) = self.generate(&doc, &peer) {
+                    if let Some(l) = self.links.get_mut(&peer) {
+                        match changes {
+                            true => l.unanswered.insert(doc, now + SYNC_ANSWER_WAIT),
+                            false => l.unanswered.remove(&doc),
+                        };
+                    }
                     self.cursor = Some(peer.clone());
                     return Some((peer, msg));
                 }
@@ -815,10 +866,13 @@ impl Replica {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let fetch = self.deadlines.first().map(|(at, _)| *at);
         let held = self.held_order.first().map(|(at, _, _)| *at + HELD_FOR);
-        match (fetch, held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let answer = self
+            .links
+            .values()
+            .flat_map(|l| l.held.iter().filter_map(|d| l.unanswered.get(d)))
+            .min()
+            .copied();
+        [fetch, held, answer].into_iter().flatten().min()
     }
 
     // ----- policy -----
@@ -1016,6 +1070,9 @@ impl Replica {
 
     /// An admitted message for a loaded document.
     fn dispatch(&mut self, id: &DocId, peer: &PeerId, msg: Message) {
+        if let Some(l) = self.links.get_mut(peer) {
+            l.answered(id);
+        }
         match msg {
             Message::Sync { data, .. } => self.receive(id, peer, &data),
             Message::Request { .. } => {
@@ -1192,6 +1249,8 @@ impl Replica {
         self.docs.remove(id);
         for l in self.links.values_mut() {
             l.sync.remove(id);
+            l.held.remove(id);
+            l.unanswered.remove(id);
         }
     }
 
@@ -1267,17 +1326,20 @@ impl Replica {
         }
     }
 
-    fn generate(&mut self, id: &DocId, peer: &PeerId) -> Option<Message> {
+    /// The next sync message for `peer`, and whether it carries changes.
+    fn generate(&mut self, id: &DocId, peer: &PeerId) -> Option<(Message, bool)> {
         if !self.admits(id, peer) {
             return None;
         }
         let e = self.docs.get_mut(id)?;
         let state = e.peers.entry(peer.clone()).or_default();
         let msg = e.doc.generate_sync_message(state)?;
-        Some(Message::Sync {
+        let changes = !msg.changes.is_empty();
+        let msg = Message::Sync {
             doc: id.clone(),
             data: msg.encode(),
-        })
+        };
+        Some((msg, changes))
     }
 }
 

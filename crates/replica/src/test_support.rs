@@ -111,9 +111,13 @@ impl TestNet {
     }
 
     /// Delivers messages and answers loads (from the stores) until nothing moves.
+    ///
+    /// A message held back for a peer's answer ([`crate::SYNC_ANSWER_WAIT`]) that does not come
+    /// goes when its wait is over: the clock moves on by that much (never further) when nothing
+    /// else moves.
     pub fn run(&mut self) {
-        let now = self.now;
         loop {
+            let now = self.now;
             let mut moved = false;
             let peers: Vec<PeerId> = self.replicas.keys().cloned().collect();
             for p in &peers {
@@ -133,7 +137,7 @@ impl TestNet {
                         self.events.entry(p.clone()).or_default().push(ev);
                         continue;
                     }
-                    let Some((to, msg)) = r.poll_transmit() else {
+                    let Some((to, msg)) = r.poll_transmit(now) else {
                         break;
                     };
                     moved = true;
@@ -145,7 +149,20 @@ impl TestNet {
                 }
             }
             if !moved {
-                break;
+                let soon = self.now + crate::SYNC_ANSWER_WAIT;
+                let Some(at) = self
+                    .replicas
+                    .values()
+                    .filter_map(Replica::poll_timeout)
+                    .filter(|at| *at <= soon)
+                    .min()
+                else {
+                    break;
+                };
+                self.now = self.now.max(at);
+                for r in self.replicas.values_mut() {
+                    r.handle_timeout(self.now);
+                }
             }
         }
     }

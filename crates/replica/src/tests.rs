@@ -89,7 +89,7 @@ fn drain(r: &mut Replica) -> Vec<Event> {
 }
 
 fn transmit(r: &mut Replica) -> Vec<(PeerId, Message)> {
-    std::iter::from_fn(|| r.poll_transmit()).collect()
+    std::iter::from_fn(|| r.poll_transmit(t0())).collect()
 }
 
 #[test]
@@ -260,7 +260,7 @@ fn s07_fetching_an_announced_but_empty_document_waits_for_its_changes() {
     rb.handle_connected(a.clone());
     ra.create(id(6), doc_with("x", 3), None);
     // Only a's first message (its heads, no changes yet) reaches b.
-    let (to, first) = ra.poll_transmit().expect("a announces the document");
+    let (to, first) = ra.poll_transmit(t0()).expect("a announces the document");
     assert_eq!(to, b);
     rb.handle_message(&a, first, now);
     while let Some(ev) = rb.poll_event() {
@@ -282,11 +282,11 @@ fn s07_fetching_an_announced_but_empty_document_waits_for_its_changes() {
     let mut events = vec![];
     loop {
         let mut moved = false;
-        while let Some((_, m)) = ra.poll_transmit() {
+        while let Some((_, m)) = ra.poll_transmit(t0()) {
             rb.handle_message(&a, m, now);
             moved = true;
         }
-        while let Some((_, m)) = rb.poll_transmit() {
+        while let Some((_, m)) = rb.poll_transmit(t0()) {
             ra.handle_message(&b, m, now);
             moved = true;
         }
@@ -563,7 +563,7 @@ fn s15_a_blocked_peer_gets_nothing_until_unblocked_then_one_message() {
     assert!(ra.is_blocked(&b));
     for (k, v) in [("k1", 1), ("k2", 2), ("k3", 3)] {
         ra.change(&d, |doc| put(doc, k, v));
-        assert_eq!(ra.poll_transmit(), None, "nothing for a blocked peer");
+        assert_eq!(ra.poll_transmit(t0()), None, "nothing for a blocked peer");
     }
     ra.handle_unblocked(&b);
     let out = transmit(ra);
@@ -791,7 +791,7 @@ fn s22_a_blocked_peer_keeps_its_requests_and_answers_for_later() {
     for n in 0..3 {
         r.handle_message(&b, Message::Request { doc: id(n) }, now);
     }
-    assert_eq!(r.poll_transmit(), None);
+    assert_eq!(r.poll_transmit(t0()), None);
     r.handle_unblocked(&b);
     let out = transmit(&mut r);
     assert_eq!(out.len(), 3);
@@ -895,7 +895,7 @@ impl Sim {
 
     fn poll(&mut self, i: usize) -> bool {
         let mut moved = false;
-        while let Some((to, m)) = self.rs[i].poll_transmit() {
+        while let Some((to, m)) = self.rs[i].poll_transmit(self.now) {
             let j = self.ids.iter().position(|p| *p == to).unwrap();
             self.wire.entry((i, j)).or_default().push_back(m);
             moved = true;
@@ -954,6 +954,7 @@ impl Sim {
                 self.rs[a].handle_unblocked(&p);
             }
         }
+        let mut waited = false;
         for _ in 0..10_000 {
             let mut moved = false;
             for i in 0..3 {
@@ -968,11 +969,91 @@ impl Sim {
                 }
             }
             if !moved {
-                return;
+                // Messages held for an answer that will not come go once their wait is over.
+                if waited {
+                    return;
+                }
+                waited = true;
+                self.now += crate::SYNC_ANSWER_WAIT;
+                for i in 0..3 {
+                    self.rs[i].handle_timeout(self.now);
+                }
+            } else {
+                waited = false;
             }
         }
         panic!("no quiescence");
     }
+}
+
+/// Delivers everything `from` sends to `to` at `now`; how many messages went.
+fn deliver_all(from: &mut Replica, fp: &PeerId, to: &mut Replica, now: Instant) -> usize {
+    let mut n = 0;
+    while let Some((_, m)) = from.poll_transmit(now) {
+        to.handle_message(fp, m, now);
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn s24_changes_wait_for_the_answer_to_the_last_message_and_travel_together() {
+    let (a, b, _) = peers();
+    let now = t0();
+    let (mut ra, mut rb) = (Replica::new(), Replica::new());
+    for r in [&mut ra, &mut rb] {
+        r.set_group(&g(), members(&[&a, &b]));
+        r.set_scope(&id(7), announced());
+    }
+    ra.handle_connected(b.clone());
+    rb.handle_connected(a.clone());
+    ra.create(id(7), doc_with("x", 0), None);
+    rb.create(id(7), Automerge::new(), None);
+    // Sync to quiescence, answering each other at once.
+    for _ in 0..10 {
+        deliver_all(&mut ra, &a, &mut rb, now);
+        deliver_all(&mut rb, &b, &mut ra, now);
+    }
+    assert_eq!(get(&rb, &id(7), "x"), Some(0));
+
+    // A change goes at once: nothing is unanswered after a quiet spell.
+    ra.change(&id(7), |d| put(d, "x", 1));
+    let (to, first) = ra
+        .poll_transmit(now)
+        .expect("the first change goes at once");
+    assert_eq!(to, b);
+    // Three more changes before b answers: held, and no timer beyond the answer wait.
+    for v in 2..=4 {
+        ra.change(&id(7), |d| put(d, "x", v));
+        assert_eq!(ra.poll_transmit(now), None, "held until b answers");
+    }
+    assert_eq!(ra.poll_timeout(), Some(now + SYNC_ANSWER_WAIT));
+    // b's answer releases them, as one message carrying all three.
+    rb.handle_message(&a, first, now);
+    assert_eq!(get(&rb, &id(7), "x"), Some(1));
+    assert_eq!(deliver_all(&mut rb, &b, &mut ra, now), 1, "b answers");
+    assert_eq!(
+        deliver_all(&mut ra, &a, &mut rb, now),
+        1,
+        "one message for three changes"
+    );
+    assert_eq!(get(&rb, &id(7), "x"), Some(4));
+
+    // An answer that never comes: the held change goes once the wait is over, not before.
+    ra.change(&id(7), |d| put(d, "x", 5));
+    assert_eq!(
+        ra.poll_transmit(now),
+        None,
+        "the last message is not answered yet"
+    );
+    let half = now + SYNC_ANSWER_WAIT / 2;
+    ra.handle_timeout(half);
+    assert_eq!(ra.poll_transmit(half), None);
+    let later = now + SYNC_ANSWER_WAIT;
+    ra.handle_timeout(later);
+    let (_, m) = ra.poll_transmit(later).expect("sent once the wait is over");
+    rb.handle_message(&a, m, later);
+    assert_eq!(get(&rb, &id(7), "x"), Some(5));
 }
 
 proptest::proptest! {
