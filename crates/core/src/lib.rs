@@ -316,13 +316,58 @@ pub struct Save {
     pub compact: Option<Compact>,
 }
 
-/// A snapshot that replaces stored changes.
+/// A snapshot that replaces stored changes. The core hands over a copy of the document (a
+/// copy costs a small fraction of a save); the driver saves it with [`Compact::build`] off the
+/// core's thread, so a compaction never holds up the core's turn (its heartbeats).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compact {
-    /// The whole document, saved.
-    pub snapshot: Vec<u8>,
-    /// The stored changes it replaces (hashes in hex).
-    pub replaces: Vec<String>,
+    /// The document as of the write's changes.
+    pub snapshot: Snapshot,
+    /// The stored changes it replaces (hashes in hex); `None` for every change of the
+    /// document (it was loaded from chunks whose keys were not tracked), listed by
+    /// [`Compact::build`].
+    pub replaces: Option<Vec<String>>,
+}
+
+impl Compact {
+    /// Saves the document whole and lists the changes the snapshot replaces: CPU-bound work
+    /// in proportion to the document, for a blocking thread.
+    pub fn build(self) -> (Vec<u8>, Vec<String>) {
+        let doc = self.snapshot.0;
+        let replaces = self.replaces.unwrap_or_else(|| {
+            doc.get_changes(&[])
+                .iter()
+                .map(|c| c.hash().to_string())
+                .collect()
+        });
+        (doc.save(), replaces)
+    }
+}
+
+/// A copy of a document to be saved whole. Two are equal when they have the same heads.
+#[derive(Clone, Debug)]
+pub struct Snapshot(Box<automerge::Automerge>);
+
+impl Snapshot {
+    /// The copy's heads.
+    pub fn heads(&self) -> Vec<automerge::ChangeHash> {
+        self.0.get_heads()
+    }
+}
+
+impl PartialEq for Snapshot {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get_heads() == other.0.get_heads()
+    }
+}
+
+impl Eq for Snapshot {}
+
+/// What a driver reports of a write that succeeded ([`Core::handle_saved`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Saved {
+    /// The snapshot's size, if the write compacted ([`Save::compact`]).
+    pub snapshot_bytes: Option<usize>,
 }
 
 /// A handler run to perform.

@@ -23,8 +23,8 @@ use crate::saves::{Acked, Saves};
 use crate::{
     Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io, LOAD_ATTEMPTS,
     MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, RunId, RunRequest,
-    RunResult, Running, SAVE_RETRY, SaveId, Status, TaskRunEnd, Time, Wire, max_claim, queue_doc,
-    task_doc,
+    RunResult, Running, SAVE_RETRY, SaveId, Saved, Status, TaskRunEnd, Time, Wire, max_claim,
+    queue_doc, task_doc,
 };
 
 /// The pool's heartbeat before any queue says otherwise.
@@ -667,7 +667,7 @@ impl Core {
     }
 
     /// The answer to [`Io::Save`].
-    pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<(), StorageFailure>) {
+    pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
         self.submits_dirty = true;
         match self
             .saves

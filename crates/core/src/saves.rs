@@ -14,15 +14,15 @@ use piecework_replica::{DocId, Replica};
 
 use crate::api::StorageFailure;
 use crate::{COMPACT_MIN_BYTES, Compact, SAVE_FAILURES_REPORTED, SAVE_RETRY, SAVE_RETRY_MAX};
-use crate::{Save, SaveId};
+use crate::{Save, SaveId, Saved, Snapshot};
 
 #[derive(Debug)]
 struct InFlight {
     id: SaveId,
     heads: Vec<ChangeHash>,
     version: u64,
-    /// The snapshot's size, if the write compacts.
-    snapshot: Option<usize>,
+    /// Whether the write compacts.
+    compacts: bool,
     /// The change chunks it appends: their keys and total size.
     appended: Vec<String>,
     appended_bytes: usize,
@@ -169,25 +169,18 @@ impl Saves {
             // COMPACT_MIN_BYTES): each byte of change is copied into snapshots a bounded number
             // of times, whatever the document's history.
             let since = d.bytes_since_snapshot + appended_bytes;
+            // The save itself (and, for a document loaded from untracked chunks, the listing
+            // of its changes) is the driver's, off this thread: here only a copy.
             let compact = match since > d.snapshot_bytes.max(COMPACT_MIN_BYTES) {
-                true => replica.get(&doc).map(|am| {
-                    let replaces = match d.unlisted {
-                        true => am
-                            .get_changes(&[])
-                            .iter()
-                            .map(|c| c.hash().to_string())
-                            .collect(),
-                        false => d
-                            .since_snapshot
+                true => replica.get(&doc).map(|am| Compact {
+                    snapshot: Snapshot(Box::new(am.clone())),
+                    replaces: (!d.unlisted).then(|| {
+                        d.since_snapshot
                             .iter()
                             .cloned()
                             .chain(unsaved.changes.iter().map(|(h, _)| h.to_string()))
-                            .collect(),
-                    };
-                    Compact {
-                        snapshot: am.save(),
-                        replaces,
-                    }
+                            .collect()
+                    }),
                 }),
                 false => None,
             };
@@ -197,7 +190,7 @@ impl Saves {
                 id,
                 heads: unsaved.heads,
                 version: d.version,
-                snapshot: compact.as_ref().map(|c| c.snapshot.len()),
+                compacts: compact.is_some(),
                 appended: unsaved.changes.iter().map(|(h, _)| h.to_string()).collect(),
                 appended_bytes,
             });
@@ -221,19 +214,25 @@ impl Saves {
         &mut self,
         now: Instant,
         id: SaveId,
-        result: Result<(), StorageFailure>,
+        result: Result<Saved, StorageFailure>,
         replica: &mut Replica,
     ) -> Option<Acked> {
         let doc = self.in_flight.remove(&id)?;
         let d = self.docs.get_mut(&doc)?;
         let flight = d.in_flight.take().filter(|f| f.id == id)?;
         match result {
-            Ok(()) => {
+            Ok(saved) => {
                 replica.mark_saved(&doc, &flight.heads);
                 d.durable = d.durable.max(flight.version);
                 d.failures = 0;
                 d.last_error = None;
-                match flight.snapshot {
+                // A driver that did not say the snapshot's size: count what it replaced.
+                let snapshot = flight.compacts.then(|| {
+                    saved.snapshot_bytes.unwrap_or(
+                        d.snapshot_bytes + d.bytes_since_snapshot + flight.appended_bytes,
+                    )
+                });
+                match snapshot {
                     Some(bytes) => {
                         d.since_snapshot.clear();
                         d.bytes_since_snapshot = 0;

@@ -12,7 +12,7 @@ use automerge::{Automerge, ObjType, ROOT, ReadDoc};
 use piecework_core::api::{StorageFailure, SubmitError, SubmitTask};
 use piecework_core::{
     Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, RunResult,
-    SAVE_FAILURES_REPORTED, Save, Time, Wire,
+    SAVE_FAILURES_REPORTED, Save, Saved, Time, Wire,
 };
 use piecework_queue_doc::{
     Claim, PeerId, QueueConfig, QueueId, RouterBeat, TaskId, TaskState, queue,
@@ -121,10 +121,13 @@ impl One {
         for s in std::mem::take(&mut self.saves) {
             let chunks = self.disk.entry(s.doc.clone()).or_default();
             chunks.extend(s.changes.iter().map(|(_, b)| b.clone()));
+            let mut saved = Saved::default();
             if let Some(c) = &s.compact {
-                *chunks = vec![c.snapshot.clone()];
+                let (snapshot, _) = c.clone().build();
+                saved.snapshot_bytes = Some(snapshot.len());
+                *chunks = vec![snapshot];
             }
-            self.core.handle_saved(self.now, s.id, Ok(()));
+            self.core.handle_saved(self.now, s.id, Ok(saved));
             self.drain();
         }
     }
@@ -239,7 +242,7 @@ fn a_submit_is_acknowledged_only_when_both_documents_are_on_disk() {
     // The task document alone is not enough.
     let task_save = one.saves.iter().position(|s| s.doc != qdoc).unwrap();
     let s = one.saves.remove(task_save);
-    one.core.handle_saved(one.now, s.id, Ok(()));
+    one.core.handle_saved(one.now, s.id, Ok(Saved::default()));
     one.drain();
     assert!(one.reply(first).is_none());
     // Acknowledge everything, including the follow-up write of the queue document.
@@ -755,4 +758,61 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
         }
         other => panic!("expected a task status, got {other:?}"),
     }
+}
+
+/// A compaction hands the driver a copy of the document: saving it gives a snapshot with the
+/// copy's heads, listing exactly the stored changes it replaces, and the next one waits until
+/// the changes since outweigh the size the driver reported.
+#[test]
+fn a_compaction_hands_over_a_copy_whose_save_replaces_what_is_stored() {
+    let mut one = One::new();
+    let q = one.create_queue(quick());
+    // Stored change hashes since the last snapshot, and their bytes, per document.
+    let mut stored: BTreeMap<DocId, (Vec<String>, usize)> = BTreeMap::new();
+    let mut last_snapshot: BTreeMap<DocId, usize> = BTreeMap::new();
+    let mut compactions = 0;
+    for i in 0..600 {
+        one.command(Command::Submit {
+            queue: q.clone(),
+            task: SubmitTask {
+                kind: "noop".into(),
+                input: serde_json::json!({"i": i, "pad": "x".repeat(200)}),
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            },
+        });
+        for s in std::mem::take(&mut one.saves) {
+            let (hashes, bytes) = stored.entry(s.doc.clone()).or_default();
+            hashes.extend(s.changes.iter().map(|(h, _)| h.clone()));
+            *bytes += s.changes.iter().map(|(_, b)| b.len()).sum::<usize>();
+            let mut saved = Saved::default();
+            if let Some(c) = s.compact {
+                compactions += 1;
+                assert!(
+                    *bytes > last_snapshot.get(&s.doc).copied().unwrap_or(0),
+                    "a compaction only once the changes outweigh the last snapshot"
+                );
+                let heads = c.snapshot.heads();
+                let (snapshot, mut replaces) = c.build();
+                let loaded = automerge::Automerge::load(&snapshot).expect("the snapshot loads");
+                assert_eq!(loaded.get_heads(), heads);
+                replaces.sort();
+                hashes.sort();
+                // The first one also replaces what the queue's creation stored, before this
+                // test counted; the next ones exactly what was stored since.
+                match last_snapshot.contains_key(&s.doc) {
+                    true => assert!(&replaces == hashes, "replaces what was stored since"),
+                    false => assert!(hashes.iter().all(|h| replaces.contains(h))),
+                }
+                hashes.clear();
+                *bytes = 0;
+                last_snapshot.insert(s.doc.clone(), snapshot.len());
+                saved.snapshot_bytes = Some(snapshot.len());
+            }
+            one.core.handle_saved(one.now, s.id, Ok(saved));
+            one.drain();
+        }
+    }
+    assert!(compactions >= 2, "{compactions} compactions");
 }

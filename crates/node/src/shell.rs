@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_core::{
-    Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId, Time,
-    api::StorageFailure,
+    Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId, Saved,
+    Time, api::StorageFailure,
 };
 use piecework_net as net;
 use piecework_queue_doc::{PeerId, TaskId};
@@ -42,7 +42,7 @@ enum Input {
     },
     Saved {
         id: SaveId,
-        result: Result<(), StorageFailure>,
+        result: Result<Saved, StorageFailure>,
     },
     RunEnded {
         id: RunId,
@@ -68,6 +68,35 @@ pub(crate) struct Shell {
     stalled: HashMap<net::PeerId, VecDeque<Vec<u8>>>,
     views:
         HashMap<piecework_queue_doc::QueueId, watch::Sender<Arc<piecework_queue_doc::QueueView>>>,
+}
+
+/// Appends a document's changes, then, if asked, compacts it: the snapshot is saved from the
+/// core's copy on a blocking thread, so that the node's turns go on meanwhile.
+async fn save_doc(
+    store: &crate::storage::Store,
+    doc: &DocId,
+    changes: Vec<(String, Vec<u8>)>,
+    compact: Option<piecework_core::Compact>,
+) -> Result<Saved, StorageFailure> {
+    let failed = |e: &dyn std::fmt::Display| StorageFailure(e.to_string());
+    store
+        .append(doc.as_str(), changes)
+        .await
+        .map_err(|e| failed(&e))?;
+    let Some(c) = compact else {
+        return Ok(Saved::default());
+    };
+    let (snapshot, replaces) = tokio::task::spawn_blocking(move || c.build())
+        .await
+        .map_err(|e| failed(&e))?;
+    let snapshot_bytes = snapshot.len();
+    store
+        .compact(doc.as_str(), snapshot, replaces)
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(Saved {
+        snapshot_bytes: Some(snapshot_bytes),
+    })
 }
 
 fn now() -> Time {
@@ -312,14 +341,10 @@ impl Shell {
                         changes,
                         compact,
                     } = save;
-                    let mut result = store.append(doc.as_str(), changes).await;
-                    if let (Ok(()), Some(c)) = (&result, compact) {
-                        result = store.compact(doc.as_str(), c.snapshot, c.replaces).await;
-                    }
+                    let result = save_doc(&store, &doc, changes, compact).await;
                     if let Err(e) = &result {
                         tracing::error!(%doc, "cannot save changes: {e}");
                     }
-                    let result = result.map_err(|e| StorageFailure(e.to_string()));
                     let _ = tx.send(Input::Saved { id, result }).await;
                 });
             }

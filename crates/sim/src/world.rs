@@ -10,7 +10,7 @@ use automerge::Automerge;
 use piecework_core::api::{BatchEntry, StorageFailure, SubmitTask};
 use piecework_core::{
     Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, RouterEvent,
-    RunId, RunResult, Save, SaveId, Time,
+    RunId, RunResult, Save, SaveId, Saved, Time,
 };
 use piecework_queue_doc::{
     AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, TaskState,
@@ -182,17 +182,21 @@ struct Disk {
 }
 
 impl Disk {
-    fn apply(&mut self, save: &Save) {
+    fn apply(&mut self, save: &Save) -> Saved {
         let chunks = self.docs.entry(save.doc.clone()).or_default();
         for (hash, bytes) in &save.changes {
             chunks.insert(format!("c/{hash}"), bytes.clone());
         }
         if let Some(c) = &save.compact {
-            for h in &c.replaces {
+            let (snapshot, replaces) = c.clone().build();
+            for h in &replaces {
                 chunks.remove(&format!("c/{h}"));
             }
-            chunks.insert("a/snapshot".into(), c.snapshot.clone());
+            let snapshot_bytes = Some(snapshot.len());
+            chunks.insert("a/snapshot".into(), snapshot);
+            return Saved { snapshot_bytes };
         }
+        Saved::default()
     }
 
     /// Every chunk of a document, the snapshot first.
@@ -735,8 +739,7 @@ impl World {
                     self.count("save_error");
                     Err(StorageFailure("simulated write failure".into()))
                 } else {
-                    self.nodes[node].disk.apply(&save);
-                    Ok(())
+                    Ok(self.nodes[node].disk.apply(&save))
                 };
                 let t = self.time(node);
                 self.nodes[node].core.handle_saved(t, id, result);
@@ -1639,7 +1642,7 @@ impl World {
         let pending = std::mem::take(&mut self.nodes[i].disk.pending);
         for save in pending.into_values() {
             if self.rng.random_bool(0.5) {
-                self.nodes[i].disk.apply(&save);
+                let _ = self.nodes[i].disk.apply(&save);
                 self.count("unacknowledged_write_kept");
             } else {
                 self.count("unacknowledged_write_lost");
