@@ -21,11 +21,24 @@ use crate::EpochEvent;
 use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
 use crate::saves::{Acked, Saves};
 use crate::{
-    Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io, LOAD_ATTEMPTS,
-    MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, RunId, RunRequest,
-    RunResult, Running, SAVE_RETRY, SaveId, Saved, Status, TaskRunEnd, Time, Wire, max_claim,
-    queue_doc, task_doc,
+    Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io,
+    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, Rotate,
+    RotateId, RunId, RunRequest, RunResult, Running, SAVE_RETRY, SaveId, Saved, Status, TaskRunEnd,
+    Time, Wire, max_claim, queue_doc, task_doc,
 };
+
+/// A rotation whose successor is being built ([`Io::Rotate`]).
+#[derive(Debug)]
+struct Rotating {
+    queue: QueueId,
+    /// The document it seals.
+    prev: DocId,
+    successor: DocId,
+    epoch: u64,
+    claim: Claim,
+    /// The heads of the copy it is built from: the seal's.
+    heads: Vec<ChangeHash>,
+}
 
 /// The pool's heartbeat before any queue says otherwise.
 const DEFAULT_POOL_HEARTBEAT: Duration = Duration::from_millis(500);
@@ -211,6 +224,9 @@ pub struct Core {
     /// Every epoch document of a joined queue this node holds (current, sealed, the first),
     /// and its queue.
     epoch_docs: BTreeMap<DocId, QueueId>,
+    /// Successors being built off this thread ([`Io::Rotate`]): at most one per queue.
+    rotating: BTreeMap<RotateId, Rotating>,
+    next_rotate: u64,
     /// Peers with an open sync stream (bounded by the transport's connections).
     connected: BTreeSet<PeerId>,
     advertised: Vec<String>,
@@ -249,6 +265,8 @@ pub struct Core {
     to_evict: EvictQueue,
     /// Runs in flight, by id: at most one per worker.
     runs: BTreeMap<RunId, Running>,
+    /// Runs begun this turn, handed to the driver at its end.
+    starting: Vec<RunRequest>,
     /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
     /// most the tasks indexed in that state, drained every turn.
     to_revive: BTreeSet<(QueueId, TaskId, u64)>,
@@ -316,6 +334,8 @@ impl Core {
             queues: BTreeMap::new(),
             topics: BTreeMap::new(),
             epoch_docs: BTreeMap::new(),
+            rotating: BTreeMap::new(),
+            next_rotate: 0,
             connected: BTreeSet::new(),
             advertised: vec![],
             next_dial: now.mono,
@@ -334,6 +354,7 @@ impl Core {
             submit_deadline: None,
             to_evict: EvictQueue::default(),
             runs: BTreeMap::new(),
+            starting: Vec::new(),
             to_revive: BTreeSet::new(),
             attempt_writes: BTreeMap::new(),
             task_writes: BTreeMap::new(),
@@ -894,9 +915,13 @@ impl Core {
             let acted = self.drain_actions(now);
             let wrote = self.flush_attempts(now);
             if (!acted && !wrote && self.stale.is_empty()) || rounds > 10_000 {
+                if rounds <= 10_000 && self.abort_fenced_starts() {
+                    continue;
+                }
                 break;
             }
         }
+        self.hand_over_starts();
         self.flush_task_writes(now);
         self.flush_archive();
         for save in self.saves.take_writes(&self.replica) {
@@ -2152,26 +2177,29 @@ impl Core {
             }
         }
         let (best_lineage, to, epoch_no) = best;
-        // A successor of this very document is taken only once this node holds everything
-        // the seal covered: the writes after it are then exactly what to carry.
-        let behind = self
+        // A successor is taken only once this node holds everything its seal covered of the
+        // document it continues (this very document, or, moving sideways, one this node holds
+        // too): the writes after the seal are then exactly what to carry, at once.
+        let sealed_from = self
             .replica
             .get(&to)
             .and_then(epoch::read_prev)
-            .is_some_and(|p| {
-                p.doc == cur.as_str()
-                    && self
-                        .replica
-                        .get(&cur)
-                        .is_some_and(|c| epoch::known_heads(c, &p.heads).len() < p.heads.len())
-            });
+            .and_then(|p| Some((DocId::parse(&p.doc)?, p.heads)));
+        let behind = sealed_from.as_ref().is_some_and(|(pd, heads)| {
+            to != cur
+                && self
+                    .replica
+                    .get(pd)
+                    .is_some_and(|c| epoch::known_heads(c, heads).len() < heads.len())
+        });
         if behind
+            && let Some((pd, _)) = &sealed_from
             && let Some(q) = self.queues.get_mut(id)
             && q.asked_behind.as_ref() != Some(&to)
         {
             // Ask the members for what the seal covered (they may hold it on disk only).
             q.asked_behind = Some(to.clone());
-            self.replica.resync_with_members(&cur);
+            self.replica.resync_with_members(pd);
         }
         // The documents of the target's chain that this node's chain does not share: a move
         // waits until they are here (or found nowhere), so that carrying this node's own late
@@ -2203,6 +2231,22 @@ impl Core {
                     .map(|(d, _)| d)
                     .filter(|d| self.to_fetch(id, d)),
             );
+        }
+        // The document `to` continues, if this node no longer holds it (it retired it): the
+        // writes it got after `to`'s seal are carried from it, so it must be here first, or
+        // a task this node ended there would show live in `to` until it is (partitions seed
+        // 2200, once rotations were built off the node's thread).
+        if to != cur
+            && let Some(pd) = self
+                .replica
+                .get(&to)
+                .and_then(epoch::read_prev)
+                .and_then(|p| DocId::parse(&p.doc))
+            && pd != cur
+            && !gaps.contains(&pd)
+            && self.to_fetch(id, &pd)
+        {
+            gaps.push(pd);
         }
         for d in &gaps {
             self.fetch_epoch(now, id, d);
@@ -2746,18 +2790,23 @@ impl Core {
         !again.is_empty()
     }
 
-    /// As the queue's active router, seals the current epoch into a successor holding what is
-    /// live, once its finished tasks outweigh the live ones ([`epoch::should_rotate`]).
+    /// As the queue's active router, asks for a successor of the current epoch holding what is
+    /// live, once its finished tasks outweigh the live ones ([`epoch::should_rotate`]). The
+    /// successor is built off this thread ([`Io::Rotate`]); [`Core::handle_rotated`] seals.
     fn maybe_rotate(&mut self, now: Time, id: &QueueId) {
+        if self.rotating.values().any(|r| r.queue == *id) {
+            return;
+        }
         let Some(q) = self.queues.get(id) else {
             return;
         };
         let Role::Active { claim, .. } = q.router.role() else {
             return;
         };
-        // The successor is built from the view and sealed at the document's heads: a view
-        // behind the document (a carry or a peer's change since its refresh) would leave out
-        // tasks the seal covers, and those are never carried afterwards.
+        // The successor is built from the view and sealed at the heads of the document it
+        // was read with: a view behind the document (a carry or a peer's change since its
+        // refresh) would leave out tasks the seal covers, and those are never carried
+        // afterwards.
         if self.stale.contains(id) {
             return;
         }
@@ -2774,51 +2823,95 @@ impl Core {
             return;
         }
         let claim = claim.clone();
-        let (old, root, epoch_no) = (q.doc.clone(), q.root.clone(), q.epoch + 1);
+        let (old, epoch_no) = (q.doc.clone(), q.epoch + 1);
         let Some(old_doc) = self.replica.get(&old) else {
             return;
         };
         if !epoch::read_seals(old_doc).is_empty() {
             return;
         }
-        let old_heads = old_doc.get_heads();
-        let succ_id = DocId::generate(&mut self.rng);
-        let mut succ = self.new_doc();
-        let rotated = epoch::build_successor(
-            old_doc,
-            &view,
-            &mut succ,
-            &epoch::Rotation {
-                origin: id,
-                prev: old.as_str(),
-                successor: succ_id.as_str(),
+        // A copy costs a small fraction of the build.
+        let copy = Box::new(old_doc.clone());
+        let heads = copy.get_heads();
+        let successor = DocId::generate(&mut self.rng);
+        self.next_rotate += 1;
+        let rid = RotateId(self.next_rotate);
+        self.rotating.insert(
+            rid,
+            Rotating {
+                queue: id.clone(),
+                prev: old.clone(),
+                successor: successor.clone(),
                 epoch: epoch_no,
-                claim: &claim,
-                now_ms: now.unix_ms,
+                claim: claim.clone(),
+                heads,
             },
         );
-        let rotated = match rotated {
+        self.io.push_back(Io::Rotate(Box::new(Rotate {
+            id: rid,
+            old: copy,
+            view,
+            succ: Box::new(self.new_doc()),
+            origin: id.clone(),
+            prev: old,
+            successor,
+            epoch: epoch_no,
+            claim,
+            now_ms: now.unix_ms,
+        })));
+    }
+
+    /// The answer to [`Io::Rotate`]: seals the current epoch into the built successor, unless
+    /// the rotation no longer holds (this node is no longer the active router with the same
+    /// claim, it moved to another epoch, or someone sealed the document meanwhile); then the
+    /// successor is dropped unseen. What the router wrote after the copy it was built from is
+    /// carried into it like any late write (the seal names the copy's heads).
+    pub fn handle_rotated(&mut self, now: Time, built: Built) {
+        if let Some(r) = self.rotating.remove(&built.id) {
+            self.seal_rotation(now, r, built);
+        }
+        self.turn(now);
+    }
+
+    fn seal_rotation(&mut self, now: Time, r: Rotating, built: Built) {
+        let id = &r.queue;
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let holds = matches!(q.router.role(), Role::Active { claim, .. } if *claim == r.claim)
+            && q.doc == r.prev
+            && self
+                .replica
+                .get(&r.prev)
+                .is_some_and(|d| epoch::read_seals(d).is_empty());
+        if !holds {
+            tracing::debug!(queue = %id, "a rotation no longer holds; its successor is dropped");
+            return;
+        }
+        let root = q.root.clone();
+        let (succ, rotated) = match built.result {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(queue = %id, "cannot rotate the queue document: {e}");
                 return;
             }
         };
+        let succ_id = r.successor.clone();
         self.replica
-            .create(succ_id.clone(), succ, Some(epoch_scope(&root)));
+            .create(succ_id.clone(), *succ, Some(epoch_scope(&root)));
         self.epoch_docs.insert(succ_id.clone(), id.clone());
         self.saves.changed(&succ_id);
         let seal = Seal {
-            claim,
+            claim: r.claim.clone(),
             successor: succ_id.to_string(),
-            epoch: epoch_no,
+            epoch: r.epoch,
         };
-        let heads = old_heads;
-        if let Some(Err(e)) = self.change(&old, |d| epoch::seal(d, &seal, &heads)) {
+        let heads = r.heads.clone();
+        if let Some(Err(e)) = self.change(&r.prev, |d| epoch::seal(d, &seal, &heads)) {
             tracing::warn!(queue = %id, "cannot seal the queue document: {e}");
         }
         let latest = Latest {
-            epoch: epoch_no,
+            epoch: r.epoch,
             doc: succ_id.to_string(),
         };
         if let Some(Err(e)) = self.change(&root, |d| epoch::set_latest(d, &latest)) {
@@ -2827,12 +2920,15 @@ impl Core {
         self.events.push_back(Event::Epoch {
             queue: id.clone(),
             event: EpochEvent::Rotated {
-                epoch: epoch_no,
+                epoch: r.epoch,
                 carried: rotated.carried,
                 dropped: rotated.dropped,
             },
         });
-        self.switch_epoch(now, id, succ_id, epoch_no);
+        self.switch_epoch(now, id, succ_id, r.epoch);
+        // What was written after the copy (here or by peers) goes into the successor before
+        // its view is first read: no task seems to step back.
+        self.carry_late(now, id);
     }
 
     /// Drops sealed epochs this node moved past more than `Config::epoch_retain` ago (never the
@@ -3203,6 +3299,39 @@ impl Core {
 
     /// Why a run must not start: its attempt was assigned by a router below the greatest
     /// claim this node has seen for the queue.
+    /// Starts recorded this turn whose claim a fence raised later in the same turn (a switch
+    /// to another branch, a heartbeat) are not run: their workers are freed and their attempts
+    /// refused, as if the fence had been known when they were asked for. True if any was.
+    fn abort_fenced_starts(&mut self) -> bool {
+        let mut aborted = false;
+        let starting = std::mem::take(&mut self.starting);
+        for req in starting {
+            let reason = self.runs.get(&req.id).and_then(|r| self.fenced(&r.run));
+            match reason {
+                Some(reason) => {
+                    self.runs.remove(&req.id);
+                    self.pool.handle_start_failed(req.worker.index, reason);
+                    aborted = true;
+                }
+                None => self.starting.push(req),
+            }
+        }
+        aborted
+    }
+
+    /// Hands this turn's starts to the driver.
+    fn hand_over_starts(&mut self) {
+        for req in std::mem::take(&mut self.starting) {
+            self.events.push_back(Event::RunStarted {
+                queue: req.queue.clone(),
+                task: req.task.clone(),
+                attempt: req.attempt.clone(),
+                worker: req.worker.clone(),
+            });
+            self.io.push_back(Io::Run(req));
+        }
+    }
+
     fn fenced(&self, run: &Run) -> Option<String> {
         let fence = self.seen.get(&run.queue)?;
         (run.attempt.claim < *fence && self.fencing()).then(|| {
@@ -3251,15 +3380,11 @@ impl Core {
             incarnation: self.config.incarnation,
             at: now.unix_ms,
         };
-        self.events.push_back(Event::RunStarted {
-            queue: run.queue.clone(),
-            task: run.task.clone(),
-            attempt: run.attempt.clone(),
-            worker: run.worker.clone(),
-        });
         self.next_run += 1;
         let id = RunId(self.next_run);
-        self.io.push_back(Io::Run(RunRequest {
+        // Handed to the driver at the end of the turn, if no higher claim came to light
+        // meanwhile ([`Core::abort_fenced_starts`]).
+        self.starting.push(RunRequest {
             id,
             queue: run.queue.clone(),
             task: run.task.clone(),
@@ -3267,7 +3392,7 @@ impl Core {
             worker: run.worker.clone(),
             kind: run.kind.clone(),
             input,
-        }));
+        });
         self.runs.insert(id, Running { run, start });
     }
 

@@ -35,6 +35,9 @@ struct One {
     /// The archive of inline tasks' final statuses (on disk), and the lookups asked of it.
     archive: BTreeMap<TaskId, Vec<u8>>,
     lookups: Vec<TaskId>,
+    /// Successors to build: held here instead of built at once, when set.
+    hold_builds: bool,
+    builds: Vec<piecework_core::Rotate>,
     next: u64,
 }
 
@@ -66,31 +69,46 @@ impl One {
             frames: vec![],
             archive: BTreeMap::new(),
             lookups: vec![],
+            hold_builds: false,
+            builds: vec![],
             next: 0,
         };
         one.drain();
         one
     }
 
+    /// Collects what the core asks for; a successor to build is built and handed back at
+    /// once.
     fn drain(&mut self) {
-        while let Some(f) = self.core.poll_transmit(self.now.mono) {
-            self.frames.push(f);
-        }
-        while let Some(io) = self.core.poll_io() {
-            match io {
-                Io::Save(s) => self.saves.push(s),
-                Io::Load { doc } => self.loads.push(doc),
-                Io::Run(r) => self.runs.push(r),
-                Io::Archive { records } => self.archive.extend(records),
-                Io::Lookup { task } => self.lookups.push(task),
-                _ => {}
+        loop {
+            let mut built = vec![];
+            while let Some(f) = self.core.poll_transmit(self.now.mono) {
+                self.frames.push(f);
             }
-        }
-        while let Some(r) = self.core.poll_reply() {
-            self.replies.push(r);
-        }
-        while let Some(e) = self.core.poll_event() {
-            self.events.push(e);
+            while let Some(io) = self.core.poll_io() {
+                match io {
+                    Io::Save(s) => self.saves.push(s),
+                    Io::Load { doc } => self.loads.push(doc),
+                    Io::Run(r) => self.runs.push(r),
+                    Io::Archive { records } => self.archive.extend(records),
+                    Io::Lookup { task } => self.lookups.push(task),
+                    Io::Rotate(job) if self.hold_builds => self.builds.push(*job),
+                    Io::Rotate(job) => built.push(job.build()),
+                    _ => {}
+                }
+            }
+            while let Some(r) = self.core.poll_reply() {
+                self.replies.push(r);
+            }
+            while let Some(e) = self.core.poll_event() {
+                self.events.push(e);
+            }
+            if built.is_empty() {
+                return;
+            }
+            for b in built {
+                self.core.handle_rotated(self.now, b);
+            }
         }
     }
 
@@ -815,4 +833,90 @@ fn a_compaction_hands_over_a_copy_whose_save_replaces_what_is_stored() {
         }
     }
     assert!(compactions >= 2, "{compactions} compactions");
+}
+
+/// A successor is built off the core's thread while the router goes on: a task submitted and
+/// one finished between the copy and the seal are in the successor as soon as it is current
+/// (carried as late writes), and no task seems to step back.
+#[test]
+fn a_successor_built_while_the_router_goes_on_holds_what_was_written_meanwhile() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+    });
+    one.hold_builds = true;
+    let q = one.create_queue(quick());
+    let mut t = 0;
+    let mut first = vec![];
+    // Run tasks until a rotation is asked for.
+    while one.builds.is_empty() {
+        let cmd = one.submit(&q);
+        one.ack_saves();
+        one.ack_saves();
+        first.push(submitted(one.reply(cmd)).unwrap().task_id);
+        t += 50;
+        one.step(t);
+        assert!(t < 60_000, "no rotation asked for");
+    }
+    let epoch = one.core.epoch(&q).map_or(0, |e| e.0);
+    // Meanwhile: a new task, and the running ones finish.
+    let cmd = one.submit(&q);
+    one.ack_saves();
+    one.ack_saves();
+    let late = submitted(one.reply(cmd)).unwrap().task_id;
+    for _ in 0..10 {
+        t += 50;
+        one.step(t);
+    }
+    let before = one.core.view(&q).unwrap().clone();
+    assert_eq!(
+        one.core.epoch(&q).map_or(0, |e| e.0),
+        epoch,
+        "not rotated yet"
+    );
+    // The build comes back.
+    let job = one.builds.remove(0);
+    let built = job.build();
+    one.events.clear();
+    one.core.handle_rotated(one.now, built);
+    one.drain();
+    // Every view published since, too: none shows a finished task live again.
+    for e in &one.events {
+        if let Event::View { view, .. } = e {
+            for task in before.tasks().values().filter(|t| t.state().is_final()) {
+                assert!(
+                    view.task(&task.id)
+                        .is_none_or(|a| a.state() == task.state()),
+                    "a published view shows {} as {:?}",
+                    task.id,
+                    view.task(&task.id).map(|a| a.state())
+                );
+            }
+        }
+    }
+    assert_eq!(one.core.epoch(&q).map_or(0, |e| e.0), epoch + 1, "rotated");
+    let after = one.core.view(&q).unwrap().clone();
+    let late_state = after.task(&late).map(|t| t.state());
+    assert!(late_state.is_some(), "the late submit is in the successor");
+    for task in before.tasks().values() {
+        if task.state().is_final() {
+            assert!(
+                after
+                    .task(&task.id)
+                    .is_none_or(|a| a.state() == task.state()),
+                "{} stepped back",
+                task.id
+            );
+        }
+    }
+    // And everything finishes.
+    for _ in 0..100 {
+        t += 50;
+        one.step(t);
+    }
+    let view = one.core.view(&q).unwrap().clone();
+    assert_eq!(
+        view.task(&late).map(|t| t.state()),
+        Some(TaskState::Succeeded)
+    );
 }

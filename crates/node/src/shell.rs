@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_core::{
-    Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId, Saved,
-    Time, api::StorageFailure,
+    Built, Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId,
+    Saved, Time, api::StorageFailure,
 };
 use piecework_net as net;
 use piecework_queue_doc::{PeerId, TaskId};
@@ -52,6 +52,8 @@ enum Input {
         task: TaskId,
         status: Option<Vec<u8>>,
     },
+    /// A successor epoch document built off the node's thread.
+    Rotated(Built),
 }
 
 pub(crate) struct Shell {
@@ -230,6 +232,7 @@ impl Shell {
             Input::Saved { id, result } => self.core.handle_saved(now(), id, result),
             Input::RunEnded { id, result } => self.core.handle_run_ended(now(), id, result),
             Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
+            Input::Rotated(built) => self.core.handle_rotated(now(), built),
         }
     }
 
@@ -382,6 +385,15 @@ impl Shell {
                 });
             }
             Io::Run(req) => self.run_handler(req),
+            Io::Rotate(job) => {
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    // Dropped (never sealed) only if the blocking pool is gone: shutting down.
+                    if let Ok(built) = tokio::task::spawn_blocking(move || job.build()).await {
+                        let _ = tx.send(Input::Rotated(built)).await;
+                    }
+                });
+            }
             Io::Dial { peer, addrs } => {
                 let Ok(peer) = peer.as_str().parse::<net::PeerId>() else {
                     return;

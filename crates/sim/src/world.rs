@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use automerge::Automerge;
 use piecework_core::api::{BatchEntry, StorageFailure, SubmitTask};
 use piecework_core::{
-    Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, RouterEvent,
-    RunId, RunResult, Save, SaveId, Saved, Time,
+    Built, Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, RotateId,
+    RouterEvent, RunId, RunResult, Save, SaveId, Saved, Time,
 };
 use piecework_queue_doc::{
     AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, TaskState,
@@ -37,6 +37,8 @@ const MAX_BATCH: usize = 64;
 const SETTLE_CHECK_MS: u64 = 250;
 /// Disk read latency, microseconds.
 const READ_US: u64 = 200;
+/// How long building a successor takes, virtual µs (a few turns to tens of them).
+const BUILD_US: (u64, u64) = (1_000, 40_000);
 /// How long a client waits before retrying a join or a failed submit, microseconds.
 const RETRY_US: u64 = 500_000;
 
@@ -105,6 +107,12 @@ enum Ev {
         node: usize,
         incarnation: u64,
         doc: DocId,
+    },
+    /// A successor built off the node's thread is ready.
+    Rotated {
+        node: usize,
+        incarnation: u64,
+        id: RotateId,
     },
     /// An archive lookup's answer.
     Archived {
@@ -238,6 +246,8 @@ struct Node {
     subscribed: BTreeSet<String>,
     /// Runs in flight, by id.
     live: BTreeMap<RunId, Live>,
+    /// Successors built ([`Io::Rotate`]), handed to the core after a delay.
+    built: BTreeMap<RotateId, Built>,
     /// The first views after a restart are checked for superseded attempts held by this pool.
     restarted: bool,
 }
@@ -368,6 +378,7 @@ impl World {
                 joins: BTreeMap::new(),
                 subscribed: BTreeSet::new(),
                 live: BTreeMap::new(),
+                built: BTreeMap::new(),
                 restarted: false,
             });
         }
@@ -763,6 +774,21 @@ impl World {
                 self.nodes[node].core.handle_loaded(t, &doc, chunks);
                 self.drive(node);
             }
+            Ev::Rotated {
+                node,
+                incarnation,
+                id,
+            } => {
+                let Some(built) = self.nodes[node].built.remove(&id) else {
+                    return;
+                };
+                if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+                    return;
+                }
+                let t = self.time(node);
+                self.nodes[node].core.handle_rotated(t, built);
+                self.drive(node);
+            }
             Ev::Archived {
                 node,
                 incarnation,
@@ -953,6 +979,21 @@ impl World {
             }
             Io::RememberQueue { id, .. } => {
                 self.nodes[i].disk.queues.insert(id);
+            }
+            Io::Rotate(job) => {
+                // Built at once (it is deterministic), handed back later: the router goes on
+                // writing the document meanwhile, and those writes are carried as late ones.
+                let id = job.id;
+                self.nodes[i].built.insert(id, job.build());
+                let us = self.rng.random_range(BUILD_US.0..=BUILD_US.1);
+                self.schedule_at(
+                    self.now_us + us,
+                    Ev::Rotated {
+                        node: i,
+                        incarnation: inc,
+                        id,
+                    },
+                );
             }
             Io::Archive { records } => {
                 self.count("archived");

@@ -376,7 +376,10 @@ mod regressions {
     /// The router rotated in the same turn as it carried a late submit into its current
     /// document: the successor was built from the view of before the carry but sealed at the
     /// document's heads after it, so the task was neither in the successor nor a late write
-    /// (lost). A router no longer rotates while its view is behind its document.
+    /// (lost). A router no longer rotates while its view is behind its document. Once
+    /// successors were built off the node's thread, the same seed showed a sideways move that
+    /// did not wait for what the target's seal covered of the document it continues: a task
+    /// ended there showed live for a turn. A move now waits for that document, held and whole.
     #[test]
     fn seed_2200_partitions_a_rotation_waits_for_a_fresh_view() {
         passes_with(2200, FaultMix::partitions());
@@ -399,6 +402,15 @@ mod regressions {
     #[test]
     fn seed_2093_partitions_a_loss_explains_overlaps_until_the_next_heartbeat() {
         passes_with(2093, FaultMix::partitions());
+    }
+
+    /// Once successors were built off the node's thread: a node on a losing branch started a
+    /// run its own router had assigned, in the same turn as a switch to the winning branch
+    /// showed it a higher claim (invariant 4). A start is handed to the driver only at the end
+    /// of its turn, and one a fence raised meanwhile is refused instead.
+    #[test]
+    fn seed_2360_partitions_a_start_fenced_later_in_its_turn_is_not_run() {
+        passes_with(2360, FaultMix::partitions());
     }
 
     /// A retired losing successor was named again by a stale peer and carried from anew,
