@@ -484,6 +484,16 @@ impl Core {
             ("to_evict", self.to_evict.len()),
             ("runs", self.runs.len()),
             ("loaded", self.replica.loaded()),
+            ("epoch_docs", self.epoch_docs.len()),
+            ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
+            (
+                "sealed_dirty",
+                self.queues
+                    .values()
+                    .map(|q| q.sealed.values().filter(|s| s.dirty).count())
+                    .sum(),
+            ),
+            ("rotating", self.rotating.len()),
         ])
     }
 
