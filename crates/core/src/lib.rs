@@ -20,10 +20,13 @@
 //!   ([`Core::handle_connected`], [`Core::handle_disconnected`]) or out of send credit
 //!   ([`Core::handle_blocked`], [`Core::handle_unblocked`]), the node's listen addresses
 //!   ([`Core::handle_addresses`]), the answer to an I/O request ([`Core::handle_loaded`],
-//!   [`Core::handle_saved`], [`Core::handle_run_ended`]), a command from the API with an id
+//!   [`Core::handle_saved`], [`Core::handle_run_ended`], [`Core::handle_archived`],
+//!   [`Core::handle_rotated`]), a command from the API with an id
 //!   ([`Core::handle_command`]), and a timer ([`Core::handle_timeout`]);
 //! - **outputs**, `poll_*`: frames to send ([`Core::poll_transmit`]), I/O to perform
-//!   ([`Core::poll_io`]: load, save, run a handler, dial, publish, subscribe), replies to
+//!   ([`Core::poll_io`]: load, save (a compaction's snapshot is saved by the driver, from a
+//!   copy: [`Compact::build`]), run a handler, build a successor epoch document off the core's
+//!   thread ([`Rotate::build`]), archive or look up a status, dial, publish, subscribe), replies to
 //!   commands matched by their [`CommandId`] ([`Core::poll_reply`]), and events for logs and
 //!   displays ([`Core::poll_event`]);
 //! - the next deadline, [`Core::poll_timeout`]: call [`Core::handle_timeout`] then.
