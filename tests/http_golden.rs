@@ -1012,12 +1012,13 @@ fn steps_after_rotation() -> Vec<Step> {
         Step::Settle(Settle::Finished("<task:first>")),
         case(
             "submit_more",
-            "two more tasks, whose ends make the queue rotate",
+            // One task, not more: with two, whether the second is carried into the successor
+            // (and a later end rotates again) would depend on timing.
+            "a batch of one more task, whose end makes the queue rotate (two finished, none live)",
         )
         .post("/v1/queues/<queue:rot>/tasks")
         .json(json!([
-            { "kind": "sha256", "input": { "data": "2", "rounds": 1 } },
-            { "kind": "sha256", "input": { "data": "3", "rounds": 1 } }
+            { "kind": "sha256", "input": { "data": "2", "rounds": 1 } }
         ]))
         .into(),
         Step::Settle(Settle::Rotated("<queue:rot>", "<task:first>")),

@@ -166,8 +166,9 @@ pub struct TaskStatus {
     pub submitter: String,
     /// Its input.
     pub input: serde_json::Value,
-    /// Its priority, while the queue's current epoch indexes it (not after it finished and
-    /// left the live document).
+    /// Its priority: from the queue's current epoch while it indexes the task, then from the
+    /// task's final summary (`None` only for a task finished by a version whose summaries did
+    /// not carry it).
     #[serde(default)]
     pub priority: Option<i64>,
     /// Whether it was submitted urgent (same as `priority`).

@@ -1863,11 +1863,11 @@ impl Core {
             .get(&t.queue)
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
         let entry = q.view.task(task);
-        let (priority, urgent, max_attempts) = (
-            entry.map(|e| e.priority),
-            entry.map(|e| e.urgent),
-            entry.map(|e| e.max_attempts),
-        );
+        let (priority, urgent, max_attempts) = match (entry, &t.summary) {
+            (Some(e), _) => (Some(e.priority), Some(e.urgent), Some(e.max_attempts)),
+            (None, Some(s)) => (s.priority, s.urgent, s.max_attempts),
+            (None, None) => (None, None, None),
+        };
         let (state, attempts, error) = match (entry, &t.summary) {
             (Some(entry), _) => (entry.state(), entry.attempts.clone(), last_error(entry)),
             // Finished and no longer carried by the queue's current epoch: its summary.
@@ -2114,6 +2114,9 @@ impl Core {
             state: t.state(),
             attempts: t.attempts.clone(),
             error: last_error(t),
+            priority: Some(t.priority),
+            urgent: Some(t.urgent),
+            max_attempts: Some(t.max_attempts),
         };
         self.task_writes.entry(td.clone()).or_default().summary = Some(summary);
     }
@@ -3663,19 +3666,10 @@ fn inline_status(queue: &QueueId, t: &TaskEntry, doc: &Automerge) -> api::TaskSt
     }
 }
 
-/// An archived status, as the archive keeps it: the task's final status when it was archived
-/// (with what only the live document knew, its priority, urgency and attempt limit, unset).
+/// An archived status, as the archive keeps it: the task's final status when it was archived.
 fn archived_status(task: &TaskId, json: &[u8]) -> Result<api::TaskStatus, TaskError> {
-    match serde_json::from_slice::<api::TaskStatus>(json) {
-        Ok(mut s) => {
-            s.priority = None;
-            s.urgent = None;
-            s.max_attempts = None;
-            Ok(s)
-        }
-        Err(e) => {
-            tracing::warn!(%task, "unreadable archived status: {e}");
-            Err(TaskError::NotFound(task.clone()))
-        }
-    }
+    serde_json::from_slice::<api::TaskStatus>(json).map_err(|e| {
+        tracing::warn!(%task, "unreadable archived status: {e}");
+        TaskError::NotFound(task.clone())
+    })
 }

@@ -754,7 +754,11 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
     let s = task_status(&mut one, &task);
     assert_eq!(s.state, TaskState::Succeeded);
     assert_eq!(s.result, Some(serde_json::json!({"echo": 7})));
-    assert_eq!(s.priority, None, "only the live document knew it");
+    assert_eq!(
+        s.priority,
+        Some(3),
+        "the archive keeps what the live document knew"
+    );
 
     // A restarted node answers from its disk's archive.
     let disk = one.disk.clone();
@@ -773,6 +777,7 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
             let s = (*r).unwrap();
             assert_eq!(s.state, TaskState::Succeeded);
             assert_eq!(s.result, Some(serde_json::json!({"echo": 7})));
+            assert_eq!(s.priority, Some(3));
         }
         other => panic!("expected a task status, got {other:?}"),
     }

@@ -97,6 +97,16 @@ pub struct Summary {
     pub attempts: Vec<crate::Attempt>,
     /// The error of the latest failed attempt, if any.
     pub error: Option<String>,
+    /// Its priority, as the queue document had it (`None` in a summary written before
+    /// summaries carried it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
+    /// Whether it was urgent (as `priority`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urgent: Option<bool>,
+    /// The attempts it was allowed (as `priority`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
 }
 
 /// The summary key in a task document: one scalar (JSON); concurrent values resolve to the

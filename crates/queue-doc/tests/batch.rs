@@ -205,6 +205,9 @@ fn a_run_and_the_summary_go_into_the_task_document_as_one_change() {
         state: TaskState::Succeeded,
         attempts: vec![],
         error: None,
+        priority: Some(0),
+        urgent: Some(false),
+        max_attempts: Some(3),
     };
     let before = doc.get_changes(&[]).len();
     task::record_runs(&mut doc, &[(s.clone(), end.clone())], Some(&summary)).unwrap();
@@ -214,7 +217,7 @@ fn a_run_and_the_summary_go_into_the_task_document_as_one_change() {
     assert_eq!(t.runs[0].started_at, 5);
     assert_eq!(t.runs[0].end.as_ref(), Some(&end));
     assert_eq!(t.result(), Some(&serde_json::json!("ok")));
-    assert_eq!(t.summary.map(|s| s.state), Some(TaskState::Succeeded));
+    assert_eq!(t.summary.as_ref(), Some(&summary), "read back whole");
     assert_eq!(task::read_input(&doc).unwrap(), serde_json::json!({"x": 1}));
 
     // Written again (a retried turn): nothing changes.
@@ -241,4 +244,12 @@ fn a_run_and_the_summary_go_into_the_task_document_as_one_change() {
     let t = task::read(&old).unwrap();
     assert_eq!(t.runs.len(), 1);
     assert_eq!(t.runs[0].end.as_ref(), Some(&end));
+}
+
+#[test]
+fn a_summary_written_before_summaries_carried_priority_reads_without_it() {
+    let old = r#"{"state":"succeeded","attempts":[],"error":null}"#;
+    let s: Summary = serde_json::from_str(old).expect("an old summary still reads");
+    assert_eq!(s.state, TaskState::Succeeded);
+    assert_eq!((s.priority, s.urgent, s.max_attempts), (None, None, None));
 }
