@@ -1102,23 +1102,34 @@ where
     Ok((ids, acks, t0))
 }
 
+/// How long a submit refused as "full" or "busy" waits before it is sent again.
+const REFUSED_RETRY: Duration = Duration::from_millis(25);
+
 /// Submits one task with `submit`, or several with `submit_many`; every one must be taken.
+/// A submit the node refuses for now (its queue is full, or it is busy) is sent again, as a
+/// client should.
 async fn submit_batch(
     h: &NodeHandle,
     q: &QueueId,
-    mut reqs: Vec<api::SubmitTask>,
+    reqs: Vec<api::SubmitTask>,
 ) -> anyhow::Result<Vec<TaskId>> {
-    if reqs.len() == 1 {
-        let req = reqs.pop().expect("one request");
-        return Ok(vec![
-            h.submit(q, req).await.context("a submit failed")?.task_id,
-        ]);
+    let refused = |e: &api::SubmitError| {
+        matches!(e, api::SubmitError::Full { .. } | api::SubmitError::Busy(_))
+    };
+    loop {
+        if let [req] = reqs.as_slice() {
+            match h.submit(q, req.clone()).await {
+                Err(e) if refused(&e) => {}
+                r => return Ok(vec![r.context("a submit failed")?.task_id]),
+            }
+        } else {
+            match h.submit_many(q, reqs.clone()).await {
+                Err(e) if refused(&e) => {}
+                r => return taken(r.context("a batch submit failed")?),
+            }
+        }
+        tokio::time::sleep(REFUSED_RETRY).await;
     }
-    let entries = h
-        .submit_many(q, reqs)
-        .await
-        .context("a batch submit failed")?;
-    taken(entries)
 }
 
 /// The ids of a batch's entries, or an error naming the first one refused.
@@ -1144,11 +1155,14 @@ async fn submit_http(
         .iter()
         .map(serde_json::to_value)
         .collect::<Result<Vec<_>, _>>()?;
-    let entries = c
-        .submit_many(q, &entries)
-        .await
-        .context("an HTTP batch submit failed")?;
-    taken(entries)
+    loop {
+        match c.submit_many(q, &entries).await {
+            Err(e) if e.downcast_ref::<crate::client::Unavailable>().is_some() => {
+                tokio::time::sleep(REFUSED_RETRY).await;
+            }
+            r => return taken(r.context("an HTTP batch submit failed")?),
+        }
+    }
 }
 
 /// Outcomes per second over the first and the last tenth of `m` tasks to end, from `seen`

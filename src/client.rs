@@ -14,6 +14,12 @@ pub struct Client {
     http: reqwest::Client,
 }
 
+/// The node refused for now (HTTP 503: a full queue, a busy or stopping node): the same request
+/// may succeed later.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
 impl Client {
     /// A client of the node at `base`.
     pub fn new(base: &str) -> anyhow::Result<Self> {
@@ -38,6 +44,9 @@ impl Client {
                 .context("the node's answer is not what this CLI expects");
         }
         match serde_json::from_slice::<api::ApiError>(&body) {
+            Ok(e) if status == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+                Err(Unavailable(e.error).into())
+            }
             Ok(e) => bail!("{}", e.error),
             Err(_) => bail!("the node answered {status}"),
         }

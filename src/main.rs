@@ -52,6 +52,10 @@ enum Command {
         /// Final statuses of inline tasks kept, the latest (default: 100,000).
         #[arg(long)]
         archive_keep: Option<u64>,
+        /// Refuse submits (HTTP 503) to a queue holding this many live tasks until some
+        /// finish (default: 2,000).
+        #[arg(long)]
+        max_live: Option<usize>,
     },
     /// Create or join queues.
     Queue {
@@ -236,17 +240,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             workers,
             rotate_min_live,
             archive_keep,
+            max_live,
         } => {
-            run_node(
-                data_dir,
-                listen,
-                bootstrap,
-                http,
+            let tuning = Tuning {
                 workers,
                 rotate_min_live,
                 archive_keep,
-            )
-            .await
+                max_live,
+            };
+            run_node(data_dir, listen, bootstrap, http, tuning).await
         }
         Command::Demo {
             nodes,
@@ -470,15 +472,27 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `piecework node`'s optional settings.
+struct Tuning {
+    workers: Option<u32>,
+    rotate_min_live: Option<usize>,
+    archive_keep: Option<u64>,
+    max_live: Option<usize>,
+}
+
 async fn run_node(
     data_dir: PathBuf,
     listen: Vec<Multiaddr>,
     bootstrap: Vec<Multiaddr>,
     http: SocketAddr,
-    workers: Option<u32>,
-    rotate_min_live: Option<usize>,
-    archive_keep: Option<u64>,
+    tuning: Tuning,
 ) -> anyhow::Result<()> {
+    let Tuning {
+        workers,
+        rotate_min_live,
+        archive_keep,
+        max_live,
+    } = tuning;
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
     if let Some(k) = archive_keep {
         if k == 0 {
@@ -499,6 +513,12 @@ async fn run_node(
             bail!("--workers must be at least 1");
         }
         config.workers = w;
+    }
+    if let Some(m) = max_live {
+        if m == 0 {
+            bail!("--max-live must be at least 1");
+        }
+        config.max_live = Some(m);
     }
     let listener = tokio::net::TcpListener::bind(http)
         .await

@@ -252,6 +252,19 @@ pub enum SubmitError {
     /// Too many submits are waiting on this node.
     #[error("the node is busy: {0} submits are waiting already")]
     Busy(usize),
+    /// The queue holds as many live tasks as this node takes submits for
+    /// ([`crate::Config::max_live`]): submit again once some finish.
+    #[error(
+        "queue {queue} is full: {live} live tasks, at most {max}; submit again once some finish"
+    )]
+    Full {
+        /// The queue.
+        queue: QueueId,
+        /// Its live tasks in this node's view.
+        live: usize,
+        /// The bound.
+        max: usize,
+    },
     /// A batch holds more than [`MAX_BATCH`] entries.
     #[error("a batch holds at most {MAX_BATCH} tasks; this one holds {0}")]
     TooMany(usize),

@@ -150,7 +150,21 @@ pub struct Config {
     /// document's entry, with no task document ([`INLINE_INPUT_MAX`] by default; 0 gives every
     /// task a document).
     pub inline_input_max: usize,
+    /// The most live tasks (pending, assigned, running or waiting for their input) a queue
+    /// takes submits for ([`MAX_LIVE`] by default): a submit to a queue that has as many, in
+    /// this node's view, is refused with [`api::SubmitError::Full`] until some finish. A soft
+    /// bound: a batch is taken whole while the count is below it, and nodes that submit at
+    /// once each count what they have seen.
+    pub max_live: usize,
 }
+
+/// The default `Config::max_live`. Every sync message of a queue document costs each replica
+/// Automerge work in proportion to the document's tasks (its apply walks the maps a message
+/// touches, and the change graph), so an unbounded backlog of pending tasks slows every node
+/// until a router misses its heartbeats. Three node processes fed faster than they finished
+/// (fast timings) ran steadily with 2,000 live tasks (1,080 tasks/s, no takeover, 28 epochs
+/// over 100,000 tasks) and fell into takeovers with 10,000 (docs/benchmarks.md).
+pub const MAX_LIVE: usize = 2_000;
 
 /// The default `Config::inline_input_max`. A task whose input's JSON text is at most this
 /// long lives in its queue document alone: its input in its entry, its runs' results and
@@ -178,6 +192,7 @@ impl Config {
             rotate_min_live: ROTATE_MIN_LIVE,
             epoch_retain: EPOCH_RETAIN,
             inline_input_max: INLINE_INPUT_MAX,
+            max_live: MAX_LIVE,
         }
     }
 
@@ -191,6 +206,13 @@ impl Config {
     /// The same settings, keeping sealed epochs for `retain` (see `Config::epoch_retain`).
     pub fn with_epoch_retain(mut self, retain: Duration) -> Self {
         self.epoch_retain = retain;
+        self
+    }
+
+    /// The same settings, taking submits for at most `max` live tasks per queue (see
+    /// `Config::max_live`; at least 1).
+    pub fn with_max_live(mut self, max: usize) -> Self {
+        self.max_live = max.max(1);
         self
     }
 

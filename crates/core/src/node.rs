@@ -1528,15 +1528,23 @@ impl Core {
         if !many && let Some(req) = reqs.first() {
             Self::check_request(req)?;
         }
-        let Some((qdoc, root)) = self
+        let Some((qdoc, root, c)) = self
             .queues
             .get(&queue_id)
-            .map(|q| (q.doc.clone(), q.root.clone()))
+            .map(|q| (q.doc.clone(), q.root.clone(), q.view.counts()))
         else {
             return Err(SubmitError::NotJoined(queue_id));
         };
         if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
             return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
+        }
+        let live = c.pending + c.assigned + c.running + c.input_unavailable;
+        if live >= self.config.max_live {
+            return Err(SubmitError::Full {
+                queue: queue_id,
+                live,
+                max: self.config.max_live,
+            });
         }
         let mut answers: Vec<Result<TaskId, String>> = Vec::with_capacity(reqs.len());
         let mut submissions = Vec::with_capacity(reqs.len());

@@ -925,3 +925,50 @@ fn a_successor_built_while_the_router_goes_on_holds_what_was_written_meanwhile()
         Some(TaskState::Succeeded)
     );
 }
+
+/// A queue holding `max_live` live tasks refuses submits, single or batched, until some finish;
+/// then it takes them again.
+#[test]
+fn a_full_queue_refuses_submits_until_tasks_finish() {
+    let mut one = One::with(|c| *c = c.clone().with_max_live(3));
+    let q = one.create_queue(quick());
+    for _ in 0..3 {
+        let c = one.submit(&q);
+        one.ack_saves();
+        submitted(one.reply(c)).expect("room for three");
+    }
+    let c = one.submit(&q);
+    match submitted(one.reply(c)) {
+        Err(SubmitError::Full { live, max, .. }) => assert_eq!((live, max), (3, 3)),
+        other => panic!("expected a full queue, got {other:?}"),
+    }
+    let task = SubmitTask {
+        kind: "noop".into(),
+        input: serde_json::json!({}),
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+    };
+    let batch = one.command(Command::SubmitMany {
+        queue: q.clone(),
+        tasks: vec![task.clone(), task],
+    });
+    assert!(
+        matches!(
+            one.reply(batch),
+            Some(Reply::SubmittedMany(Err(SubmitError::Full { .. })))
+        ),
+        "a batch is refused whole"
+    );
+
+    // The tasks run and finish: room again.
+    let mut t = 0;
+    while one.core.view(&q).unwrap().counts().succeeded < 3 {
+        t += 50;
+        assert!(t < 10_000, "the tasks did not finish");
+        one.step(t);
+    }
+    let c = one.submit(&q);
+    one.ack_saves();
+    submitted(one.reply(c)).expect("taken once tasks finished");
+}

@@ -78,7 +78,9 @@ impl From<SubmitError> for ApiError {
         let code = match e {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SubmitError::Busy(_) | SubmitError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            SubmitError::Busy(_) | SubmitError::Full { .. } | SubmitError::Stopped => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             SubmitError::TooMany(_) => StatusCode::PAYLOAD_TOO_LARGE,
             SubmitError::NotDurable(_) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -94,6 +94,9 @@ pub struct Config {
     /// How many final statuses of inline tasks the store keeps ([`storage::ARCHIVE_KEEP`] by
     /// default): a task whose status was dropped answers "not found" once no epoch carries it.
     pub archive_keep: u64,
+    /// The most live tasks a queue takes submits for (`piecework_core::Config::max_live`);
+    /// `None` for the default ([`piecework_core::MAX_LIVE`]).
+    pub max_live: Option<usize>,
 }
 
 impl Config {
@@ -109,6 +112,7 @@ impl Config {
             registry,
             rotation: None,
             archive_keep: storage::ARCHIVE_KEEP,
+            max_live: None,
         }
     }
 }
@@ -285,6 +289,9 @@ impl Node {
         );
         if let Some((ratio, min_live)) = config.rotation {
             core_config = core_config.with_rotation(ratio, min_live);
+        }
+        if let Some(m) = config.max_live {
+            core_config = core_config.with_max_live(m);
         }
         let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
