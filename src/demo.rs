@@ -161,6 +161,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         let mut c = Config::new(dir.path().join(format!("node{i}")), crate::kinds::builtin());
         c.workers = opts.workers;
         c.bootstrap = bootstrap;
+        // Every task is submitted while routing is paused: the queue must take them all.
+        c.max_live = Some(opts.tasks.max(piecework_node::MAX_LIVE));
         c
     };
     let mut nodes: Vec<Option<IsolatedNode>> = Vec::new();

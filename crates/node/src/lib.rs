@@ -67,7 +67,8 @@ pub use net::Multiaddr;
 pub use piecework_core::api;
 pub use piecework_core::api::{QueueError, SubmitError, TaskError};
 pub use piecework_core::{
-    EPOCH_RETAIN, FIND_TIMEOUT, MAX_WORKERS, REPLICATION_WAIT, ROTATE_MIN_LIVE, ROTATE_RATIO, Wire,
+    EPOCH_RETAIN, FIND_TIMEOUT, MAX_LIVE, MAX_WORKERS, REPLICATION_WAIT, ROTATE_MIN_LIVE,
+    ROTATE_RATIO, Wire,
 };
 
 /// Capacity of the shell's command queue (callers wait when it is full).
@@ -95,7 +96,7 @@ pub struct Config {
     /// default): a task whose status was dropped answers "not found" once no epoch carries it.
     pub archive_keep: u64,
     /// The most live tasks a queue takes submits for (`piecework_core::Config::max_live`);
-    /// `None` for the default ([`piecework_core::MAX_LIVE`]).
+    /// `None` for the default ([`MAX_LIVE`]).
     pub max_live: Option<usize>,
 }
 
