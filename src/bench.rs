@@ -1104,10 +1104,34 @@ where
 
 /// How long a submit refused as "full" or "busy" waits before it is sent again.
 const REFUSED_RETRY: Duration = Duration::from_millis(25);
+/// How long a submit may go on being refused before the bench gives up on it: a node that
+/// stays full this long has stopped finishing tasks, and one that is shutting down (which a
+/// 503 also says over HTTP) will not take it at all.
+const REFUSED_GIVE_UP: Duration = Duration::from_secs(60);
+
+/// Calls `send` until it answers with anything but an error `refused` says is for now, waiting
+/// [`REFUSED_RETRY`] between calls; after [`REFUSED_GIVE_UP`] of refusals, the last one.
+async fn until_taken<T, E, Fut>(
+    mut send: impl FnMut() -> Fut,
+    refused: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let give_up = tokio::time::Instant::now() + REFUSED_GIVE_UP;
+    loop {
+        match send().await {
+            Err(e) if refused(&e) && tokio::time::Instant::now() < give_up => {
+                tokio::time::sleep(REFUSED_RETRY).await
+            }
+            r => return r,
+        }
+    }
+}
 
 /// Submits one task with `submit`, or several with `submit_many`; every one must be taken.
 /// A submit the node refuses for now (its queue is full, or it is busy) is sent again, as a
-/// client should.
+/// client should, for at most [`REFUSED_GIVE_UP`].
 async fn submit_batch(
     h: &NodeHandle,
     q: &QueueId,
@@ -1116,19 +1140,12 @@ async fn submit_batch(
     let refused = |e: &api::SubmitError| {
         matches!(e, api::SubmitError::Full { .. } | api::SubmitError::Busy(_))
     };
-    loop {
-        if let [req] = reqs.as_slice() {
-            match h.submit(q, req.clone()).await {
-                Err(e) if refused(&e) => {}
-                r => return Ok(vec![r.context("a submit failed")?.task_id]),
-            }
-        } else {
-            match h.submit_many(q, reqs.clone()).await {
-                Err(e) if refused(&e) => {}
-                r => return taken(r.context("a batch submit failed")?),
-            }
-        }
-        tokio::time::sleep(REFUSED_RETRY).await;
+    if let [req] = reqs.as_slice() {
+        let r = until_taken(|| h.submit(q, req.clone()), refused).await;
+        Ok(vec![r.context("a submit failed")?.task_id])
+    } else {
+        let r = until_taken(|| h.submit_many(q, reqs.clone()), refused).await;
+        taken(r.context("a batch submit failed")?)
     }
 }
 
@@ -1146,6 +1163,8 @@ fn taken(entries: Vec<api::BatchEntry>) -> anyhow::Result<Vec<TaskId>> {
 }
 
 /// Submits a batch through the HTTP API (a JSON array, even of one); every one must be taken.
+/// A 503 (the queue is full, or the node is busy or stopping) is sent again, for at most
+/// [`REFUSED_GIVE_UP`].
 async fn submit_http(
     c: &crate::client::Client,
     q: &QueueId,
@@ -1155,14 +1174,9 @@ async fn submit_http(
         .iter()
         .map(serde_json::to_value)
         .collect::<Result<Vec<_>, _>>()?;
-    loop {
-        match c.submit_many(q, &entries).await {
-            Err(e) if e.downcast_ref::<crate::client::Unavailable>().is_some() => {
-                tokio::time::sleep(REFUSED_RETRY).await;
-            }
-            r => return taken(r.context("an HTTP batch submit failed")?),
-        }
-    }
+    let unavailable = |e: &anyhow::Error| e.downcast_ref::<crate::client::Unavailable>().is_some();
+    let r = until_taken(|| c.submit_many(q, &entries), unavailable).await;
+    taken(r.context("an HTTP batch submit failed")?)
 }
 
 /// Outcomes per second over the first and the last tenth of `m` tasks to end, from `seen`
@@ -1619,6 +1633,59 @@ pub fn print_report(r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_submit_is_sent_again_until_taken() {
+        let mut calls = 0;
+        let r: Result<u32, &str> = until_taken(
+            || {
+                calls += 1;
+                let answer = if calls < 4 { Err("full") } else { Ok(calls) };
+                std::future::ready(answer)
+            },
+            |e| *e == "full",
+        )
+        .await;
+        assert_eq!(r, Ok(4));
+
+        // Any other error is returned at once.
+        let mut calls = 0;
+        let r: Result<u32, &str> = until_taken(
+            || {
+                calls += 1;
+                std::future::ready(Err("malformed"))
+            },
+            |e| *e == "full",
+        )
+        .await;
+        assert_eq!((r, calls), (Err("malformed"), 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_submit_refused_for_too_long_gives_up_with_the_refusal() {
+        let started = tokio::time::Instant::now();
+        let mut calls = 0u64;
+        let r: Result<(), &str> = until_taken(
+            || {
+                calls += 1;
+                std::future::ready(Err("stopping"))
+            },
+            |e| *e == "stopping",
+        )
+        .await;
+        assert_eq!(r, Err("stopping"));
+        let waited = started.elapsed();
+        assert!(waited >= REFUSED_GIVE_UP, "gave up after {waited:?}");
+        assert!(
+            waited < REFUSED_GIVE_UP + REFUSED_RETRY * 2,
+            "gave up after {waited:?}"
+        );
+        let expected = (REFUSED_GIVE_UP.as_millis() / REFUSED_RETRY.as_millis()) as u64 + 1;
+        assert!(
+            calls.abs_diff(expected) <= 1,
+            "{calls} calls, expected about {expected}"
+        );
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {

@@ -983,7 +983,7 @@ fn registry() -> piecework::worker_pool::Registry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_answers_as_recorded() {
-    run_golden(steps(), &golden_dir(), None).await;
+    run_golden(steps(), &golden_dir(), |_| {}).await;
 }
 
 /// The routes that show a queue or a task, once the queue document has been rotated into a
@@ -1069,14 +1069,67 @@ async fn routes_answer_as_recorded_after_a_rotation() {
     run_golden(
         steps_after_rotation(),
         &golden_dir().join("after_rotation"),
-        Some((1, 1)),
+        |c| c.rotation = Some((1, 1)),
     )
     .await;
 }
 
-/// Runs `steps` against a fresh node (one worker; `rotation` as [`Config::rotation`]) and
+/// A queue holding as many live tasks as the node takes: submits, one or a batch, answer 503
+/// and write nothing; the queue's counts show that nothing was added.
+fn steps_full_queue() -> Vec<Step> {
+    vec![
+        case(
+            "create_queue",
+            "creating a queue on a node that takes one live task",
+        )
+        .post("/v1/queues")
+        .json(json!({ "name": "small" }))
+        .capture("queue_id", "<queue:full>")
+        .into(),
+        Step::Settle(Settle::RouterActive("<queue:full>")),
+        case(
+            "submit_fills",
+            "the one task the queue takes (it holds the only worker)",
+        )
+        .post("/v1/queues/<queue:full>/tasks")
+        .json(json!({ "kind": "block", "input": null }))
+        .capture("task_id", "<task:holding>")
+        .into(),
+        Step::Settle(Settle::Running("<task:holding>")),
+        case(
+            "submit_full",
+            "a submit to a queue at its bound of live tasks",
+        )
+        .post("/v1/queues/<queue:full>/tasks")
+        .json(json!({ "kind": "noop" }))
+        .into(),
+        case(
+            "submit_batch_full",
+            "a batch to a full queue is refused whole",
+        )
+        .post("/v1/queues/<queue:full>/tasks")
+        .json(json!([{ "kind": "noop" }, { "kind": "noop" }]))
+        .into(),
+        case(
+            "join_full_queue",
+            "the queue's counts: the refused submits wrote nothing",
+        )
+        .post("/v1/queues/<queue:full>/join")
+        .into(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_as_recorded() {
+    run_golden(steps_full_queue(), &golden_dir().join("full_queue"), |c| {
+        c.max_live = Some(1)
+    })
+    .await;
+}
+
+/// Runs `steps` against a fresh node (one worker, then `tune` changes its configuration) and
 /// checks every answer against the golden files in `dir`.
-async fn run_golden(steps: Vec<Step>, dir: &Path, rotation: Option<(usize, usize)>) {
+async fn run_golden(steps: Vec<Step>, dir: &Path, tune: impl FnOnce(&mut Config)) {
     let mut seen = BTreeSet::new();
     for s in &steps {
         if let Step::Case(c) = s {
@@ -1087,7 +1140,7 @@ async fn run_golden(steps: Vec<Step>, dir: &Path, rotation: Option<(usize, usize
     let tmp = tempfile::tempdir().unwrap();
     let mut config = Config::new(tmp.path().join("node"), registry());
     config.workers = 1;
-    config.rotation = rotation;
+    tune(&mut config);
     let node = Node::start(config).await.expect("the node starts");
     let handle = node.handle().clone();
     let addr = handle.wait_listening().await.to_string();
