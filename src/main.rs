@@ -56,6 +56,14 @@ enum Command {
         /// finish (default: 2,000).
         #[arg(long)]
         max_live: Option<usize>,
+        /// Documents of finished tasks kept on disk, the latest (default: 100,000; 0 deletes
+        /// each once it leaves memory). A task whose document was deleted answers "not found".
+        #[arg(long)]
+        keep_task_docs: Option<usize>,
+        /// Sealed epoch documents kept on disk once out of memory, the latest, over all
+        /// queues (default: 64).
+        #[arg(long)]
+        keep_sealed_epochs: Option<usize>,
     },
     /// Create or join queues.
     Queue {
@@ -241,12 +249,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             rotate_min_live,
             archive_keep,
             max_live,
+            keep_task_docs,
+            keep_sealed_epochs,
         } => {
             let tuning = Tuning {
                 workers,
                 rotate_min_live,
                 archive_keep,
                 max_live,
+                keep_task_docs,
+                keep_sealed_epochs,
             };
             run_node(data_dir, listen, bootstrap, http, tuning).await
         }
@@ -478,6 +490,8 @@ struct Tuning {
     rotate_min_live: Option<usize>,
     archive_keep: Option<u64>,
     max_live: Option<usize>,
+    keep_task_docs: Option<usize>,
+    keep_sealed_epochs: Option<usize>,
 }
 
 async fn run_node(
@@ -492,6 +506,8 @@ async fn run_node(
         rotate_min_live,
         archive_keep,
         max_live,
+        keep_task_docs,
+        keep_sealed_epochs,
     } = tuning;
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
     if let Some(k) = archive_keep {
@@ -520,6 +536,8 @@ async fn run_node(
         }
         config.max_live = Some(m);
     }
+    config.keep_task_docs = keep_task_docs.unwrap_or(config.keep_task_docs);
+    config.keep_sealed_epochs = keep_sealed_epochs.unwrap_or(config.keep_sealed_epochs);
     let listener = tokio::net::TcpListener::bind(http)
         .await
         .with_context(|| format!("cannot listen for the HTTP API on {http}"))?;

@@ -65,6 +65,7 @@
 
 pub mod api;
 mod node;
+mod retention;
 mod saves;
 pub mod wire;
 
@@ -156,6 +157,35 @@ pub struct Config {
     /// bound: a batch is taken whole while the count is below it, and nodes that submit at
     /// once each count what they have seen.
     pub max_live: usize,
+    /// Documents of finished tasks this node keeps on disk ([`KEEP_TASK_DOCS`] by default):
+    /// beyond this many, the documents of the tasks that finished first (as this node saw
+    /// them) are deleted, and those tasks answer here as unknown. Inline tasks have no
+    /// document; their statuses have the store's archive and its own bound.
+    pub keep_task_docs: usize,
+    /// Sealed epoch documents this node keeps on disk once they left memory, over all its
+    /// queues ([`KEEP_SEALED_EPOCHS`] by default): beyond this many, the oldest are deleted.
+    /// A queue's first document is never retired.
+    pub keep_sealed_epochs: usize,
+    /// The documents retired before this start and not deleted yet, oldest first, as the
+    /// store recorded them from [`Io::Retire`].
+    pub retired: Vec<(DocId, Retired)>,
+}
+
+/// The default `Config::keep_task_docs`: as many as the store's archive keeps statuses of
+/// inline tasks, so that both kinds of task answer for about as long.
+pub const KEEP_TASK_DOCS: usize = 100_000;
+
+/// The default `Config::keep_sealed_epochs`. An epoch document holds at most a few thousand
+/// tasks' records (some hundreds of kilobytes).
+pub const KEEP_SEALED_EPOCHS: usize = 64;
+
+/// Why a document was retired ([`Io::Retire`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Retired {
+    /// A finished task's document.
+    Task,
+    /// A sealed epoch document that left memory.
+    Epoch,
 }
 
 /// The default `Config::max_live`. Every sync message of a queue document costs each replica
@@ -193,7 +223,25 @@ impl Config {
             epoch_retain: EPOCH_RETAIN,
             inline_input_max: INLINE_INPUT_MAX,
             max_live: MAX_LIVE,
+            keep_task_docs: KEEP_TASK_DOCS,
+            keep_sealed_epochs: KEEP_SEALED_EPOCHS,
+            retired: Vec::new(),
         }
+    }
+
+    /// The same settings, keeping at most `task_docs` finished tasks' documents and
+    /// `sealed_epochs` sealed epoch documents on disk (see `Config::keep_task_docs`).
+    pub fn with_disk_retention(mut self, task_docs: usize, sealed_epochs: usize) -> Self {
+        self.keep_task_docs = task_docs;
+        self.keep_sealed_epochs = sealed_epochs;
+        self
+    }
+
+    /// The same settings, with the documents retired before this start (see
+    /// `Config::retired`).
+    pub fn with_retired(mut self, retired: Vec<(DocId, Retired)>) -> Self {
+        self.retired = retired;
+        self
     }
 
     /// The same settings, submitting inputs of at most `max` bytes inline (see
@@ -539,6 +587,22 @@ pub enum Io {
     Lookup {
         /// The task.
         task: TaskId,
+    },
+    /// Record, in order, that this node no longer needs a document except to answer for it
+    /// (a finished task's, or a sealed epoch that left memory): the store hands the list back
+    /// at the next start ([`Config::retired`]). No answer.
+    Retire {
+        /// The document.
+        doc: DocId,
+        /// Which kind it is.
+        kind: Retired,
+    },
+    /// Delete a retired document from disk, with its record: beyond the bound of its kind
+    /// (`Config::keep_task_docs`, `Config::keep_sealed_epochs`). It is not in memory and has no
+    /// write in flight. No answer.
+    Delete {
+        /// The document.
+        doc: DocId,
     },
     /// Remember that this node joined a queue, so that a restart reopens it.
     RememberQueue {

@@ -19,12 +19,13 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::EpochEvent;
 use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
+use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::{
     Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io,
-    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, Rotate,
-    RotateId, RunId, RunRequest, RunResult, Running, SAVE_RETRY, SaveId, Saved, Status, TaskRunEnd,
-    Time, Wire, max_claim, queue_doc, task_doc,
+    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, Retired,
+    Rotate, RotateId, RunId, RunRequest, RunResult, Running, SAVE_RETRY, SaveId, Saved, Status,
+    TaskRunEnd, Time, Wire, max_claim, queue_doc, task_doc,
 };
 
 /// A rotation whose successor is being built ([`Io::Rotate`]).
@@ -263,6 +264,10 @@ pub struct Core {
     /// Documents that may leave memory once saved and unused, and from when: at most the
     /// loaded documents (an entry whose document is gone is dropped).
     to_evict: EvictQueue,
+    /// Retired documents (finished tasks', sealed epochs that left memory) still on disk:
+    /// beyond its bounds the oldest are deleted. At most the bounds, plus the ones held in
+    /// memory meanwhile.
+    retention: Retention,
     /// Runs in flight, by id: at most one per worker.
     runs: BTreeMap<RunId, Running>,
     /// Runs begun this turn, handed to the driver at its end.
@@ -307,7 +312,12 @@ pub struct Core {
 
 impl Core {
     /// A node with no queues, started at `now`.
-    pub fn new(config: Config, now: Time) -> Self {
+    pub fn new(mut config: Config, now: Time) -> Self {
+        let retention = Retention::new(
+            config.keep_task_docs,
+            config.keep_sealed_epochs,
+            std::mem::take(&mut config.retired),
+        );
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let mut actor = [0u8; 16];
         rng.fill_bytes(&mut actor);
@@ -327,6 +337,7 @@ impl Core {
         );
         Core {
             config,
+            retention,
             rng,
             actor,
             replica,
@@ -494,6 +505,8 @@ impl Core {
                     .sum(),
             ),
             ("rotating", self.rotating.len()),
+            ("retired_task_docs", self.retention.len().0),
+            ("retired_epochs", self.retention.len().1),
         ])
     }
 
@@ -1234,6 +1247,40 @@ impl Core {
             } else {
                 // Not saved yet: look again after another idle period.
                 self.to_evict.set(doc, now.mono);
+            }
+        }
+        self.delete_retired();
+    }
+
+    /// Retires a document: recorded in order, deleted from disk once beyond its kind's bound.
+    fn retire(&mut self, doc: DocId, kind: Retired) {
+        if self.retention.retire(doc.clone(), kind) {
+            self.io.push_back(Io::Retire { doc, kind });
+        }
+    }
+
+    /// Deletes the retired documents beyond their bounds, oldest first, each once it can
+    /// leave memory (saved, unused) and has no load in flight; one that cannot yet holds back
+    /// the ones behind it until a later call.
+    fn delete_retired(&mut self) {
+        loop {
+            let mut deleted = false;
+            for doc in self.retention.over() {
+                let in_memory = self.replica.is_loaded(&doc);
+                if self.loads.contains_key(&doc)
+                    || !self.saves.is_clean(&doc)
+                    || (in_memory && (self.is_live(&doc) || !self.replica.evict(&doc)))
+                {
+                    continue;
+                }
+                self.retention.deleted(&doc);
+                self.saves.forget(&doc);
+                self.to_evict.remove(&doc);
+                self.io.push_back(Io::Delete { doc });
+                deleted = true;
+            }
+            if !deleted {
+                return;
             }
         }
     }
@@ -2001,6 +2048,7 @@ impl Core {
             Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
         };
         let mut summarize = Vec::new();
+        let mut retired = Vec::new();
         for t in changed {
             let tid = &t.id;
             let state = t.state();
@@ -2037,11 +2085,17 @@ impl Core {
             if final_now && before == Some(false) {
                 summarize.push(td.clone());
             }
+            if final_now {
+                retired.push(td.clone());
+            }
             // Live or final, a task's document leaves memory once saved and idle.
             self.to_evict.insert_if_absent(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
+        }
+        for td in retired {
+            self.retire(td, Retired::Task);
         }
         // A member that joined or moved: dial it now rather than at the next round, so that a
         // full mesh forms before the peer everyone bootstrapped from can go away.
@@ -3003,6 +3057,7 @@ impl Core {
         }
         for (id, doc, epoch_no) in gone {
             self.epoch_docs.remove(&doc);
+            self.retire(doc.clone(), Retired::Epoch);
             // No longer announced, but still served from disk to a member that asks: one
             // that comes back behind the seal catches up through it.
             if let Some(root) = self.queues.get(&id).map(|q| q.root.clone()) {

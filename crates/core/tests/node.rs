@@ -11,7 +11,7 @@ use automerge::transaction::Transactable;
 use automerge::{Automerge, ObjType, ROOT, ReadDoc};
 use piecework_core::api::{StorageFailure, SubmitError, SubmitTask};
 use piecework_core::{
-    Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, RunResult,
+    Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, Retired, RunResult,
     SAVE_FAILURES_REPORTED, Save, Saved, Time, Wire,
 };
 use piecework_queue_doc::{
@@ -38,6 +38,10 @@ struct One {
     /// Successors to build: held here instead of built at once, when set.
     hold_builds: bool,
     builds: Vec<piecework_core::Rotate>,
+    /// Documents retired and not deleted, in order (as the store keeps them), and the ones
+    /// deleted, in order.
+    retired: Vec<(DocId, Retired)>,
+    deleted: Vec<DocId>,
     next: u64,
 }
 
@@ -71,6 +75,8 @@ impl One {
             lookups: vec![],
             hold_builds: false,
             builds: vec![],
+            retired: vec![],
+            deleted: vec![],
             next: 0,
         };
         one.drain();
@@ -94,6 +100,19 @@ impl One {
                     Io::Lookup { task } => self.lookups.push(task),
                     Io::Rotate(job) if self.hold_builds => self.builds.push(*job),
                     Io::Rotate(job) => built.push(job.build()),
+                    Io::Retire { doc, kind } if !self.retired.iter().any(|(d, _)| *d == doc) => {
+                        self.retired.push((doc, kind));
+                    }
+                    Io::Delete { doc } => {
+                        assert!(!self.core.is_loaded(&doc), "{doc} deleted while in memory");
+                        assert!(
+                            self.saves.iter().all(|s| s.doc != doc),
+                            "{doc} deleted with a write in flight"
+                        );
+                        self.disk.remove(&doc);
+                        self.retired.retain(|(d, _)| *d != doc);
+                        self.deleted.push(doc);
+                    }
                     _ => {}
                 }
             }
@@ -971,4 +990,126 @@ fn a_full_queue_refuses_submits_until_tasks_finish() {
     let c = one.submit(&q);
     one.ack_saves();
     submitted(one.reply(c)).expect("taken once tasks finished");
+}
+
+/// Disk retention: finished tasks' documents and sealed epochs that left memory are retired in
+/// order; beyond each kind's bound the oldest are deleted from disk (never one in memory or
+/// with a write in flight, never the queue's first document or its current epoch), a deleted
+/// task answers "not found", and a restarted node goes on from the list its store kept.
+#[test]
+fn finished_tasks_documents_and_old_epochs_beyond_the_retention_are_deleted_oldest_first() {
+    let mut one = One::with(|c| {
+        // Task documents: no task is inline. Rotations often, sealed epochs out of memory
+        // after a second.
+        c.inline_input_max = 0;
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        c.epoch_retain = Duration::from_secs(1);
+        c.keep_task_docs = 3;
+        c.keep_sealed_epochs = 2;
+    });
+    let q = one.create_queue(quick());
+    let root = DocId::parse(q.as_str()).unwrap();
+    let mut ids = Vec::new();
+    let mut t = 0;
+    for _ in 0..10 {
+        let cmd = one.submit(&q);
+        one.ack_saves();
+        one.ack_saves();
+        ids.push(submitted(one.reply(cmd)).unwrap().task_id);
+        // Each ends before the next is submitted: they finish in order.
+        let mut rounds = 0;
+        while one.core.view(&q).unwrap().total_counts().succeeded < ids.len() {
+            rounds += 1;
+            assert!(rounds < 1_000, "{:?}", one.core.view(&q).unwrap().counts());
+            t += 50;
+            one.step(t);
+        }
+    }
+    // Idle: documents leave memory, sealed epochs are dropped, deletions follow.
+    for _ in 0..4 {
+        t += IDLE_EVICT.as_millis() as u64 + 100;
+        one.step(t);
+    }
+    let docs: Vec<DocId> = ids
+        .iter()
+        .map(|t| DocId::parse(t.as_str()).unwrap())
+        .collect();
+    let deleted_tasks: Vec<DocId> = one
+        .deleted
+        .iter()
+        .filter(|d| docs.contains(d))
+        .cloned()
+        .collect();
+    assert_eq!(deleted_tasks, docs[..7], "the seven that finished first");
+    for d in &docs[..7] {
+        assert!(!one.disk.contains_key(d), "{d} is still on disk");
+    }
+    for d in &docs[7..] {
+        assert!(one.disk.contains_key(d), "{d} was kept");
+    }
+    let retired_tasks: Vec<&DocId> = one
+        .retired
+        .iter()
+        .filter(|(_, k)| *k == Retired::Task)
+        .map(|(d, _)| d)
+        .collect();
+    assert_eq!(retired_tasks, docs[7..].iter().collect::<Vec<_>>());
+    // Sealed epochs: some were deleted, two are kept; never the first document or the
+    // current epoch.
+    let epochs_deleted = one.deleted.len() - deleted_tasks.len();
+    let epoch = one.core.epoch(&q).unwrap().0;
+    assert!(epoch >= 5, "epoch {epoch}: too few rotations to test");
+    assert!(
+        epochs_deleted >= 1,
+        "no sealed epoch deleted by epoch {epoch}"
+    );
+    let epochs_kept = one
+        .retired
+        .iter()
+        .filter(|(_, k)| *k == Retired::Epoch)
+        .count();
+    assert_eq!(epochs_kept, 2);
+    assert!(!one.deleted.contains(&root));
+    assert!(one.disk.contains_key(&root));
+    // Every task is still succeeded in the current epoch's view or answered: a kept one from
+    // its document, a deleted one as not found once no connected peer has it.
+    let ask = |one: &mut One, task: &piecework_queue_doc::TaskId, t: &mut u64| {
+        let cmd = one.command(Command::TaskStatus {
+            task: task.clone(),
+            wait: None,
+        });
+        for _ in 0..100 {
+            one.answer_loads();
+            if let Some(Reply::Task(r)) = one.reply(cmd) {
+                return *r;
+            }
+            *t += 200;
+            one.at(*t);
+        }
+        panic!("no answer about {task}");
+    };
+    let kept = ask(&mut one, &ids[9], &mut t).expect("a kept task's status");
+    assert_eq!(kept.state, TaskState::Succeeded);
+    let gone = ask(&mut one, &ids[0], &mut t);
+    assert!(
+        matches!(gone, Err(piecework_core::api::TaskError::NotFound(_))),
+        "{gone:?}"
+    );
+    assert!(one.disk.get(&docs[0]).is_none_or(|c| c.is_empty()));
+
+    // A restart with a smaller bound goes on from the list the store kept: the oldest kept
+    // one goes next.
+    let kept = one.retired.clone();
+    let mut again = One::with(|c| {
+        c.keep_task_docs = 2;
+        c.keep_sealed_epochs = 2;
+        c.retired = kept;
+    });
+    again.disk = std::mem::take(&mut one.disk);
+    again.retired = one.retired.clone();
+    again.at(1_000);
+    assert_eq!(again.deleted, vec![docs[7].clone()]);
+    assert!(!again.disk.contains_key(&docs[7]));
+    assert_eq!(again.core.sizes()["retired_task_docs"], 2);
 }

@@ -67,8 +67,8 @@ pub use net::Multiaddr;
 pub use piecework_core::api;
 pub use piecework_core::api::{QueueError, SubmitError, TaskError};
 pub use piecework_core::{
-    EPOCH_RETAIN, FIND_TIMEOUT, MAX_LIVE, MAX_WORKERS, REPLICATION_WAIT, ROTATE_MIN_LIVE,
-    ROTATE_RATIO, Wire,
+    EPOCH_RETAIN, FIND_TIMEOUT, KEEP_SEALED_EPOCHS, KEEP_TASK_DOCS, MAX_LIVE, MAX_WORKERS,
+    REPLICATION_WAIT, ROTATE_MIN_LIVE, ROTATE_RATIO, Wire,
 };
 
 /// Capacity of the shell's command queue (callers wait when it is full).
@@ -98,6 +98,12 @@ pub struct Config {
     /// The most live tasks a queue takes submits for (`piecework_core::Config::max_live`);
     /// `None` for the default ([`MAX_LIVE`]).
     pub max_live: Option<usize>,
+    /// Finished tasks' documents kept on disk (`piecework_core::Config::keep_task_docs`,
+    /// [`KEEP_TASK_DOCS`] by default): the documents of the tasks that finished first go.
+    pub keep_task_docs: usize,
+    /// Sealed epoch documents kept on disk once out of memory
+    /// (`piecework_core::Config::keep_sealed_epochs`, [`KEEP_SEALED_EPOCHS`] by default).
+    pub keep_sealed_epochs: usize,
 }
 
 impl Config {
@@ -114,6 +120,8 @@ impl Config {
             rotation: None,
             archive_keep: storage::ARCHIVE_KEEP,
             max_live: None,
+            keep_task_docs: KEEP_TASK_DOCS,
+            keep_sealed_epochs: KEEP_SEALED_EPOCHS,
         }
     }
 }
@@ -294,6 +302,22 @@ impl Node {
         if let Some(m) = config.max_live {
             core_config = core_config.with_max_live(m);
         }
+        let retired = shared
+            .store
+            .retired()
+            .await?
+            .into_iter()
+            .filter_map(|(doc, kind)| {
+                let kind = match kind {
+                    storage::RetiredKind::Task => piecework_core::Retired::Task,
+                    storage::RetiredKind::Epoch => piecework_core::Retired::Epoch,
+                };
+                Some((piecework_replica::DocId::parse(&doc)?, kind))
+            })
+            .collect();
+        core_config = core_config
+            .with_disk_retention(config.keep_task_docs, config.keep_sealed_epochs)
+            .with_retired(retired);
         let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
         tokio::spawn(tracing::Instrument::instrument(

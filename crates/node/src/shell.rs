@@ -445,6 +445,27 @@ impl Shell {
                     let _ = tx.send(Input::Archived { task, status }).await;
                 });
             }
+            Io::Retire { doc, kind } => {
+                let store = self.shared.store.clone();
+                let kind = match kind {
+                    piecework_core::Retired::Task => crate::storage::RetiredKind::Task,
+                    piecework_core::Retired::Epoch => crate::storage::RetiredKind::Epoch,
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = store.retire(doc.as_str(), kind).await {
+                        tracing::error!(%doc, "cannot record a retired document: {e}");
+                    }
+                });
+            }
+            Io::Delete { doc } => {
+                let store = self.shared.store.clone();
+                tokio::spawn(async move {
+                    match store.delete_doc(doc.as_str()).await {
+                        Ok(()) => tracing::debug!(%doc, "deleted a retired document"),
+                        Err(e) => tracing::error!(%doc, "cannot delete a retired document: {e}"),
+                    }
+                });
+            }
             Io::RememberQueue { id, name } => {
                 let store = self.shared.store.clone();
                 tokio::spawn(async move {

@@ -10,6 +10,11 @@
 //! them: task id → status JSON. It keeps the latest [`ARCHIVE_KEEP`] tasks; an `archive_order`
 //! table (sequence → task id) says which are the oldest.
 //!
+//! The `retired` tables record, in order, the documents the node no longer needs except to
+//! answer for them (`piecework_core::Io::Retire`: document → sequence, and sequence → kind and
+//! document): the core gets the list back at start and decides which to delete
+//! ([`Store::delete_doc`] removes a document's chunks and its record in one transaction).
+//!
 //! Writes go through one writer thread that commits them in groups: every write waiting when a
 //! transaction starts joins it (at most [`MAX_BATCH`]), and all of them are acknowledged after
 //! the one durable commit. A write is acknowledged only once it is on disk. Reads run on tokio's
@@ -27,6 +32,8 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const QUEUES: TableDefinition<&str, &str> = TableDefinition::new("queues");
 const ARCHIVE: TableDefinition<&str, &[u8]> = TableDefinition::new("archive");
 const ARCHIVE_ORDER: TableDefinition<u64, &str> = TableDefinition::new("archive_order");
+const RETIRED: TableDefinition<&str, u64> = TableDefinition::new("retired");
+const RETIRED_ORDER: TableDefinition<u64, &str> = TableDefinition::new("retired_order");
 
 /// Archived task statuses kept, at most: the oldest go first.
 pub const ARCHIVE_KEEP: u64 = 100_000;
@@ -67,6 +74,30 @@ enum Write {
         records: Vec<(String, Vec<u8>)>,
         keep: u64,
     },
+    Retire {
+        doc: String,
+        kind: RetiredKind,
+    },
+    Delete(String),
+}
+
+/// Why a document was retired (as `piecework_core::Retired`, which this crate's storage does
+/// not name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetiredKind {
+    /// A finished task's document.
+    Task,
+    /// A sealed epoch document.
+    Epoch,
+}
+
+impl RetiredKind {
+    fn tag(self) -> char {
+        match self {
+            RetiredKind::Task => 't',
+            RetiredKind::Epoch => 'e',
+        }
+    }
 }
 
 struct Request {
@@ -125,6 +156,8 @@ impl Store {
             tx.open_table(QUEUES).map_err(redb_err)?;
             tx.open_table(ARCHIVE).map_err(redb_err)?;
             tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
+            tx.open_table(RETIRED).map_err(redb_err)?;
+            tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
             tx.commit().map_err(redb_err)?;
         }
         let (tx, rx) = std_mpsc::sync_channel(WRITE_QUEUE);
@@ -271,6 +304,47 @@ impl Store {
         .map_err(|_| StorageError::Stopped)?
     }
 
+    /// Records, durably and after those recorded before, that `doc` is retired; a document
+    /// recorded already keeps its place.
+    pub async fn retire(&self, doc: &str, kind: RetiredKind) -> Result<(), StorageError> {
+        self.write(Write::Retire {
+            doc: doc.to_owned(),
+            kind,
+        })
+        .await
+    }
+
+    /// Deletes every chunk of `doc` and its retirement record, in one transaction.
+    pub async fn delete_doc(&self, doc: &str) -> Result<(), StorageError> {
+        self.write(Write::Delete(doc.to_owned())).await
+    }
+
+    /// The retired documents not deleted yet, in the order they were retired.
+    pub async fn retired(&self) -> Result<Vec<(String, RetiredKind)>, StorageError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let tx = db.begin_read().map_err(redb_err)?;
+            let t = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
+            let mut out = vec![];
+            for row in t.iter().map_err(redb_err)? {
+                let (_, v) = row.map_err(redb_err)?;
+                let v = v.value();
+                let kind = match v.split_once(':') {
+                    Some(("t", _)) => RetiredKind::Task,
+                    Some(("e", _)) => RetiredKind::Epoch,
+                    _ => {
+                        tracing::warn!("ignoring a malformed retirement record {v:?}");
+                        continue;
+                    }
+                };
+                out.push((v[2..].to_owned(), kind));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
     /// The joined queues (id → name).
     pub async fn queues(&self) -> Result<Vec<(String, String)>, StorageError> {
         let db = self.db.clone();
@@ -336,6 +410,8 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
         let mut queues = tx.open_table(QUEUES).map_err(redb_err)?;
         let mut archive = tx.open_table(ARCHIVE).map_err(redb_err)?;
         let mut order = tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
+        let mut retired = tx.open_table(RETIRED).map_err(redb_err)?;
+        let mut retired_order = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
         for r in batch {
             match &r.write {
                 Write::Append(list) => {
@@ -377,6 +453,31 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
                             break;
                         };
                         archive.remove(task.value()).map_err(redb_err)?;
+                    }
+                }
+                Write::Retire { doc, kind } => {
+                    if retired.get(doc.as_str()).map_err(redb_err)?.is_none() {
+                        let next = retired_order
+                            .last()
+                            .map_err(redb_err)?
+                            .map_or(0, |(k, _)| k.value() + 1);
+                        let record = format!("{}:{doc}", kind.tag());
+                        retired_order
+                            .insert(next, record.as_str())
+                            .map_err(redb_err)?;
+                        retired.insert(doc.as_str(), next).map_err(redb_err)?;
+                    }
+                }
+                Write::Delete(doc) => {
+                    chunks.remove(doc.as_str()).map_err(redb_err)?;
+                    // Keys under `doc/…`, as `load_range_blocking` reads them.
+                    let lo = format!("{doc}/");
+                    let hi = format!("{doc}0");
+                    chunks
+                        .retain_in(lo.as_str()..hi.as_str(), |_, _| false)
+                        .map_err(redb_err)?;
+                    if let Some(seq) = retired.remove(doc.as_str()).map_err(redb_err)? {
+                        retired_order.remove(seq.value()).map_err(redb_err)?;
                     }
                 }
             }
@@ -473,5 +574,52 @@ mod tests {
                 "{t}"
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retired_documents_are_listed_in_order_and_deleted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let chunk = |h: &str| vec![(h.to_owned(), h.as_bytes().to_vec())];
+        {
+            let s = Store::open(&path).unwrap();
+            for d in ["automerge:a", "automerge:a1", "automerge:b"] {
+                s.append(d, chunk("c1")).await.unwrap();
+            }
+            s.compact("automerge:a", b"snap".to_vec(), vec![])
+                .await
+                .unwrap();
+            s.retire("automerge:b", RetiredKind::Epoch).await.unwrap();
+            s.retire("automerge:a", RetiredKind::Task).await.unwrap();
+            // Retired again: keeps its place.
+            s.retire("automerge:b", RetiredKind::Epoch).await.unwrap();
+            s.retire("automerge:a1", RetiredKind::Task).await.unwrap();
+            assert_eq!(
+                s.retired().await.unwrap(),
+                vec![
+                    ("automerge:b".to_owned(), RetiredKind::Epoch),
+                    ("automerge:a".to_owned(), RetiredKind::Task),
+                    ("automerge:a1".to_owned(), RetiredKind::Task),
+                ]
+            );
+            s.delete_doc("automerge:a").await.unwrap();
+            // Its snapshot and changes are gone; a document whose id extends it is not.
+            assert!(s.load_doc("automerge:a").await.unwrap().is_empty());
+            assert_eq!(s.load_doc("automerge:a1").await.unwrap().len(), 1);
+            let closed = s.closed();
+            drop(s);
+            closed.wait().await;
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(
+            s.retired().await.unwrap(),
+            vec![
+                ("automerge:b".to_owned(), RetiredKind::Epoch),
+                ("automerge:a1".to_owned(), RetiredKind::Task),
+            ]
+        );
+        // A document retired after a deletion comes last.
+        s.retire("automerge:a", RetiredKind::Task).await.unwrap();
+        assert_eq!(s.retired().await.unwrap().last().unwrap().0, "automerge:a");
     }
 }

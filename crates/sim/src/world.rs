@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use automerge::Automerge;
 use piecework_core::api::{BatchEntry, StorageFailure, SubmitTask};
 use piecework_core::{
-    Built, Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, RotateId,
-    RouterEvent, RunId, RunResult, Save, SaveId, Saved, Time,
+    Built, Command, CommandId, Config as CoreConfig, Core, EpochEvent, Event, Io, Reply, Retired,
+    RotateId, RouterEvent, RunId, RunResult, Save, SaveId, Saved, Time,
 };
 use piecework_queue_doc::{
     AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, TaskState,
@@ -181,6 +181,8 @@ struct Disk {
     queues: BTreeSet<QueueId>,
     /// Archived final statuses of inline tasks.
     archive: BTreeMap<TaskId, Vec<u8>>,
+    /// Retired documents not deleted yet, in the order retired (handed back at a restart).
+    retired: Vec<(DocId, Retired)>,
     /// Writes in flight (not acknowledged yet).
     pending: BTreeMap<SaveId, Save>,
     /// Every write fails until then (virtual µs).
@@ -361,7 +363,8 @@ impl World {
             let core = Core::new(
                 CoreConfig::new(peer.clone(), 1, config.workers, node_seed(seed, i, 1))
                     .with_rotation(config.rotation.0, config.rotation.1)
-                    .with_epoch_retain(EPOCH_RETAIN),
+                    .with_epoch_retain(EPOCH_RETAIN)
+                    .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS),
                 t,
             );
             nodes.push(Node {
@@ -994,6 +997,18 @@ impl World {
                         id,
                     },
                 );
+            }
+            Io::Retire { doc, kind } => {
+                let retired = &mut self.nodes[i].disk.retired;
+                if !retired.iter().any(|(d, _)| *d == doc) {
+                    retired.push((doc, kind));
+                }
+            }
+            Io::Delete { doc } => {
+                self.count("deleted_docs");
+                let disk = &mut self.nodes[i].disk;
+                disk.docs.remove(&doc);
+                disk.retired.retain(|(d, _)| *d != doc);
             }
             Io::Archive { records } => {
                 self.count("archived");
@@ -1722,7 +1737,9 @@ impl World {
             node_seed(self.seed, i, inc),
         )
         .with_rotation(self.config.rotation.0, self.config.rotation.1)
-        .with_epoch_retain(EPOCH_RETAIN);
+        .with_epoch_retain(EPOCH_RETAIN)
+        .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS)
+        .with_retired(self.nodes[i].disk.retired.clone());
         let n = &mut self.nodes[i];
         n.incarnation = inc;
         n.up = true;
@@ -2140,6 +2157,12 @@ impl World {
 /// Sealed epochs are kept this long in the simulation (a node's default is a minute): short
 /// enough that evictions happen while faults go on.
 const EPOCH_RETAIN: Duration = Duration::from_secs(10);
+/// Finished tasks' documents a simulated node keeps on disk (a node's default is 100,000):
+/// few, so that deletions happen while faults go on.
+const KEEP_TASK_DOCS: usize = 16;
+/// Sealed epoch documents a simulated node keeps on disk once out of memory (a node's
+/// default is 64).
+const KEEP_SEALED_EPOCHS: usize = 2;
 
 fn local_us(offset_us: u64, drift_ppm: i64, now_us: u64) -> u64 {
     let scaled = i128::from(now_us) * (1_000_000 + i128::from(drift_ppm)) / 1_000_000;
