@@ -2043,7 +2043,8 @@ impl Core {
         // Scope the task documents: live ones are announced to members, final ones travel on
         // request only and may leave memory. Only the tasks this refresh changed are looked at
         // (all of them after a whole read).
-        let changed: Vec<&TaskEntry> = match q.cache.changed() {
+        let changed_ids = q.cache.take_changed();
+        let changed: Vec<&TaskEntry> = match &changed_ids {
             Changed::Everything => view.tasks().values().map(|t| &**t).collect(),
             Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
         };
@@ -3341,10 +3342,23 @@ impl Core {
             });
             let writes: Vec<queue::AttemptWrite> =
                 pending.iter().map(|p| p.write.clone()).collect();
-            let doc = self.queues.get(&id).map(|q| q.doc.clone());
-            let results = doc
-                .and_then(|doc| {
-                    self.change(&doc, |d| queue::record_attempts(d, &writes, now.unix_ms))
+            // The writes are checked against the queue document's cached view rather than by
+            // reading the document (several map lookups per write), brought up to date first
+            // if the document changed since (costs in what changed; the changes it finds are
+            // handled by the queue's next refresh, as before).
+            let target = self.queues.get_mut(&id).map(|q| {
+                let view = self
+                    .replica
+                    .get(&q.doc)
+                    .and_then(|d| q.cache.refresh(d).cloned());
+                (q.doc.clone(), view)
+            });
+            let results = target
+                .and_then(|(doc, view)| {
+                    self.change(&doc, |d| match &view {
+                        Some(v) => queue::record_attempts_in_view(d, v, &writes, now.unix_ms),
+                        None => queue::record_attempts(d, &writes, now.unix_ms),
+                    })
                 })
                 .unwrap_or_else(|| {
                     writes

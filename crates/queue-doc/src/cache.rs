@@ -7,18 +7,30 @@
 //! maps; layout 1: the task owning the operation's object, from a table of object ids filled
 //! while reading), re-reads those tasks, plus the small root records if an operation touched
 //! anything else, and says which tasks it re-read ([`ViewCache::changed`]).
+//!
+//! Most operations need no read at all. A layout-2 record is one string put under a key that
+//! names its attempt, by one writer, overwriting nothing: an assignment, a start, an end or an
+//! output put with no predecessor. When the view shows no value for that attempt's record yet,
+//! the document's values for the key are exactly the new one (and any concurrent put of the
+//! same batch, which then finds the value set and falls back), so the view takes it from the
+//! operation itself: no lookup in the document, whose map lookups cost microseconds each.
+//! Everything else falls back to re-reading the task: a put that overwrites or meets a value,
+//! a record that does not parse, a start or end of an attempt the view does not show (the
+//! task is then remembered as holding records the view hides, and always re-read).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use automerge::legacy::{Key, ObjectId, OpId};
-use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc};
+use automerge::legacy::{Key, ObjectId, OpId, OpType};
+use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc, ScalarValue};
 
 use crate::am;
 use crate::ids::TaskId;
 use crate::keys;
 use crate::packed;
-use crate::view::{EntryValue, QueueView, read_root, read_task_entry};
+use crate::view::{
+    AttemptOutcome, EntryValue, Finished, QueueView, Started, TaskEntry, read_root, read_task_entry,
+};
 
 type ObjKey = (u64, ActorId);
 
@@ -38,9 +50,11 @@ pub struct CacheStats {
     pub incremental: u64,
     /// Task entries re-read by incremental refreshes.
     pub tasks_reread: u64,
+    /// Task entries updated from the operations alone (no read of the document).
+    pub tasks_patched: u64,
 }
 
-/// Which tasks the last [`ViewCache::refresh`] changed.
+/// Which tasks the refreshes since the last [`ViewCache::take_changed`] changed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Changed {
     /// The view was read whole: any task may have changed.
@@ -61,9 +75,13 @@ pub struct ViewCache {
     heads: Vec<ChangeHash>,
     tasks_obj: Option<ObjKey>,
     tasks_exid: Option<ObjId>,
-    /// The layout-2 root maps (every concurrent copy): an operation in one names its task in
-    /// its key.
-    layout_objs: HashSet<ObjKey>,
+    /// The layout-2 root maps (every concurrent copy), with their root keys: an operation in
+    /// one names its task in its key.
+    layout_objs: HashMap<ObjKey, &'static str>,
+    /// Tasks whose layout-2 records may include some of attempts the view does not show (an
+    /// unreadable assignment, a start or end without one): a record arriving later must be
+    /// read with them, so these tasks are always re-read.
+    hidden: HashSet<TaskId>,
     /// Every object inside a task entry (the entry, its attempts list, attempts, their start
     /// and end records) → the task.
     owners: HashMap<ObjKey, TaskId>,
@@ -93,16 +111,20 @@ impl ViewCache {
         self.stats
     }
 
-    /// Which tasks the last refresh changed.
+    /// Which tasks the refreshes since the last [`ViewCache::take_changed`] changed.
     pub fn changed(&self) -> &Changed {
         &self.changed
+    }
+
+    /// Which tasks the refreshes since the last call changed; the next ones count anew.
+    pub fn take_changed(&mut self) -> Changed {
+        std::mem::replace(&mut self.changed, Changed::Tasks(Vec::new()))
     }
 
     /// Brings the view up to date with `doc` and returns it; `None` if `doc` is not a queue.
     pub fn refresh(&mut self, doc: &Automerge) -> Option<&Arc<QueueView>> {
         let heads = doc.get_heads();
         if self.view.is_some() && heads == self.heads {
-            self.changed = Changed::Tasks(Vec::new());
             return self.view.as_ref();
         }
         let ok = match self.view.is_some() {
@@ -129,10 +151,17 @@ impl ViewCache {
         self.root_malformed = bad_claims;
         self.tasks_obj = tasks.as_ref().and_then(key_of);
         self.tasks_exid = tasks.clone();
-        self.layout_objs = packed::MAPS
+        let layout: Vec<(&'static str, ObjId)> = packed::MAPS
             .iter()
-            .flat_map(|k| am::all_objects(doc, &automerge::ROOT, k, automerge::ObjType::Map))
-            .filter_map(|o| key_of(&o))
+            .flat_map(|k| {
+                am::all_objects(doc, &automerge::ROOT, k, automerge::ObjType::Map)
+                    .into_iter()
+                    .map(move |o| (*k, o))
+            })
+            .collect();
+        self.layout_objs = layout
+            .iter()
+            .filter_map(|(k, o)| Some((key_of(o)?, *k)))
             .collect();
         if let Some(tasks) = tasks {
             for item in doc.map_range(&tasks, ..) {
@@ -154,6 +183,21 @@ impl ViewCache {
                 }
             }
         }
+        // Records of attempts the view does not show (an assignment that is not readable, or
+        // whose task is not; a start or end whose assignment never came): their tasks are
+        // always re-read.
+        self.hidden.clear();
+        for (k, obj) in &layout {
+            if ![packed::ASSIGNED, packed::STARTED, packed::ENDED].contains(k) {
+                continue;
+            }
+            for item in doc.map_range(obj, ..) {
+                let key = item.key.as_ref();
+                if !shows_attempt(&view, key) {
+                    self.hidden.insert(TaskId::new(packed::task_of(key)));
+                }
+            }
+        }
         self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));
         true
@@ -166,6 +210,10 @@ impl ViewCache {
     fn incremental(&mut self, doc: &Automerge) -> bool {
         let mut root = false;
         let mut dirty = BTreeSet::new();
+        let mut patches: BTreeMap<TaskId, Vec<Patch>> = BTreeMap::new();
+        // Assignments, starts and ends seen: afterwards, any whose attempt the view does not
+        // show hides records from it.
+        let mut records: Vec<(TaskId, String)> = Vec::new();
         for change in doc.get_changes(&self.heads) {
             let expanded = change.decode();
             let start = expanded.start_op.get();
@@ -187,9 +235,23 @@ impl ViewCache {
                                 Key::Map(task) => Some(TaskId::new(task.as_str())),
                                 Key::Seq(_) => None,
                             }
-                        } else if self.layout_objs.contains(&k) {
+                        } else if let Some(map) = self.layout_objs.get(&k) {
                             match &op.key {
-                                Key::Map(key) => Some(TaskId::new(packed::task_of(key))),
+                                Key::Map(key) => {
+                                    let task = TaskId::new(packed::task_of(key));
+                                    if [packed::ASSIGNED, packed::STARTED, packed::ENDED]
+                                        .contains(map)
+                                    {
+                                        records.push((task.clone(), key.to_string()));
+                                    }
+                                    match Patch::of(map, key, op) {
+                                        Some(p) => {
+                                            patches.entry(task).or_default().push(p);
+                                            None
+                                        }
+                                        None => Some(task),
+                                    }
+                                }
                                 Key::Seq(_) => None,
                             }
                         } else if let Some(t) = self.owners.get(&k) {
@@ -218,8 +280,34 @@ impl ViewCache {
                 None => return false,
             }
         }
+        let mut changed: BTreeSet<TaskId> = dirty.clone();
+        for (id, list) in patches {
+            changed.insert(id.clone());
+            if dirty.contains(&id) {
+                continue;
+            }
+            let patched = match view.task(&id) {
+                Some(entry) if !self.hidden.contains(&id) => {
+                    let mut entry = entry.clone();
+                    list.iter().all(|p| p.apply(&mut entry)).then_some(entry)
+                }
+                _ => None,
+            };
+            match patched {
+                Some(entry) => {
+                    self.stats.tasks_patched += 1;
+                    view.set_task(id, Some(entry));
+                }
+                None => {
+                    dirty.insert(id);
+                }
+            }
+        }
         let tasks = self.tasks_exid.clone();
-        self.changed = Changed::Tasks(dirty.iter().cloned().collect());
+        if let Changed::Tasks(earlier) = &mut self.changed {
+            changed.extend(earlier.drain(..));
+            *earlier = changed.into_iter().collect();
+        }
         for id in dirty {
             self.stats.tasks_reread += 1;
             // As in a full read: a key whose value is no readable task entry is malformed.
@@ -256,8 +344,133 @@ impl ViewCache {
                 _ => self.task_malformed.insert(id, bad),
             };
         }
+        for (task, key) in records {
+            if !shows_attempt(&view, &key) {
+                self.hidden.insert(task);
+            }
+        }
         self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));
         true
+    }
+}
+
+/// Whether `view` shows the attempt an attempt key names (false for a key that names none).
+fn shows_attempt(view: &QueueView, key: &str) -> bool {
+    packed::parse_attempt_key(key).is_some_and(|(task, id)| {
+        view.task(&TaskId::new(task))
+            .is_some_and(|e| e.attempts.iter().any(|a| a.id == id))
+    })
+}
+
+/// A layout-2 record the view can take from its operation: a string put under an attempt
+/// key, overwriting nothing.
+enum Patch {
+    Assigned(String, String),
+    Started(String, String),
+    Ended(String, String),
+    /// An output: the view does not keep outputs, but the task changed.
+    Output,
+}
+
+impl Patch {
+    fn of(map: &str, key: &str, op: &automerge::legacy::Op) -> Option<Patch> {
+        if !op.pred.is_empty() || op.insert {
+            return None;
+        }
+        let OpType::Put(ScalarValue::Str(value)) = &op.action else {
+            return None;
+        };
+        let (key, value) = (key.to_owned(), value.to_string());
+        match map {
+            packed::ASSIGNED => Some(Patch::Assigned(key, value)),
+            packed::STARTED => Some(Patch::Started(key, value)),
+            packed::ENDED => Some(Patch::Ended(key, value)),
+            packed::OUTPUT => Some(Patch::Output),
+            _ => None,
+        }
+    }
+
+    /// Applies the record to `entry` as a read of the document would; false if only a read
+    /// can say (the record meets a value already shown, names an attempt the entry does not
+    /// have, or does not parse as the read would take it).
+    fn apply(&self, entry: &mut TaskEntry) -> bool {
+        let attempt_of = |key: &str| {
+            packed::parse_attempt_key(key)
+                .filter(|(task, id)| *task == entry.id.as_str() && id.claim.is_valid())
+                .map(|(_, id)| id)
+        };
+        match self {
+            Patch::Output => true,
+            Patch::Assigned(key, value) => {
+                let Some(id) = attempt_of(key) else {
+                    return false;
+                };
+                let Some(rec) = packed::decode::<packed::Assigned>(value) else {
+                    return false;
+                };
+                let Ok(worker) = rec.w.parse() else {
+                    return false;
+                };
+                let at = entry.attempts.partition_point(|a| a.id < id);
+                if entry.attempts.get(at).is_some_and(|a| a.id == id) {
+                    return false;
+                }
+                entry.attempts.insert(
+                    at,
+                    crate::view::Attempt {
+                        id,
+                        worker,
+                        pool_incarnation: rec.i,
+                        assigned_at: rec.a,
+                        started: None,
+                        finished: None,
+                    },
+                );
+                true
+            }
+            Patch::Started(key, value) => {
+                let Some(id) = attempt_of(key) else {
+                    return false;
+                };
+                let Some(a) = entry.attempts.iter_mut().find(|a| a.id == id) else {
+                    return false;
+                };
+                let Some(s) = packed::decode::<packed::Start>(value) else {
+                    return false;
+                };
+                if a.started.is_some() {
+                    return false;
+                }
+                a.started = Some(Started {
+                    at: s.a,
+                    incarnation: s.i,
+                });
+                true
+            }
+            Patch::Ended(key, value) => {
+                let Some(id) = attempt_of(key) else {
+                    return false;
+                };
+                let Some(a) = entry.attempts.iter_mut().find(|a| a.id == id) else {
+                    return false;
+                };
+                let Some(e) = packed::decode::<packed::End>(value) else {
+                    return false;
+                };
+                let Some(outcome) = AttemptOutcome::parse(&e.o) else {
+                    return false;
+                };
+                if a.finished.is_some() {
+                    return false;
+                }
+                a.finished = Some(Finished {
+                    at: e.a,
+                    outcome,
+                    error: e.e,
+                });
+                true
+            }
+        }
     }
 }

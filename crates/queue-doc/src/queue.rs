@@ -11,7 +11,7 @@ use crate::ids::{AttemptId, Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
 use crate::packed;
 use crate::view::{
-    AttemptOutcome, Started, input_seen, packed_finished, packed_started, read_finished,
+    AttemptOutcome, QueueView, Started, input_seen, packed_finished, packed_started, read_finished,
     read_started,
 };
 
@@ -513,13 +513,102 @@ fn start_in(
     incarnation: u64,
     now_ms: u64,
 ) -> Result<(), AttemptError> {
+    let facts = facts_in_doc(tx, task, attempt, worker)?;
+    facts.check_start(task, attempt)?;
+    write_start(tx, task, attempt, incarnation, now_ms)
+}
+
+/// What the checks of a start or an end need to know about the attempt, found owned by the
+/// worker that writes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Facts {
+    started: bool,
+    finished: bool,
+}
+
+impl Facts {
+    fn check_start(self, task: &TaskId, attempt: &AttemptId) -> Result<(), AttemptError> {
+        if self.finished {
+            return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
+        }
+        if self.started {
+            return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
+        }
+        Ok(())
+    }
+
+    fn check_finish(
+        self,
+        task: &TaskId,
+        attempt: &AttemptId,
+        outcome: AttemptOutcome,
+    ) -> Result<(), AttemptError> {
+        if self.finished {
+            return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
+        }
+        match outcome {
+            AttemptOutcome::Refused | AttemptOutcome::Unavailable if self.started => {
+                Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()))
+            }
+            AttemptOutcome::Succeeded | AttemptOutcome::Failed if !self.started => {
+                Err(AttemptError::NotStarted(task.clone(), attempt.clone()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The attempt's facts, read from the document.
+fn facts_in_doc(
+    tx: &Transaction<'_>,
+    task: &TaskId,
+    attempt: &AttemptId,
+    worker: &WorkerId,
+) -> Result<Facts, AttemptError> {
     let found = owned_attempt(tx, task, attempt, worker)?;
-    if finished(tx, task, attempt, &found) {
-        return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
+    Ok(Facts {
+        finished: finished(tx, task, attempt, &found),
+        started: started(tx, task, attempt, &found).is_some(),
+    })
+}
+
+/// The attempt's facts, from a view of the document (the same checks as
+/// [`facts_in_doc`], without reading the document).
+fn facts_in_view(
+    view: &QueueView,
+    task: &TaskId,
+    attempt: &AttemptId,
+    worker: &WorkerId,
+) -> Result<Facts, AttemptError> {
+    let entry = view
+        .task(task)
+        .ok_or_else(|| AttemptError::UnknownTask(task.clone()))?;
+    let a = entry
+        .attempts
+        .iter()
+        .find(|a| a.id == *attempt)
+        .ok_or_else(|| AttemptError::UnknownAttempt(task.clone(), attempt.clone()))?;
+    if a.worker != *worker {
+        return Err(AttemptError::WrongWorker {
+            task: task.clone(),
+            attempt: attempt.clone(),
+            owner: Box::new(a.worker.clone()),
+            worker: Box::new(worker.clone()),
+        });
     }
-    if started(tx, task, attempt, &found).is_some() {
-        return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
-    }
+    Ok(Facts {
+        started: a.started.is_some(),
+        finished: a.finished.is_some(),
+    })
+}
+
+fn write_start(
+    tx: &mut Transaction<'_>,
+    task: &TaskId,
+    attempt: &AttemptId,
+    incarnation: u64,
+    now_ms: u64,
+) -> Result<(), AttemptError> {
     let map = layout_map(tx, packed::STARTED)?;
     let record = packed::Start {
         a: now_ms,
@@ -563,20 +652,20 @@ fn finish_in(
     output: Option<&packed::Output>,
     now_ms: u64,
 ) -> Result<(), AttemptError> {
-    let found = owned_attempt(tx, task, attempt, worker)?;
-    if finished(tx, task, attempt, &found) {
-        return Err(AttemptError::AlreadyFinished(task.clone(), attempt.clone()));
-    }
-    let started = started(tx, task, attempt, &found).is_some();
-    match outcome {
-        AttemptOutcome::Refused | AttemptOutcome::Unavailable if started => {
-            return Err(AttemptError::AlreadyStarted(task.clone(), attempt.clone()));
-        }
-        AttemptOutcome::Succeeded | AttemptOutcome::Failed if !started => {
-            return Err(AttemptError::NotStarted(task.clone(), attempt.clone()));
-        }
-        _ => {}
-    }
+    let facts = facts_in_doc(tx, task, attempt, worker)?;
+    facts.check_finish(task, attempt, outcome)?;
+    write_finish(tx, task, attempt, outcome, error, output, now_ms)
+}
+
+fn write_finish(
+    tx: &mut Transaction<'_>,
+    task: &TaskId,
+    attempt: &AttemptId,
+    outcome: AttemptOutcome,
+    error: Option<&str>,
+    output: Option<&packed::Output>,
+    now_ms: u64,
+) -> Result<(), AttemptError> {
     let map = layout_map(tx, packed::ENDED)?;
     let record = packed::End {
         a: now_ms,
@@ -672,6 +761,88 @@ pub fn record_attempts(
                 now_ms,
             ),
         });
+    }
+    if tx.pending_ops() == 0 {
+        tx.rollback();
+    } else {
+        tx.commit();
+    }
+    results
+}
+
+/// As [`record_attempts`], but each write is checked against `view` instead of the document:
+/// `view` must be this document's view at its current heads (a [`crate::ViewCache`] of it,
+/// refreshed since its last change). The checks are the same (a view shows exactly what the
+/// checks read), and writes earlier in the batch count as in [`record_attempts`]; what is
+/// saved is the document lookups, several per write, each costing in the size of the maps.
+pub fn record_attempts_in_view(
+    doc: &mut Automerge,
+    view: &QueueView,
+    writes: &[AttemptWrite],
+    now_ms: u64,
+) -> Vec<Result<(), AttemptError>> {
+    if writes.is_empty() {
+        return Vec::new();
+    }
+    let mut tx = doc.transaction();
+    if !is_queue(&tx) {
+        tx.rollback();
+        return writes
+            .iter()
+            .map(|_| Err(AttemptError::NotAQueue))
+            .collect();
+    }
+    // What the batch's earlier writes did, on top of the view.
+    let mut written: std::collections::HashMap<(&TaskId, &AttemptId), Facts> = Default::default();
+    let mut results = Vec::with_capacity(writes.len());
+    for w in writes {
+        let (task, attempt, worker) = match w {
+            AttemptWrite::Start {
+                task,
+                attempt,
+                worker,
+                ..
+            }
+            | AttemptWrite::Finish {
+                task,
+                attempt,
+                worker,
+                ..
+            } => (task, attempt, worker),
+        };
+        // The owner is the view's; whether it started or ended, the batch's if it wrote so.
+        let facts = facts_in_view(view, task, attempt, worker)
+            .map(|f| written.get(&(task, attempt)).copied().unwrap_or(f));
+        let result = facts.and_then(|mut f| {
+            match w {
+                AttemptWrite::Start { incarnation, .. } => {
+                    f.check_start(task, attempt)?;
+                    write_start(&mut tx, task, attempt, *incarnation, now_ms)?;
+                    f.started = true;
+                }
+                AttemptWrite::Finish {
+                    outcome,
+                    error,
+                    output,
+                    ..
+                } => {
+                    f.check_finish(task, attempt, *outcome)?;
+                    write_finish(
+                        &mut tx,
+                        task,
+                        attempt,
+                        *outcome,
+                        error.as_deref(),
+                        output.as_ref(),
+                        now_ms,
+                    )?;
+                    f.finished = true;
+                }
+            }
+            written.insert((task, attempt), f);
+            Ok(())
+        });
+        results.push(result);
     }
     if tx.pending_ops() == 0 {
         tx.rollback();

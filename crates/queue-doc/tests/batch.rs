@@ -253,3 +253,65 @@ fn a_summary_written_before_summaries_carried_priority_reads_without_it() {
     assert_eq!(s.state, TaskState::Succeeded);
     assert_eq!((s.priority, s.urgent, s.max_attempts), (None, None, None));
 }
+
+/// One write of the generated batches: a start or an end (of any outcome) of the only attempt
+/// of task `task` (one more than the queue has: unknown) by worker `worker` (task `i` is
+/// assigned to worker `i`).
+#[derive(Clone, Debug)]
+struct Write {
+    task: u32,
+    worker: u32,
+    /// `None`: a start.
+    end: Option<AttemptOutcome>,
+}
+
+fn write_strategy() -> impl proptest::strategy::Strategy<Value = Write> {
+    use proptest::prelude::*;
+    let outcome = prop_oneof![
+        Just(AttemptOutcome::Succeeded),
+        Just(AttemptOutcome::Failed),
+        Just(AttemptOutcome::Refused),
+        Just(AttemptOutcome::Interrupted),
+        Just(AttemptOutcome::Unavailable),
+    ];
+    (0u32..4, 0u32..4, proptest::option::weighted(0.6, outcome))
+        .prop_map(|(task, worker, end)| Write { task, worker, end })
+}
+
+proptest::proptest! {
+    /// Checking a batch against the document's view gives the same answers and the same
+    /// document as checking it against the document, whatever the batch and whatever earlier
+    /// batches left.
+    #[test]
+    fn a_batch_checked_against_the_view_is_the_batch_checked_against_the_document(
+        batches in proptest::collection::vec(proptest::collection::vec(write_strategy(), 0..8), 1..5),
+    ) {
+        let (mut by_doc, ids) = queue_with_assigned(3);
+        let mut by_view = by_doc.fork();
+        let mut cache = piecework_queue_doc::ViewCache::new();
+        let unknown = TaskId::new("automerge:unknown");
+        for (round, batch) in batches.iter().enumerate() {
+            let writes: Vec<AttemptWrite> = batch
+                .iter()
+                .map(|w| {
+                    let task = ids.get(w.task as usize).unwrap_or(&unknown);
+                    match w.end {
+                        None => start(task, w.worker),
+                        Some(o) => finish(task, w.worker, o),
+                    }
+                })
+                .collect();
+            let now = 10 + round as u64;
+            let expected = queue::record_attempts(&mut by_doc, &writes, now);
+            let view = cache.refresh(&by_view).unwrap().clone();
+            let got = queue::record_attempts_in_view(&mut by_view, &view, &writes, now);
+            // (The errors compare by their text: they hold Automerge's, which has no equality.)
+            proptest::prop_assert_eq!(format!("{got:?}"), format!("{expected:?}"), "round {}", round);
+            proptest::prop_assert_eq!(
+                QueueView::read(&by_view).unwrap(),
+                QueueView::read(&by_doc).unwrap(),
+                "round {}", round
+            );
+        }
+    }
+}

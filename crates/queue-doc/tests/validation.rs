@@ -552,3 +552,127 @@ fn a_queue_of_an_unknown_version_is_not_routable() {
     .unwrap();
     assert!(!QueueView::read(&doc).unwrap().routable_version());
 }
+
+/// Writes `value` under `key` in the layout-2 root map `map`, bypassing the typed operations.
+fn raw_record(doc: &mut Automerge, map: &str, key: &str, value: &str) {
+    let m = object(doc, &ROOT, map);
+    doc.transact::<_, _, AutomergeError>(|tx| {
+        tx.put(&m, key, value)?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+fn submitted(doc: &mut Automerge, id: &str) -> TaskId {
+    let task = TaskId::new(id);
+    queue::submit(
+        doc,
+        &Submission {
+            id: task.clone(),
+            kind: "k".into(),
+            submitter: me(),
+            submitted_at: 1,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: None,
+        },
+    )
+    .unwrap();
+    task
+}
+
+/// The incremental view takes an assignment, a start and an end from their operations (no
+/// read of the document), and still reads as a whole read does when records arrive out of
+/// order, meet another value or do not parse.
+#[test]
+fn records_taken_from_operations_read_as_the_document_does() {
+    let mut doc = new_queue();
+    let mut cache = ViewCache::new();
+    cache.refresh(&doc);
+    let check = |cache: &mut ViewCache, doc: &Automerge, what: &str| {
+        let whole = QueueView::read(doc).unwrap();
+        assert_eq!(cache.refresh(doc).unwrap().as_ref(), &whole, "{what}");
+    };
+    let claim = Claim::new(1, me());
+    let worker = WorkerId::new(me(), 0);
+    let attempt = AttemptId {
+        n: 1,
+        claim: claim.clone(),
+    };
+    let assign = |doc: &mut Automerge, task: &TaskId| {
+        let a = Assignment {
+            task: task.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        };
+        queue::record_assignments(doc, &[a], 2).unwrap();
+    };
+
+    // An honest life: three of its four writes need no read.
+    let t = submitted(&mut doc, "automerge:honest");
+    check(&mut cache, &doc, "submitted");
+    let before = cache.stats();
+    assign(&mut doc, &t);
+    check(&mut cache, &doc, "assigned");
+    queue::record_start(&mut doc, &t, &attempt, &worker, 1, 3).unwrap();
+    check(&mut cache, &doc, "started");
+    queue::record_finish(
+        &mut doc,
+        &t,
+        &attempt,
+        &worker,
+        AttemptOutcome::Succeeded,
+        None,
+        4,
+    )
+    .unwrap();
+    check(&mut cache, &doc, "finished");
+    let after = cache.stats();
+    assert_eq!(after.tasks_patched - before.tasks_patched, 3, "{after:?}");
+    assert_eq!(after.tasks_reread, before.tasks_reread, "{after:?}");
+
+    // A start written before its assignment: hidden until the assignment, then read with it.
+    let t = submitted(&mut doc, "automerge:early");
+    check(&mut cache, &doc, "submitted");
+    let key = format!("{t}/1/1/{}", me());
+    raw_record(&mut doc, "started", &key, r#"{"a":9,"i":1}"#);
+    check(&mut cache, &doc, "a start without an assignment");
+    assign(&mut doc, &t);
+    check(&mut cache, &doc, "its assignment");
+    let whole = QueueView::read(&doc).unwrap();
+    assert!(whole.task(&t).unwrap().attempts[0].started.is_some());
+    // The same, found by a fresh cache's whole read.
+    let mut fresh = ViewCache::new();
+    let t = submitted(&mut doc, "automerge:early2");
+    let key = format!("{t}/1/1/{}", me());
+    raw_record(&mut doc, "ended", &key, r#"{"a":9,"o":"succeeded"}"#);
+    fresh.refresh(&doc);
+    assign(&mut doc, &t);
+    check(&mut fresh, &doc, "an end read before its assignment");
+
+    // Records that do not parse, an end that overwrites another, and a concurrent
+    // unreadable assignment of the same attempt.
+    let t = submitted(&mut doc, "automerge:odd");
+    check(&mut cache, &doc, "submitted");
+    let mut fork = doc.fork();
+    let key = format!("{t}/1/1/{}", me());
+    raw_record(&mut fork, "assigned", &key, "not json");
+    assign(&mut doc, &t);
+    doc.merge(&mut fork).unwrap();
+    check(&mut cache, &doc, "two assignments of one attempt");
+    raw_record(&mut doc, "started", &key, "{}");
+    check(&mut cache, &doc, "an unreadable start");
+    raw_record(&mut doc, "ended", &key, r#"{"a":5,"o":"failed","e":"x"}"#);
+    check(&mut cache, &doc, "an end");
+    raw_record(&mut doc, "ended", &key, r#"{"a":6,"o":"succeeded"}"#);
+    check(&mut cache, &doc, "an end overwritten");
+    raw_record(
+        &mut doc,
+        "assigned",
+        &format!("{t}/x/1/p"),
+        r#"{"w":"p/0","a":1}"#,
+    );
+    check(&mut cache, &doc, "an assignment whose key names no attempt");
+}
