@@ -3106,6 +3106,15 @@ impl Core {
 
     /// Writes to a queue document and refreshes its view at once (routers must see their own
     /// writes before deciding again).
+    /// The queue document's view at its current heads, from its cache (refreshed if the
+    /// document changed since: costs in what changed; the changes it finds are handled by the
+    /// queue's next refresh). `None` if the document is not here or reads as no queue.
+    fn current_view(&mut self, id: &QueueId) -> Option<Arc<QueueView>> {
+        let q = self.queues.get_mut(id)?;
+        let d = self.replica.get(&q.doc)?;
+        q.cache.refresh(d).cloned()
+    }
+
     fn write_queue<E: std::fmt::Display>(
         &mut self,
         now: Time,
@@ -3133,8 +3142,11 @@ impl Core {
                 });
             }
             RouterAction::Assign(list) => {
-                self.write_queue(now, id, "assignments", |d| {
-                    queue::record_assignments(d, &list, now.unix_ms)
+                // Checked against the cached view, as a turn's starts and ends are.
+                let view = self.current_view(id);
+                self.write_queue(now, id, "assignments", |d| match &view {
+                    Some(v) => queue::record_assignments_in_view(d, v, &list, now.unix_ms),
+                    None => queue::record_assignments(d, &list, now.unix_ms),
                 });
             }
             RouterAction::Beat(mut beat) => {
@@ -3343,16 +3355,9 @@ impl Core {
             let writes: Vec<queue::AttemptWrite> =
                 pending.iter().map(|p| p.write.clone()).collect();
             // The writes are checked against the queue document's cached view rather than by
-            // reading the document (several map lookups per write), brought up to date first
-            // if the document changed since (costs in what changed; the changes it finds are
-            // handled by the queue's next refresh, as before).
-            let target = self.queues.get_mut(&id).map(|q| {
-                let view = self
-                    .replica
-                    .get(&q.doc)
-                    .and_then(|d| q.cache.refresh(d).cloned());
-                (q.doc.clone(), view)
-            });
+            // reading the document (several map lookups per write).
+            let view = self.current_view(&id);
+            let target = self.queues.get(&id).map(|q| (q.doc.clone(), view));
             let results = target
                 .and_then(|(doc, view)| {
                     self.change(&doc, |d| match &view {

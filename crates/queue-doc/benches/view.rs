@@ -7,6 +7,8 @@
 //!
 //! - `submit`: index one new task.
 //! - `task_life`: one task's whole life on one replica: submit, assign, start, succeed.
+//! - `task_life_as_a_node`: the same as a node writes it: the start and the end checked
+//!   against the cached view (`queue::record_attempts_in_view`), a refresh after each write.
 //! - `full_read`: reading the whole view (what a node does once, when it opens a queue), for
 //!   comparison.
 //! - `rotate/live`: a rotation of a queue holding 1k or 10k live tasks (with as many finished
@@ -70,6 +72,44 @@ fn run(doc: &mut Automerge, task: &TaskId) {
     .expect("finish");
 }
 
+/// Assigns, starts and finishes `task` as a node does: each write followed by a refresh, the
+/// start and the end checked against the refreshed view.
+fn life_as_a_node(doc: &mut Automerge, cache: &mut ViewCache, task: &TaskId) {
+    let worker = WorkerId::new(me(), 0);
+    let attempt = AttemptId {
+        n: 1,
+        claim: Claim::new(1, me()),
+    };
+    let a = Assignment {
+        task: task.clone(),
+        attempt: attempt.clone(),
+        worker: worker.clone(),
+        incarnation: 1,
+    };
+    queue::record_assignments(doc, &[a], 1).expect("assign");
+    let writes = [
+        queue::AttemptWrite::Start {
+            task: task.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        },
+        queue::AttemptWrite::Finish {
+            task: task.clone(),
+            attempt,
+            worker,
+            outcome: AttemptOutcome::Succeeded,
+            error: None,
+            output: None,
+        },
+    ];
+    for w in writes {
+        let view = cache.refresh(doc).expect("a queue").clone();
+        let r = queue::record_attempts_in_view(doc, &view, std::slice::from_ref(&w), 2);
+        assert!(r.iter().all(Result::is_ok), "{r:?}");
+    }
+}
+
 /// A queue with `n` tasks, finished (history) or pending (live).
 fn queue_with(n: u64, finished: bool) -> Automerge {
     let mut doc = Automerge::new();
@@ -116,6 +156,18 @@ fn hot_paths(c: &mut Criterion) {
                     cache.refresh(&doc).map(|v| v.counts().pending)
                 });
             });
+            g.bench_function(
+                BenchmarkId::new(format!("task_life_as_a_node/{what}"), n),
+                |b| {
+                    b.iter(|| {
+                        let t = submit(&mut doc, next);
+                        next += 1;
+                        cache.refresh(&doc);
+                        life_as_a_node(&mut doc, &mut cache, &t);
+                        cache.refresh(&doc).map(|v| v.counts().pending)
+                    });
+                },
+            );
             if n <= 10_000 {
                 g.bench_function(BenchmarkId::new(format!("full_read/{what}"), n), |b| {
                     b.iter(|| QueueView::read(&doc).map(|v| v.tasks().len()));

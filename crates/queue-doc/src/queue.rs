@@ -462,6 +462,55 @@ pub fn record_assignments(
     })
 }
 
+/// As [`record_assignments`], but each assignment is checked against `view` instead of the
+/// document: `view` must be this document's view at its current heads (see
+/// [`record_attempts_in_view`]). A task the view does not show is unknown, an attempt it shows
+/// is a duplicate; assignments earlier in the round count.
+pub fn record_assignments_in_view(
+    doc: &mut Automerge,
+    view: &QueueView,
+    assignments: &[Assignment],
+    now_ms: u64,
+) -> Result<(), AssignError> {
+    if assignments.is_empty() {
+        return Ok(());
+    }
+    if let Some(a) = assignments.iter().find(|a| !a.attempt.claim.is_valid()) {
+        return Err(AssignError::TermTooLarge(a.attempt.claim.term));
+    }
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(AssignError::NotAQueue);
+        }
+        let assigned = layout_map(tx, packed::ASSIGNED)?;
+        let mut written = std::collections::HashSet::new();
+        for a in assignments {
+            let Some(entry) = view.task(&a.task) else {
+                return Err(AssignError::UnknownTask(a.task.clone()));
+            };
+            if entry.attempts.iter().any(|x| x.id == a.attempt)
+                || !written.insert((&a.task, &a.attempt))
+            {
+                return Err(AssignError::DuplicateAttempt(
+                    a.task.clone(),
+                    a.attempt.clone(),
+                ));
+            }
+            let record = packed::Assigned {
+                w: a.worker.to_string(),
+                i: Some(a.incarnation),
+                a: now_ms,
+            };
+            tx.put(
+                &assigned,
+                packed::attempt_key(&a.task, &a.attempt),
+                packed::encode(&record),
+            )?;
+        }
+        Ok(())
+    })
+}
+
 fn owned_attempt(
     tx: &Transaction<'_>,
     task: &TaskId,

@@ -315,3 +315,41 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// A round of assignments checked against the document's view is refused or written as
+    /// the same round checked against the document.
+    #[test]
+    fn assignments_checked_against_the_view_are_those_checked_against_the_document(
+        rounds in proptest::collection::vec(
+            proptest::collection::vec((0u32..4, 1u64..4, 0u32..3), 0..5),
+            1..5,
+        ),
+    ) {
+        let (mut by_doc, ids) = queue_with_assigned(3);
+        let mut by_view = by_doc.fork();
+        let mut cache = piecework_queue_doc::ViewCache::new();
+        let unknown = TaskId::new("automerge:unknown");
+        for (round, list) in rounds.iter().enumerate() {
+            let assignments: Vec<Assignment> = list
+                .iter()
+                .map(|&(t, n, w)| Assignment {
+                    task: ids.get(t as usize).unwrap_or(&unknown).clone(),
+                    attempt: AttemptId { n, claim: Claim::new(1, me()) },
+                    worker: worker(w),
+                    incarnation: 1,
+                })
+                .collect();
+            let now = 10 + round as u64;
+            let expected = queue::record_assignments(&mut by_doc, &assignments, now);
+            let view = cache.refresh(&by_view).unwrap().clone();
+            let got = queue::record_assignments_in_view(&mut by_view, &view, &assignments, now);
+            proptest::prop_assert_eq!(format!("{got:?}"), format!("{expected:?}"), "round {}", round);
+            proptest::prop_assert_eq!(
+                QueueView::read(&by_view).unwrap(),
+                QueueView::read(&by_doc).unwrap(),
+                "round {}", round
+            );
+        }
+    }
+}
