@@ -45,8 +45,8 @@ fn submit(doc: &mut Automerge, i: u64) -> TaskId {
     id
 }
 
-/// Assigns, starts and finishes `task` as attempt 1.
-fn run(doc: &mut Automerge, task: &TaskId) {
+/// Assigns `task` as attempt 1 to worker 0.
+fn assign(doc: &mut Automerge, task: &TaskId) -> (WorkerId, AttemptId) {
     let worker = WorkerId::new(me(), 0);
     let attempt = AttemptId {
         n: 1,
@@ -59,6 +59,12 @@ fn run(doc: &mut Automerge, task: &TaskId) {
         incarnation: 1,
     };
     queue::record_assignments(doc, &[a], 1).expect("assign");
+    (worker, attempt)
+}
+
+/// Assigns, starts and finishes `task` as attempt 1.
+fn run(doc: &mut Automerge, task: &TaskId) {
+    let (worker, attempt) = assign(doc, task);
     queue::record_start(doc, task, &attempt, &worker, 1, 2).expect("start");
     queue::record_finish(
         doc,
@@ -75,18 +81,7 @@ fn run(doc: &mut Automerge, task: &TaskId) {
 /// Assigns, starts and finishes `task` as a node does: each write followed by a refresh, the
 /// start and the end checked against the refreshed view.
 fn life_as_a_node(doc: &mut Automerge, cache: &mut ViewCache, task: &TaskId) {
-    let worker = WorkerId::new(me(), 0);
-    let attempt = AttemptId {
-        n: 1,
-        claim: Claim::new(1, me()),
-    };
-    let a = Assignment {
-        task: task.clone(),
-        attempt: attempt.clone(),
-        worker: worker.clone(),
-        incarnation: 1,
-    };
-    queue::record_assignments(doc, &[a], 1).expect("assign");
+    let (worker, attempt) = assign(doc, task);
     let writes = [
         queue::AttemptWrite::Start {
             task: task.clone(),

@@ -426,37 +426,15 @@ pub fn record_assignments(
     assignments: &[Assignment],
     now_ms: u64,
 ) -> Result<(), AssignError> {
-    if assignments.is_empty() {
-        return Ok(());
-    }
-    if let Some(a) = assignments.iter().find(|a| !a.attempt.claim.is_valid()) {
-        return Err(AssignError::TermTooLarge(a.attempt.claim.term));
-    }
-    commit(doc, |tx| {
-        if !is_queue(tx) {
-            return Err(AssignError::NotAQueue);
+    assign_checked(doc, assignments, now_ms, |tx, a, _| {
+        if !task_exists(tx, &a.task) {
+            return Err(AssignError::UnknownTask(a.task.clone()));
         }
-        let assigned = layout_map(tx, packed::ASSIGNED)?;
-        for a in assignments {
-            if !task_exists(tx, &a.task) {
-                return Err(AssignError::UnknownTask(a.task.clone()));
-            }
-            if find(tx, &a.task, &a.attempt).is_some() {
-                return Err(AssignError::DuplicateAttempt(
-                    a.task.clone(),
-                    a.attempt.clone(),
-                ));
-            }
-            let record = packed::Assigned {
-                w: a.worker.to_string(),
-                i: Some(a.incarnation),
-                a: now_ms,
-            };
-            tx.put(
-                &assigned,
-                packed::attempt_key(&a.task, &a.attempt),
-                packed::encode(&record),
-            )?;
+        if find(tx, &a.task, &a.attempt).is_some() {
+            return Err(AssignError::DuplicateAttempt(
+                a.task.clone(),
+                a.attempt.clone(),
+            ));
         }
         Ok(())
     })
@@ -472,6 +450,32 @@ pub fn record_assignments_in_view(
     assignments: &[Assignment],
     now_ms: u64,
 ) -> Result<(), AssignError> {
+    assign_checked(doc, assignments, now_ms, |_, a, earlier| {
+        let Some(entry) = view.task(&a.task) else {
+            return Err(AssignError::UnknownTask(a.task.clone()));
+        };
+        let again = earlier
+            .iter()
+            .any(|e| e.task == a.task && e.attempt == a.attempt);
+        if again || entry.attempts.iter().any(|x| x.id == a.attempt) {
+            return Err(AssignError::DuplicateAttempt(
+                a.task.clone(),
+                a.attempt.clone(),
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// Writes a round of assignments in one change, each after `check` (given the transaction,
+/// the assignment and the ones before it in the round) let it; the first refusal rolls the
+/// round back.
+fn assign_checked(
+    doc: &mut Automerge,
+    assignments: &[Assignment],
+    now_ms: u64,
+    check: impl Fn(&Transaction<'_>, &Assignment, &[Assignment]) -> Result<(), AssignError>,
+) -> Result<(), AssignError> {
     if assignments.is_empty() {
         return Ok(());
     }
@@ -483,19 +487,8 @@ pub fn record_assignments_in_view(
             return Err(AssignError::NotAQueue);
         }
         let assigned = layout_map(tx, packed::ASSIGNED)?;
-        let mut written = std::collections::HashSet::new();
-        for a in assignments {
-            let Some(entry) = view.task(&a.task) else {
-                return Err(AssignError::UnknownTask(a.task.clone()));
-            };
-            if entry.attempts.iter().any(|x| x.id == a.attempt)
-                || !written.insert((&a.task, &a.attempt))
-            {
-                return Err(AssignError::DuplicateAttempt(
-                    a.task.clone(),
-                    a.attempt.clone(),
-                ));
-            }
+        for (i, a) in assignments.iter().enumerate() {
+            check(tx, a, &assignments[..i])?;
             let record = packed::Assigned {
                 w: a.worker.to_string(),
                 i: Some(a.incarnation),
@@ -772,51 +765,7 @@ pub fn record_attempts(
     writes: &[AttemptWrite],
     now_ms: u64,
 ) -> Vec<Result<(), AttemptError>> {
-    if writes.is_empty() {
-        return Vec::new();
-    }
-    let mut tx = doc.transaction();
-    if !is_queue(&tx) {
-        tx.rollback();
-        return writes
-            .iter()
-            .map(|_| Err(AttemptError::NotAQueue))
-            .collect();
-    }
-    let mut results = Vec::with_capacity(writes.len());
-    for w in writes {
-        results.push(match w {
-            AttemptWrite::Start {
-                task,
-                attempt,
-                worker,
-                incarnation,
-            } => start_in(&mut tx, task, attempt, worker, *incarnation, now_ms),
-            AttemptWrite::Finish {
-                task,
-                attempt,
-                worker,
-                outcome,
-                error,
-                output,
-            } => finish_in(
-                &mut tx,
-                task,
-                attempt,
-                worker,
-                *outcome,
-                error.as_deref(),
-                output.as_ref(),
-                now_ms,
-            ),
-        });
-    }
-    if tx.pending_ops() == 0 {
-        tx.rollback();
-    } else {
-        tx.commit();
-    }
-    results
+    attempts_checked(doc, writes, now_ms, facts_in_doc)
 }
 
 /// As [`record_attempts`], but each write is checked against `view` instead of the document:
@@ -830,6 +779,19 @@ pub fn record_attempts_in_view(
     writes: &[AttemptWrite],
     now_ms: u64,
 ) -> Vec<Result<(), AttemptError>> {
+    attempts_checked(doc, writes, now_ms, |_, task, attempt, worker| {
+        facts_in_view(view, task, attempt, worker)
+    })
+}
+
+/// Writes a batch of starts and ends in one change, each checked against the facts `facts`
+/// gives (from the transaction or a view) with what the batch's earlier writes did on top.
+fn attempts_checked(
+    doc: &mut Automerge,
+    writes: &[AttemptWrite],
+    now_ms: u64,
+    facts: impl Fn(&Transaction<'_>, &TaskId, &AttemptId, &WorkerId) -> Result<Facts, AttemptError>,
+) -> Vec<Result<(), AttemptError>> {
     if writes.is_empty() {
         return Vec::new();
     }
@@ -841,7 +803,7 @@ pub fn record_attempts_in_view(
             .map(|_| Err(AttemptError::NotAQueue))
             .collect();
     }
-    // What the batch's earlier writes did, on top of the view.
+    // What the batch's earlier writes did.
     let mut written: std::collections::HashMap<(&TaskId, &AttemptId), Facts> = Default::default();
     let mut results = Vec::with_capacity(writes.len());
     for w in writes {
@@ -859,8 +821,9 @@ pub fn record_attempts_in_view(
                 ..
             } => (task, attempt, worker),
         };
-        // The owner is the view's; whether it started or ended, the batch's if it wrote so.
-        let facts = facts_in_view(view, task, attempt, worker)
+        // The owner is checked as `facts` sees it; whether the attempt started or ended is the
+        // batch's if it wrote so.
+        let facts = facts(&tx, task, attempt, worker)
             .map(|f| written.get(&(task, attempt)).copied().unwrap_or(f));
         let result = facts.and_then(|mut f| {
             match w {
