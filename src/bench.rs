@@ -285,6 +285,11 @@ pub struct Report {
     pub done_rate_first_10pct: Option<f64>,
     /// The same over the last 10% to end: from the moment 90% had ended to the last.
     pub done_rate_last_10pct: Option<f64>,
+    /// Acknowledgements per second over each tenth of the acknowledgements, in order (`null`
+    /// for a tenth that spans no time): where a fall sets in.
+    pub submit_rate_by_tenth: Vec<Option<f64>>,
+    /// Outcomes per second over each tenth of the outcomes, as `done_rate_*` counts them.
+    pub done_rate_by_tenth: Vec<Option<f64>>,
     /// The `--max-live` bound (`None`: none).
     pub max_live: Option<usize>,
     /// Tasks in the latency phase.
@@ -629,6 +634,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         submit_rate_last_10pct: m.tp.last_rate,
         done_rate_first_10pct: m.tp.done_first_rate,
         done_rate_last_10pct: m.tp.done_last_rate,
+        submit_rate_by_tenth: m.tp.submit_tenths.clone(),
+        done_rate_by_tenth: m.tp.done_tenths.clone(),
         max_live: opts.max_live,
         latency_samples: opts.latency_samples,
         submit_to_start_ms: Percentiles::of(&m.to_start),
@@ -925,6 +932,8 @@ struct Throughput {
     last_rate: Option<f64>,
     done_first_rate: Option<f64>,
     done_last_rate: Option<f64>,
+    submit_tenths: Vec<Option<f64>>,
+    done_tenths: Vec<Option<f64>>,
 }
 
 async fn throughput(
@@ -1022,6 +1031,8 @@ impl Throughput {
             last_rate: rate(&acks[m - slice..]),
             done_first_rate,
             done_last_rate,
+            submit_tenths: acks.chunks(slice).map(rate).collect(),
+            done_tenths: done_tenths(seen, t0, m),
         }
     }
 }
@@ -1193,6 +1204,27 @@ fn done_rates(seen: &[(Instant, usize)], t0: Instant, m: usize) -> (Option<f64>,
         .zip(at(m))
         .and_then(|(from, to)| per_s(slice, from, to));
     (first, last)
+}
+
+/// Outcomes per second over each tenth of `m` outcomes (`seen` as in [`done_rates`]): the
+/// first from `t0`, each next from the moment the one before it was complete.
+fn done_tenths(seen: &[(Instant, usize)], t0: Instant, m: usize) -> Vec<Option<f64>> {
+    let slice = m.div_ceil(10).max(1);
+    let at = |n: usize| seen.iter().find(|(_, d)| *d >= n).map(|(t, _)| *t);
+    let mut from = Some(t0);
+    let mut out = Vec::new();
+    let mut n = 0;
+    while n < m {
+        let next = (n + slice).min(m);
+        let to = at(next);
+        out.push(from.zip(to).and_then(|(f, t)| {
+            let span = t.duration_since(f).as_secs_f64();
+            (span > 0.0).then(|| (next - n) as f64 / span)
+        }));
+        from = to;
+        n = next;
+    }
+    out
 }
 
 /// Acknowledgements per second within a slice: those after the first over the span from the
