@@ -144,6 +144,10 @@ pub struct Config {
     pub rotate_ratio: usize,
     /// See `rotate_ratio`.
     pub rotate_min_live: usize,
+    /// How many times a successor is brought up to date off the node's thread before the
+    /// last catch-up, during which the queue stands still ([`CATCH_UPS`] by default; see
+    /// [`Rotate`]).
+    pub catch_ups: u32,
     /// How long a sealed epoch's document is kept after this node moved past it
     /// ([`EPOCH_RETAIN`] by default).
     pub epoch_retain: Duration,
@@ -209,6 +213,11 @@ pub const ROTATE_RATIO: usize = 2;
 /// The default `Config::rotate_min_live`: a queue document rotates after about
 /// `ROTATE_RATIO × ROTATE_MIN_LIVE` finished tasks when few are live.
 pub const ROTATE_MIN_LIVE: usize = 512;
+/// The default `Config::catch_ups`: each carries the writes made while the one before ran,
+/// which under a steady load take about as long to carry as they took to write; the queue
+/// then stands still for the last one (tens of milliseconds) rather than a turn carrying
+/// them all.
+pub const CATCH_UPS: u32 = 2;
 /// How long a node keeps a sealed epoch's document after it moved on, carrying the late writes
 /// it receives; then the document leaves memory.
 pub const EPOCH_RETAIN: Duration = Duration::from_secs(60);
@@ -223,6 +232,7 @@ impl Config {
             seed,
             rotate_ratio: ROTATE_RATIO,
             rotate_min_live: ROTATE_MIN_LIVE,
+            catch_ups: CATCH_UPS,
             epoch_retain: EPOCH_RETAIN,
             inline_input_max: INLINE_INPUT_MAX,
             max_live: MAX_LIVE,
@@ -251,6 +261,12 @@ impl Config {
     /// `Config::inline_input_max`).
     pub fn with_inline_input_max(mut self, max: usize) -> Self {
         self.inline_input_max = max;
+        self
+    }
+
+    /// The same settings, with `n` catch-ups of a successor (see `Config::catch_ups`).
+    pub fn with_catch_ups(mut self, n: u32) -> Self {
+        self.catch_ups = n;
         self
     }
 
@@ -450,26 +466,69 @@ pub struct Saved {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RotateId(pub u64);
 
-/// A successor document to build off the core's thread: the sealing router's copy of the
-/// current epoch document and its view, taken together in one turn. Building costs in
-/// proportion to the document (about 0.1 s at 10,000 live tasks), so the driver runs
+/// A successor document to build off the core's thread, or to bring up to date. Building
+/// costs in proportion to the document (about 0.1 s at 10,000 live tasks), so the driver runs
 /// [`Rotate::build`] where it does not hold up the node's turns (its heartbeats) and answers
 /// with [`Core::handle_rotated`]. Meanwhile the router goes on writing the current document;
-/// what it writes after the copy is carried into the successor as a late write. Two are equal
-/// when their ids are.
+/// what it writes after the copy the successor was built from is carried into it, off the
+/// thread too (a catch-up: another [`Io::Rotate`] with a newer copy), until little is left
+/// for the turn that seals. Two are equal when their ids are.
 #[derive(Clone, Debug)]
 pub struct Rotate {
     /// Answer with this in [`Built`].
     pub id: RotateId,
-    old: Box<automerge::Automerge>,
-    view: Arc<QueueView>,
-    succ: Box<automerge::Automerge>,
-    origin: QueueId,
-    prev: DocId,
-    successor: DocId,
-    epoch: u64,
-    claim: Claim,
-    now_ms: u64,
+    /// A copy of the document being sealed.
+    pub(crate) old: Box<automerge::Automerge>,
+    pub(crate) work: RotateWork,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum RotateWork {
+    /// Write the successor from the copy and its view (the sealing router's, of one turn).
+    Build {
+        view: Arc<QueueView>,
+        succ: Box<automerge::Automerge>,
+        origin: QueueId,
+        prev: DocId,
+        successor: DocId,
+        epoch: u64,
+        claim: Claim,
+        now_ms: u64,
+    },
+    /// Carry what the copy holds beyond `carried` into the successor built before.
+    CatchUp(Box<Successor>),
+    /// Read the view of the copy (a successor this node is about to move to), so that the
+    /// node's turn does not read it whole.
+    Read { queue: QueueId, doc: DocId },
+}
+
+/// What off-thread epoch work gave.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// A successor built or caught up.
+    Successor(Result<Box<Successor>, String>),
+    /// The view of a successor this node moves to, read from its copy.
+    Read {
+        queue: QueueId,
+        doc: DocId,
+        cache: Box<piecework_queue_doc::ViewCache>,
+    },
+}
+
+/// A successor being built, and what it holds of the document it continues.
+#[derive(Clone, Debug)]
+pub(crate) struct Successor {
+    pub(crate) doc: automerge::Automerge,
+    pub(crate) rotated: piecework_queue_doc::epoch::Rotated,
+    /// Its view, read off the node's thread: the node's first refresh after installing it
+    /// reads only what was carried since.
+    pub(crate) cache: piecework_queue_doc::ViewCache,
+    /// The heads of the sealed document whose changes it holds (carried or built from).
+    pub(crate) carried: Vec<automerge::ChangeHash>,
+    /// The seal's heads: the copy it was built from.
+    pub(crate) seal_heads: Vec<automerge::ChangeHash>,
+    /// The document it continues.
+    pub(crate) prev: DocId,
 }
 
 impl PartialEq for Rotate {
@@ -479,25 +538,88 @@ impl PartialEq for Rotate {
 }
 
 impl Rotate {
-    /// Writes the successor (one change): CPU-bound work for a blocking thread.
+    /// Writes the successor (one change) and reads its view, or carries into it what the
+    /// copy holds beyond what it has, or reads the copy's view: CPU-bound work for a blocking
+    /// thread.
     pub fn build(self) -> Built {
-        let mut succ = *self.succ;
-        let result = piecework_queue_doc::epoch::build_successor(
-            &self.old,
-            &self.view,
-            &mut succ,
-            &piecework_queue_doc::epoch::Rotation {
-                origin: &self.origin,
-                prev: self.prev.as_str(),
-                successor: self.successor.as_str(),
-                epoch: self.epoch,
-                claim: &self.claim,
-                now_ms: self.now_ms,
-            },
-        );
+        let old = self.old;
+        let result = match self.work {
+            RotateWork::Read { queue, doc } => {
+                let mut cache = piecework_queue_doc::ViewCache::new();
+                cache.refresh(&old);
+                return Built {
+                    id: self.id,
+                    outcome: Outcome::Read {
+                        queue,
+                        doc,
+                        cache: Box::new(cache),
+                    },
+                };
+            }
+            RotateWork::Build {
+                view,
+                succ,
+                origin,
+                prev,
+                successor,
+                epoch,
+                claim,
+                now_ms,
+            } => {
+                let mut doc = *succ;
+                piecework_queue_doc::epoch::build_successor(
+                    &old,
+                    &view,
+                    &mut doc,
+                    &piecework_queue_doc::epoch::Rotation {
+                        origin: &origin,
+                        prev: prev.as_str(),
+                        successor: successor.as_str(),
+                        epoch,
+                        claim: &claim,
+                        now_ms,
+                    },
+                )
+                .map_err(|e| e.to_string())
+                .map(|rotated| {
+                    let mut cache = piecework_queue_doc::ViewCache::new();
+                    cache.refresh(&doc);
+                    let heads = old.get_heads();
+                    Box::new(Successor {
+                        doc,
+                        rotated,
+                        cache,
+                        carried: heads.clone(),
+                        seal_heads: heads,
+                        prev,
+                    })
+                })
+            }
+            RotateWork::CatchUp(mut s) => {
+                let seal_heads = s.seal_heads.clone();
+                let dropped = |t: &piecework_queue_doc::TaskId| {
+                    piecework_queue_doc::epoch::known_at(&old, &seal_heads, t)
+                };
+                let mark = s.prev.to_string();
+                piecework_queue_doc::epoch::carry(
+                    &old,
+                    &s.carried,
+                    &mut s.doc,
+                    &dropped,
+                    Some(&mark),
+                    usize::MAX,
+                )
+                .map_err(|e| e.to_string())
+                .map(|c| {
+                    s.carried = c.heads;
+                    s.cache.refresh(&s.doc);
+                    s
+                })
+            }
+        };
         Built {
             id: self.id,
-            result: result.map(|r| (Box::new(succ), r)),
+            outcome: Outcome::Successor(result),
         }
     }
 }
@@ -507,13 +629,7 @@ impl Rotate {
 pub struct Built {
     /// The build's id.
     pub id: RotateId,
-    result: Result<
-        (
-            Box<automerge::Automerge>,
-            piecework_queue_doc::epoch::Rotated,
-        ),
-        piecework_queue_doc::epoch::RotateError,
-    >,
+    pub(crate) outcome: Outcome,
 }
 
 /// A handler run to perform.
@@ -583,8 +699,8 @@ pub enum Io {
         /// The records.
         records: Vec<(TaskId, Vec<u8>)>,
     },
-    /// Build a successor epoch document ([`Rotate::build`]) off the core's thread; answer
-    /// with [`Core::handle_rotated`].
+    /// Epoch work off the core's thread ([`Rotate::build`]: build a successor epoch document,
+    /// bring it up to date, or read a successor's view); answer with [`Core::handle_rotated`].
     Rotate(Box<Rotate>),
     /// Read a task's archived status; answer with [`Core::handle_archived`].
     Lookup {

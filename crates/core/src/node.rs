@@ -23,9 +23,9 @@ use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::{
     Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io,
-    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, REPLICATION_WAIT, Reply, Retired,
-    Rotate, RotateId, RunId, RunRequest, RunResult, Running, SAVE_RETRY, SaveId, Saved, Status,
-    TaskRunEnd, Time, Wire, max_claim, queue_doc, task_doc,
+    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply,
+    Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running, SAVE_RETRY,
+    SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, max_claim, queue_doc, task_doc,
 };
 
 /// A rotation whose successor is being built ([`Io::Rotate`]).
@@ -39,7 +39,21 @@ struct Rotating {
     claim: Claim,
     /// The heads of the copy it is built from: the seal's.
     heads: Vec<ChangeHash>,
+    /// Catch-ups asked for so far (`Config::catch_ups`).
+    catch_ups: u32,
+    /// The last catch-up is out, and the queue frozen until it is back (see [`Queue::frozen`]),
+    /// or until this deadline ([`FROZEN_AT_MOST`]).
+    last: Option<Instant>,
 }
+
+/// Changes of sealed documents carried per turn, at most, when what they hold was never shown
+/// in this node's view (see [`Core::carry_round`]): the rest waits for the next turns, so that
+/// a burst of late writes does not hold up the node's heartbeats.
+const CARRY_PER_TURN: usize = 64;
+
+/// The longest a queue stays frozen for a rotation's last catch-up: past it, the rotation is
+/// dropped (its answer, if it ever comes, is ignored) and the queue goes on.
+const FROZEN_AT_MOST: Duration = Duration::from_secs(2);
 
 /// The pool's heartbeat before any queue says otherwise.
 const DEFAULT_POOL_HEARTBEAT: Duration = Duration::from_millis(500);
@@ -203,6 +217,16 @@ struct Queue {
     cache: ViewCache,
     view: Arc<QueueView>,
     topic: String,
+    /// The successor whose view is being read off this thread before the node moves to it
+    /// ([`RotateWork::Read`]), and the view once read.
+    priming: Option<DocId>,
+    primed: Option<(DocId, ViewCache)>,
+    /// While the sealer's last catch-up is out: the view stays as it is and neither the router
+    /// nor the pool writes the document, so that the successor then holds all the view showed
+    /// and every change after it is a late write no view showed, carried over the next turns.
+    frozen: bool,
+    /// Router actions (other than heartbeats) held while frozen.
+    deferred: Vec<RouterAction>,
 }
 
 /// One node's decisions. See the crate docs for how to drive it.
@@ -279,6 +303,13 @@ pub struct Core {
     /// written as one change per queue document when the turn's actions are drained
     /// ([`Core::flush_attempts`]). At most one start and one end per worker.
     attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
+    /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
+    carry_budget: usize,
+    /// Carry without the budget: what is carried now is shown in the view (a follower moving
+    /// to a successor carries its own late writes before showing it).
+    carry_whole: bool,
+    /// A carry was left for the next turn, which is due at once.
+    carry_again: Option<Instant>,
     /// Run records and final summaries not yet written, per task document: written as one
     /// change per document at the end of the turn. At most one run per worker plus the tasks
     /// that became final in this turn.
@@ -368,6 +399,9 @@ impl Core {
             starting: Vec::new(),
             to_revive: BTreeSet::new(),
             attempt_writes: BTreeMap::new(),
+            carry_budget: CARRY_PER_TURN,
+            carry_whole: false,
+            carry_again: None,
             task_writes: BTreeMap::new(),
             prefetch: BTreeMap::new(),
             outputs: BTreeMap::new(),
@@ -854,6 +888,14 @@ impl Core {
         if let Some(d) = self.submit_deadline {
             earliest(d);
         }
+        if let Some(d) = self.carry_again {
+            earliest(d);
+        }
+        for r in self.rotating.values() {
+            if let Some(d) = r.last {
+                earliest(d);
+            }
+        }
         for w in &self.task_waiters {
             earliest(w.until);
         }
@@ -910,6 +952,9 @@ impl Core {
         }
         self.replica.handle_timeout(now.mono);
         self.saves.handle_timeout(now.mono);
+        self.carry_budget = CARRY_PER_TURN;
+        self.carry_again = None;
+        self.expire_frozen(now);
         while let Some((at, doc)) = self.load_retries.first().cloned() {
             if at > now.mono {
                 break;
@@ -1500,6 +1545,10 @@ impl Core {
                 cache: ViewCache::new(),
                 view: Arc::new(QueueView::default()),
                 topic,
+                priming: None,
+                primed: None,
+                frozen: false,
+                deferred: Vec::new(),
             },
         );
         self.refresh(now, &id);
@@ -2020,6 +2069,9 @@ impl Core {
 
     /// Re-reads a queue's view and hands it to the router and the pool.
     fn refresh(&mut self, now: Time, id: &QueueId) {
+        if self.queues.get(id).is_some_and(|q| q.frozen) {
+            return;
+        }
         let switched = self.follow_epochs(now, id);
         let Some(q) = self.queues.get_mut(id) else {
             return;
@@ -2327,16 +2379,42 @@ impl Core {
         for d in &gaps {
             self.fetch_epoch(now, id, d);
         }
-        let switched = to != cur && !behind && gaps.is_empty();
+        let mut switched = to != cur && !behind && gaps.is_empty();
+        // Its view is read off this thread first (a copy costs a small fraction of the read):
+        // the turn that moves then reads only what changed since.
+        let mut cache = None;
+        if switched && let Some(q) = self.queues.get_mut(id) {
+            match q.primed.take() {
+                Some((d, c)) if d == to => cache = Some(c),
+                _ if q.priming.as_ref() == Some(&to) => switched = false,
+                _ => {
+                    if let Some(copy) = self.replica.get(&to).map(|d| Box::new(d.clone())) {
+                        self.next_rotate += 1;
+                        q.priming = Some(to.clone());
+                        self.io.push_back(Io::Rotate(Box::new(Rotate {
+                            id: RotateId(self.next_rotate),
+                            old: copy,
+                            work: RotateWork::Read {
+                                queue: id.clone(),
+                                doc: to.clone(),
+                            },
+                        })));
+                        switched = false;
+                    }
+                }
+            }
+        }
         if to != cur && !switched {
             // Waiting to move: the candidates stay as they are.
             return false;
         }
         if switched {
-            self.switch_epoch(now, id, to.clone(), epoch_no);
-            // Before the view moves: this node's own writes after the seal are in the new
-            // document as soon as it is shown.
+            self.switch_epoch(now, id, to.clone(), epoch_no, cache);
+            // Before the view moves: what the old view showed is in the new document as soon
+            // as it is shown.
+            self.carry_whole = true;
             self.carry_late(now, id);
+            self.carry_whole = false;
         }
 
         // Documents of a losing branch (a double seal's loser and what grew from it): their
@@ -2413,7 +2491,16 @@ impl Core {
 
     /// Makes `to` the queue's current document; the one it leaves is kept as a sealed epoch
     /// whose late writes are carried into `to`.
-    fn switch_epoch(&mut self, now: Time, id: &QueueId, to: DocId, epoch_no: u64) {
+    /// Moves the queue to document `to`; `cache`, if given, holds `to`'s view read earlier
+    /// (the sealer's, read off its thread), else the next refresh reads `to` whole.
+    fn switch_epoch(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        to: DocId,
+        epoch_no: u64,
+        cache: Option<ViewCache>,
+    ) {
         let prev = self.replica.get(&to).and_then(epoch::read_prev);
         let lineage: BTreeSet<String> = self
             .replica
@@ -2464,7 +2551,7 @@ impl Core {
             }
         }
         q.epoch = epoch_no;
-        q.cache = ViewCache::new();
+        q.cache = cache.unwrap_or_default();
         q.fetching.remove(&to);
         q.sealed.remove(&to);
         q.announced.remove(&to);
@@ -2790,6 +2877,33 @@ impl Core {
                 continue;
             }
             let from_loser = !direct && !ancestor;
+            // Into its direct successor, a carry starts where any carrier's marked carry
+            // ended, and marks its own: the sealer's carries then spare the others theirs.
+            let mark = (direct && !forwarded).then(|| from.to_string());
+            let mut since = since;
+            if let Some(m) = &mark
+                && let Some(t) = self.replica.get(&into)
+            {
+                since.extend(epoch::carried_marks(t, m));
+            }
+            // Within the turn's budget, unless the view shows what is carried (see
+            // `Core::carry_whole`): the rest at the next turns.
+            let limit = if self.carry_whole {
+                usize::MAX
+            } else {
+                self.carry_budget
+            };
+            if limit == 0 {
+                if let Some(s) = self
+                    .queues
+                    .get_mut(id)
+                    .and_then(|q| q.sealed.get_mut(&from))
+                {
+                    s.dirty = true;
+                }
+                self.carry_again = Some(now.mono);
+                continue;
+            }
             let mut others: Vec<&DocId> = vec![&from];
             others.extend(chain.iter());
             let carried = self.replica.change_reading(&into, &others, |d, docs| {
@@ -2809,10 +2923,16 @@ impl Core {
                         (None, false) => false,
                     }
                 };
-                Some(epoch::carry(f, &since, d, &dropped))
+                Some(epoch::carry(f, &since, d, &dropped, mark.as_deref(), limit))
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
+                    if !self.carry_whole {
+                        self.carry_budget = self.carry_budget.saturating_sub(c.changes);
+                    }
+                    if c.more {
+                        self.carry_again = Some(now.mono);
+                    }
                     if c.tasks > 0 {
                         grown.entry(into.clone()).or_default().insert(from.clone());
                     }
@@ -2832,6 +2952,7 @@ impl Core {
                         .and_then(|q| q.sealed.get_mut(&from))
                     {
                         s.carried = c.heads;
+                        s.dirty |= c.more;
                     }
                 }
                 Some(Err(e)) => tracing::warn!(queue = %id, "cannot carry late writes: {e}"),
@@ -2921,37 +3042,70 @@ impl Core {
                 epoch: epoch_no,
                 claim: claim.clone(),
                 heads,
+                catch_ups: 0,
+                last: None,
             },
         );
         self.io.push_back(Io::Rotate(Box::new(Rotate {
             id: rid,
             old: copy,
-            view,
-            succ: Box::new(self.new_doc()),
-            origin: id.clone(),
-            prev: old,
-            successor,
-            epoch: epoch_no,
-            claim,
-            now_ms: now.unix_ms,
+            work: RotateWork::Build {
+                view,
+                succ: Box::new(self.new_doc()),
+                origin: id.clone(),
+                prev: old,
+                successor,
+                epoch: epoch_no,
+                claim,
+                now_ms: now.unix_ms,
+            },
         })));
     }
 
-    /// The answer to [`Io::Rotate`]: seals the current epoch into the built successor, unless
-    /// the rotation no longer holds (this node is no longer the active router with the same
-    /// claim, it moved to another epoch, or someone sealed the document meanwhile); then the
-    /// successor is dropped unseen. What the router wrote after the copy it was built from is
-    /// carried into it like any late write (the seal names the copy's heads).
+    /// The answer to [`Io::Rotate`]: brings the successor up to date off this thread again
+    /// if the document moved on meanwhile (`Config::catch_ups` times, then once more with the
+    /// queue frozen: see [`Queue::frozen`]), then seals the
+    /// current epoch into it, unless the rotation no longer holds (this node is no longer the
+    /// active router with the same claim, it moved to another epoch, or someone sealed the
+    /// document meanwhile); then the successor is dropped unseen. What the router wrote after
+    /// the last copy (and peers' writes) is carried into it like any late write (the seal
+    /// names the first copy's heads).
     pub fn handle_rotated(&mut self, now: Time, built: Built) {
-        if let Some(r) = self.rotating.remove(&built.id) {
-            self.seal_rotation(now, r, built);
+        match built.outcome {
+            Outcome::Read { queue, doc, cache } => {
+                if let Some(q) = self.queues.get_mut(&queue)
+                    && q.priming.as_ref() == Some(&doc)
+                {
+                    q.priming = None;
+                    q.primed = Some((doc, *cache));
+                    self.stale.insert(queue);
+                }
+            }
+            Outcome::Successor(result) => {
+                if let Some(r) = self.rotating.remove(&built.id) {
+                    self.rotated(now, r, built.id, result);
+                }
+            }
         }
         self.turn(now);
     }
 
-    fn seal_rotation(&mut self, now: Time, r: Rotating, built: Built) {
-        let id = &r.queue;
-        let Some(q) = self.queues.get(id) else {
+    fn rotated(
+        &mut self,
+        now: Time,
+        mut r: Rotating,
+        rid: RotateId,
+        result: Result<Box<Successor>, String>,
+    ) {
+        let id = r.queue.clone();
+        if r.last.is_some()
+            && let Some(q) = self.queues.get_mut(&id)
+        {
+            // Whatever happens next, in this call: sealed or dropped.
+            q.frozen = false;
+            self.stale.insert(id.clone());
+        }
+        let Some(q) = self.queues.get(&id) else {
             return;
         };
         let holds = matches!(q.router.role(), Role::Active { claim, .. } if *claim == r.claim)
@@ -2964,17 +3118,55 @@ impl Core {
             tracing::debug!(queue = %id, "a rotation no longer holds; its successor is dropped");
             return;
         }
-        let root = q.root.clone();
-        let (succ, rotated) = match built.result {
-            Ok(r) => r,
+        let succ = match result {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!(queue = %id, "cannot rotate the queue document: {e}");
                 return;
             }
         };
+        let old = self.replica.get(&r.prev).map(|d| (d.get_heads(), d));
+        if let Some((heads, doc)) = old
+            && heads != succ.carried
+            && r.last.is_none()
+        {
+            let copy = Box::new(doc.clone());
+            r.catch_ups += 1;
+            if r.catch_ups > self.config.catch_ups {
+                // The last: writes go on as fast as a catch-up carries them, so the document
+                // stands still for this one (see `Queue::frozen`).
+                r.last = Some(now.mono + FROZEN_AT_MOST);
+                if let Some(q) = self.queues.get_mut(&id) {
+                    q.frozen = true;
+                }
+            }
+            self.rotating.insert(rid, r);
+            self.io.push_back(Io::Rotate(Box::new(Rotate {
+                id: rid,
+                old: copy,
+                work: RotateWork::CatchUp(succ),
+            })));
+            return;
+        }
+        self.seal_rotation(now, r, succ);
+    }
+
+    fn seal_rotation(&mut self, now: Time, r: Rotating, built: Box<Successor>) {
+        let id = &r.queue;
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let root = q.root.clone();
+        let Successor {
+            doc: succ,
+            rotated,
+            cache,
+            carried,
+            ..
+        } = *built;
         let succ_id = r.successor.clone();
         self.replica
-            .create(succ_id.clone(), *succ, Some(epoch_scope(&root)));
+            .create(succ_id.clone(), succ, Some(epoch_scope(&root)));
         self.epoch_docs.insert(succ_id.clone(), id.clone());
         self.saves.changed(&succ_id);
         let seal = Seal {
@@ -3001,10 +3193,38 @@ impl Core {
                 dropped: rotated.dropped,
             },
         });
-        self.switch_epoch(now, id, succ_id, r.epoch);
+        self.switch_epoch(now, id, succ_id, r.epoch, Some(cache));
+        // The successor holds what the last catch-up carried: the rest is carried now.
+        if let Some(s) = self
+            .queues
+            .get_mut(id)
+            .and_then(|q| q.sealed.get_mut(&r.prev))
+        {
+            s.carried = carried;
+        }
         // What was written after the copy (here or by peers) goes into the successor before
         // its view is first read: no task seems to step back.
         self.carry_late(now, id);
+    }
+
+    /// Drops the rotations whose last catch-up has not come back in time, and thaws their
+    /// queues.
+    fn expire_frozen(&mut self, now: Time) {
+        let late: Vec<RotateId> = self
+            .rotating
+            .iter()
+            .filter(|(_, r)| r.last.is_some_and(|d| now.mono >= d))
+            .map(|(id, _)| *id)
+            .collect();
+        for rid in late {
+            if let Some(r) = self.rotating.remove(&rid) {
+                tracing::warn!(queue = %r.queue, "a rotation's last catch-up did not come back; it is dropped");
+                if let Some(q) = self.queues.get_mut(&r.queue) {
+                    q.frozen = false;
+                }
+                self.stale.insert(r.queue);
+            }
+        }
     }
 
     /// Drops sealed epochs this node moved past more than `Config::epoch_retain` ago (never the
@@ -3084,9 +3304,29 @@ impl Core {
         let mut acted = false;
         let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
         for id in &ids {
+            let frozen = self.queues.get(id).is_some_and(|q| q.frozen);
+            if !frozen {
+                let held = self
+                    .queues
+                    .get_mut(id)
+                    .map(|q| std::mem::take(&mut q.deferred))
+                    .unwrap_or_default();
+                for action in held {
+                    acted = true;
+                    self.router_action(now, id, action);
+                }
+            }
             while let Some(action) = self.queues.get_mut(id).and_then(|q| q.router.poll_action()) {
+                match action {
+                    RouterAction::Beat(_) => self.router_action(now, id, action),
+                    _ if frozen => {
+                        if let Some(q) = self.queues.get_mut(id) {
+                            q.deferred.push(action);
+                        }
+                    }
+                    _ => self.router_action(now, id, action),
+                }
                 acted = true;
-                self.router_action(now, id, action);
             }
             if let Some(q) = self.queues.get_mut(id) {
                 while let Some(event) = q.router.poll_event() {
@@ -3111,6 +3351,9 @@ impl Core {
     /// queue's next refresh). `None` if the document is not here or reads as no queue.
     fn current_view(&mut self, id: &QueueId) -> Option<Arc<QueueView>> {
         let q = self.queues.get_mut(id)?;
+        if q.frozen {
+            return Some(q.view.clone());
+        }
         let d = self.replica.get(&q.doc)?;
         q.cache.refresh(d).cloned()
     }
@@ -3339,7 +3582,16 @@ impl Core {
         if self.attempt_writes.is_empty() {
             return false;
         }
+        let mut wrote = false;
         for (id, mut pending) in std::mem::take(&mut self.attempt_writes) {
+            if self.queues.get(&id).is_some_and(|q| q.frozen) {
+                // Held until the queue's successor is in place (they go there).
+                let later = self.attempt_writes.entry(id).or_default();
+                pending.append(later);
+                *later = pending;
+                continue;
+            }
+            wrote = true;
             // The fence may have risen since the start was asked for (a view or a heartbeat
             // in this turn): checked again where the start is written.
             pending.retain(|p| match &p.started {
@@ -3389,7 +3641,7 @@ impl Core {
             self.stale.remove(&id);
             self.refresh(now, &id);
         }
-        true
+        wrote
     }
 
     /// Why a run must not start: its attempt was assigned by a router below the greatest

@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::transaction::Transactable;
@@ -862,49 +863,38 @@ fn a_compaction_hands_over_a_copy_whose_save_replaces_what_is_stored() {
 /// A successor is built off the core's thread while the router goes on: a task submitted and
 /// one finished between the copy and the seal are in the successor as soon as it is current
 /// (carried as late writes), and no task seems to step back.
-#[test]
-fn a_successor_built_while_the_router_goes_on_holds_what_was_written_meanwhile() {
-    let mut one = One::with(|c| {
-        c.rotate_ratio = 1;
-        c.rotate_min_live = 1;
-    });
-    one.hold_builds = true;
-    let q = one.create_queue(quick());
+/// Runs tasks on a lone router, builds held, until it asks for a successor; returns the time
+/// reached and the tasks submitted.
+fn until_a_rotation(one: &mut One, q: &QueueId) -> (u64, Vec<TaskId>) {
     let mut t = 0;
-    let mut first = vec![];
-    // Run tasks until a rotation is asked for.
+    let mut tasks = vec![];
     while one.builds.is_empty() {
-        let cmd = one.submit(&q);
-        one.ack_saves();
-        one.ack_saves();
-        first.push(submitted(one.reply(cmd)).unwrap().task_id);
+        tasks.push(submit_acked(one, q));
         t += 50;
         one.step(t);
         assert!(t < 60_000, "no rotation asked for");
     }
-    let epoch = one.core.epoch(&q).map_or(0, |e| e.0);
-    // Meanwhile: a new task, and the running ones finish.
-    let cmd = one.submit(&q);
+    (t, tasks)
+}
+
+fn submit_acked(one: &mut One, q: &QueueId) -> TaskId {
+    let cmd = one.submit(q);
     one.ack_saves();
     one.ack_saves();
-    let late = submitted(one.reply(cmd)).unwrap().task_id;
-    for _ in 0..10 {
-        t += 50;
-        one.step(t);
-    }
-    let before = one.core.view(&q).unwrap().clone();
-    assert_eq!(
-        one.core.epoch(&q).map_or(0, |e| e.0),
-        epoch,
-        "not rotated yet"
-    );
-    // The build comes back.
+    submitted(one.reply(cmd)).unwrap().task_id
+}
+
+/// Hands back the first held build, and what the core does with it at once.
+fn build_back(one: &mut One) {
     let job = one.builds.remove(0);
     let built = job.build();
-    one.events.clear();
     one.core.handle_rotated(one.now, built);
     one.drain();
-    // Every view published since, too: none shows a finished task live again.
+}
+
+/// The views published since `one.events` was last cleared show no task of `before` that
+/// was final as anything else.
+fn no_step_back(one: &One, before: &piecework_queue_doc::QueueView) {
     for e in &one.events {
         if let Event::View { view, .. } = e {
             for task in before.tasks().values().filter(|t| t.state().is_final()) {
@@ -918,26 +908,142 @@ fn a_successor_built_while_the_router_goes_on_holds_what_was_written_meanwhile()
             }
         }
     }
+}
+
+/// The router goes on writing while its successor is built, and while it is brought up to
+/// date (a catch-up, off its thread); the last catch-up freezes the queue (its view does not
+/// move, the router and the pool write nothing, submits still go in), and the successor is
+/// sealed when it comes back. Nothing written meanwhile is lost and no finished task shows live.
+#[test]
+fn a_successor_is_caught_up_then_the_queue_stands_still_for_the_last_catch_up() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        c.catch_ups = 1;
+    });
+    one.hold_builds = true;
+    let q = one.create_queue(quick());
+    let (mut t, _) = until_a_rotation(&mut one, &q);
+    let epoch = one.core.epoch(&q).map_or(0, |e| e.0);
+    // Meanwhile: a new task, and the running ones finish.
+    let late = submit_acked(&mut one, &q);
+    // The build comes back: the document moved on, so a catch-up goes out; it comes back, the
+    // document moved on again: the last catch-up, the queue frozen.
+    let mut late2 = None;
+    for what in ["a catch-up", "the last catch-up"] {
+        for _ in 0..4 {
+            t += 50;
+            one.step(t);
+        }
+        build_back(&mut one);
+        assert_eq!(
+            one.core.epoch(&q).map(|e| e.0),
+            Some(epoch),
+            "not sealed yet"
+        );
+        assert_eq!(one.builds.len(), 1, "{what}");
+        late2.get_or_insert_with(|| submit_acked(&mut one, &q));
+    }
+    let late2 = late2.expect("submitted");
+    let frozen = one.core.view(&q).unwrap().clone();
+    one.events.clear();
+    // A submit still goes in (into the document being sealed: carried later), but it is not
+    // shown, routed or run until the successor is in place.
+    let late3 = submit_acked(&mut one, &q);
+    let doc = one.core.epoch(&q).unwrap().1.clone();
+    let heads = one.core.document(&doc).unwrap().get_heads();
+    for _ in 0..4 {
+        t += 50;
+        one.step(t);
+    }
+    assert!(
+        !one.events.iter().any(|e| matches!(e, Event::View { .. })),
+        "no view is published while frozen"
+    );
+    assert!(Arc::ptr_eq(one.core.view(&q).unwrap(), &frozen));
+    assert_eq!(
+        one.core.document(&doc).unwrap().get_heads(),
+        heads,
+        "neither the router nor the pool writes while frozen"
+    );
+    // The last catch-up comes back: sealed, and the queue goes on.
+    let before = one.core.view(&q).unwrap().clone();
+    one.events.clear();
+    build_back(&mut one);
+    t += 50;
+    one.step(t);
+    no_step_back(&one, &before);
     assert_eq!(one.core.epoch(&q).map_or(0, |e| e.0), epoch + 1, "rotated");
     let after = one.core.view(&q).unwrap().clone();
-    let late_state = after.task(&late).map(|t| t.state());
-    assert!(late_state.is_some(), "the late submit is in the successor");
-    for task in before.tasks().values() {
-        if task.state().is_final() {
-            assert!(
-                after
-                    .task(&task.id)
-                    .is_none_or(|a| a.state() == task.state()),
-                "{} stepped back",
-                task.id
-            );
-        }
+    for task in before.tasks().values().filter(|t| t.state().is_final()) {
+        assert!(
+            after
+                .task(&task.id)
+                .is_none_or(|a| a.state() == task.state()),
+            "{} stepped back",
+            task.id
+        );
     }
-    // And everything finishes.
+    // And everything finishes, the late ones too.
     for _ in 0..100 {
         t += 50;
         one.step(t);
     }
+    let view = one.core.view(&q).unwrap().clone();
+    for id in [&late, &late2, &late3] {
+        assert_eq!(
+            view.task(id).map(|t| t.state()),
+            Some(TaskState::Succeeded),
+            "{id}"
+        );
+    }
+}
+
+/// A last catch-up that never comes back does not freeze the queue for good: past the bound
+/// the rotation is dropped (a late answer is ignored), the queue goes on, and a later rotation
+/// happens.
+#[test]
+fn a_last_catch_up_that_never_comes_back_is_dropped_and_the_queue_goes_on() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        c.catch_ups = 0;
+    });
+    one.hold_builds = true;
+    let q = one.create_queue(quick());
+    let (mut t, _) = until_a_rotation(&mut one, &q);
+    let epoch = one.core.epoch(&q).map_or(0, |e| e.0);
+    submit_acked(&mut one, &q);
+    t += 50;
+    one.step(t);
+    build_back(&mut one);
+    assert_eq!(one.builds.len(), 1, "the last catch-up, at once");
+    let lost = one.builds.remove(0);
+    let frozen = one.core.view(&q).unwrap().clone();
+    t += 1_000;
+    one.step(t);
+    assert!(Arc::ptr_eq(one.core.view(&q).unwrap(), &frozen), "frozen");
+    // Past the bound: thawed.
+    let late = submit_acked(&mut one, &q);
+    t += 1_500;
+    one.step(t);
+    assert!(!Arc::ptr_eq(one.core.view(&q).unwrap(), &frozen), "thawed");
+    // The dropped catch-up's answer changes nothing.
+    one.core.handle_rotated(one.now, lost.build());
+    one.drain();
+    assert_eq!(one.core.epoch(&q).map_or(0, |e| e.0), epoch);
+    // The queue goes on, and rotates later.
+    for _ in 0..100 {
+        t += 50;
+        one.step(t);
+        while !one.builds.is_empty() {
+            build_back(&mut one);
+        }
+    }
+    assert!(
+        one.core.epoch(&q).map_or(0, |e| e.0) > epoch,
+        "rotated later"
+    );
     let view = one.core.view(&q).unwrap().clone();
     assert_eq!(
         view.task(&late).map(|t| t.state()),

@@ -70,6 +70,8 @@ pub(crate) struct Shell {
     stalled: HashMap<net::PeerId, VecDeque<Vec<u8>>>,
     /// The compaction thread's queue ([`spawn_compactor`]).
     compactor: std::sync::mpsc::Sender<CompactJob>,
+    /// The epoch thread's queue ([`spawn_epoch_thread`]).
+    epochs: std::sync::mpsc::Sender<EpochJob>,
     views:
         HashMap<piecework_queue_doc::QueueId, watch::Sender<Arc<piecework_queue_doc::QueueView>>>,
 }
@@ -96,6 +98,29 @@ fn spawn_compactor() -> std::sync::mpsc::Sender<CompactJob> {
     if let Err(e) = spawned {
         // Its jobs then fail like a full disk: retried, and reported if they keep failing.
         tracing::error!("cannot start the compaction thread: {e}");
+    }
+    tx
+}
+
+/// Epoch work to do off the node's thread, and where to send what it gave.
+type EpochJob = (Box<piecework_core::Rotate>, mpsc::Sender<Input>);
+
+/// Starts the thread that does the core's epoch work ([`Io::Rotate`]: building successors,
+/// catching them up, reading their views), one job at a time, for the reason the compaction
+/// thread is one thread. It stops when the shell drops its sender.
+fn spawn_epoch_thread() -> std::sync::mpsc::Sender<EpochJob> {
+    let (tx, rx) = std::sync::mpsc::channel::<EpochJob>();
+    let spawned = std::thread::Builder::new()
+        .name("piecework-epochs".into())
+        .spawn(move || {
+            for (job, to) in rx {
+                // Dropped (never sealed) only if the shell is gone: shutting down.
+                let _ = to.blocking_send(Input::Rotated(job.build()));
+            }
+        });
+    if let Err(e) = spawned {
+        // Rotations then never happen (each is dropped unseen); the queue still works.
+        tracing::error!("cannot start the epoch thread: {e}");
     }
     tx
 }
@@ -156,6 +181,7 @@ impl Shell {
             stalled: HashMap::new(),
             views: HashMap::new(),
             compactor: spawn_compactor(),
+            epochs: spawn_epoch_thread(),
         }
     }
 
@@ -212,6 +238,12 @@ impl Shell {
                 if taken == before {
                     break;
                 }
+            }
+            // The turn's timers decide from what the node has heard by now: a heartbeat that
+            // arrived while the batch's last input was applied (a large sync message can take
+            // tens of milliseconds) must count, or a busy follower deposes a live router.
+            while let Ok(e) = gossip.try_recv() {
+                self.handle_net(e);
             }
             self.core.end_batch(now());
             self.drain();
@@ -386,13 +418,9 @@ impl Shell {
             }
             Io::Run(req) => self.run_handler(req),
             Io::Rotate(job) => {
-                let tx = self.inputs_tx.clone();
-                tokio::spawn(async move {
-                    // Dropped (never sealed) only if the blocking pool is gone: shutting down.
-                    if let Ok(built) = tokio::task::spawn_blocking(move || job.build()).await {
-                        let _ = tx.send(Input::Rotated(built)).await;
-                    }
-                });
+                if self.epochs.send((job, self.inputs_tx.clone())).is_err() {
+                    tracing::error!("the epoch thread is gone: a rotation is dropped");
+                }
             }
             Io::Dial { peer, addrs } => {
                 let Ok(peer) = peer.as_str().parse::<net::PeerId>() else {

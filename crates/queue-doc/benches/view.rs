@@ -15,6 +15,8 @@
 //!   ones): writing the successor (`epoch::build_successor`). `rotate/load` loads that
 //!   successor from its saved bytes and reads its view, as a node opening it does. The
 //!   successor's size is printed on stderr. `PIECEWORK_ROTATE_SIZES` picks the sizes.
+//! - `carry/late`: carrying into that successor the late writes of a busy cluster (8 batches
+//!   of 64 submits, and the assignment, start and end of 512 live tasks), as the sealer does.
 
 use std::time::Duration;
 
@@ -173,31 +175,48 @@ fn hot_paths(c: &mut Criterion) {
     g.finish();
 }
 
-fn rotation(c: &mut Criterion) {
-    let sizes: Vec<u64> = std::env::var("PIECEWORK_ROTATE_SIZES")
+/// `PIECEWORK_ROTATE_SIZES`, or 1k and 10k.
+fn rotate_sizes() -> Vec<u64> {
+    std::env::var("PIECEWORK_ROTATE_SIZES")
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1_000, 10_000]);
+        .unwrap_or_else(|| vec![1_000, 10_000])
+}
+
+/// A queue of `n` finished tasks then `n` live ones, the live ones, and its view.
+fn to_rotate(n: u64) -> (Automerge, Vec<TaskId>, QueueView) {
+    let mut doc = queue_with(n, true);
+    let live: Vec<TaskId> = (n..2 * n).map(|i| submit(&mut doc, i)).collect();
+    let view = QueueView::read(&doc).expect("a queue");
+    (doc, live, view)
+}
+
+/// The rotation of `origin` into its first successor.
+fn rotation_of<'a>(
+    origin: &'a piecework_queue_doc::QueueId,
+    claim: &'a Claim,
+) -> epoch::Rotation<'a> {
+    epoch::Rotation {
+        origin,
+        prev: "automerge:origin",
+        successor: "automerge:next",
+        epoch: 1,
+        claim,
+        now_ms: 1,
+    }
+}
+
+fn rotation(c: &mut Criterion) {
     let mut g = c.benchmark_group("rotate");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(5));
-    for n in sizes {
-        // n finished tasks, then n live ones.
-        let mut doc = queue_with(n, true);
-        for i in n..2 * n {
-            submit(&mut doc, i);
-        }
-        let view = QueueView::read(&doc).expect("a queue");
-        let origin = piecework_queue_doc::QueueId::new("automerge:origin");
-        let claim = Claim::new(1, me());
-        let r = epoch::Rotation {
-            origin: &origin,
-            prev: "automerge:origin",
-            successor: "automerge:next",
-            epoch: 1,
-            claim: &claim,
-            now_ms: 1,
-        };
+    let (origin, claim) = (
+        piecework_queue_doc::QueueId::new("automerge:origin"),
+        Claim::new(1, me()),
+    );
+    let r = rotation_of(&origin, &claim);
+    for n in rotate_sizes() {
+        let (doc, _, view) = to_rotate(n);
         g.bench_function(BenchmarkId::new("live", n), |b| {
             b.iter(|| {
                 let mut succ = Automerge::new();
@@ -222,5 +241,68 @@ fn rotation(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hot_paths, rotation);
+/// Carrying late writes: a queue of `n` live tasks (and as many finished) is rotated at its
+/// heads, then written to as the nodes of a busy cluster write a sealed document before they
+/// hear of the seal: 8 batches of 64 submits, and an assignment, a start and an end for 512
+/// of the live tasks, one change each. `carry/late` carries them into a copy of the successor
+/// with the node's rule for a task left behind at the seal (`epoch::known_at`).
+fn carry(c: &mut Criterion) {
+    let mut g = c.benchmark_group("carry");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(5));
+    let (origin, claim) = (
+        piecework_queue_doc::QueueId::new("automerge:origin"),
+        Claim::new(1, me()),
+    );
+    let r = rotation_of(&origin, &claim);
+    for n in rotate_sizes() {
+        let (mut doc, live, view) = to_rotate(n);
+        let mut succ = Automerge::new();
+        epoch::build_successor(&doc, &view, &mut succ, &r).expect("rotate");
+        let heads = doc.get_heads();
+        let mut next = 2 * n;
+        for _ in 0..8 {
+            let batch: Vec<Submission> = (0..64)
+                .map(|_| {
+                    next += 1;
+                    Submission {
+                        id: TaskId::new(format!("automerge:task{next:08}")),
+                        kind: "noop".into(),
+                        submitter: me(),
+                        submitted_at: next,
+                        priority: 0,
+                        urgent: false,
+                        max_attempts: None,
+                        input: None,
+                    }
+                })
+                .collect();
+            queue::submit_many(&mut doc, &batch).expect("submit");
+        }
+        for t in live.iter().take(512) {
+            run(&mut doc, t);
+        }
+        g.bench_function(BenchmarkId::new("late", n), |b| {
+            b.iter_batched(
+                || succ.clone(),
+                |mut into| {
+                    let dropped = |t: &TaskId| epoch::known_at(&doc, &heads, t);
+                    epoch::carry(
+                        &doc,
+                        &heads,
+                        &mut into,
+                        &dropped,
+                        Some("automerge:origin"),
+                        usize::MAX,
+                    )
+                    .map(|c| c.writes)
+                },
+                criterion::BatchSize::LargeInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, hot_paths, rotation, carry);
 criterion_main!(benches);

@@ -69,7 +69,7 @@ pub enum Changed {
 ///
 /// The view is shared as an `Arc`; a refresh that changes something replaces it with a new one,
 /// so holders of the old view keep a consistent snapshot.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ViewCache {
     view: Option<Arc<QueueView>>,
     heads: Vec<ChangeHash>,

@@ -49,6 +49,9 @@ pub(crate) const PREV_HEADS: &str = "prev_heads";
 pub(crate) const SEALS: &str = "seals";
 pub(crate) const LATEST: &str = "latest";
 pub(crate) const LINEAGE: &str = "lineage";
+/// Root map of a successor: for each document carried into it directly, the heads of that
+/// document whose writes have been carried ([`carry`]'s `mark`).
+pub(crate) const CARRIED_FROM: &str = "carried_from";
 
 /// The most links a lineage keeps (the oldest are dropped): forks further back than this many
 /// epochs are not told apart.
@@ -534,8 +537,13 @@ pub struct Carried {
     /// Of the writes, task entries: tasks that were not in the successor before. Another
     /// document's records of such a task, left behind before it arrived, can now be carried.
     pub tasks: usize,
-    /// `from`'s heads: pass them as `since` next time.
+    /// `from`'s heads, or where a carry that looked at only part of the changes stopped: pass
+    /// them as `since` next time.
     pub heads: Vec<ChangeHash>,
+    /// Changes were left for another carry (`max_changes`).
+    pub more: bool,
+    /// The changes looked at.
+    pub changes: usize,
 }
 
 type ObjKey = (u64, ActorId);
@@ -564,12 +572,22 @@ const CARRIED: [&str; 6] = [
 /// from `into` was finished and left behind when it was sealed (see [`known_at`]); other
 /// absent tasks were submitted late and are carried. One change (none if nothing is new).
 ///
+/// With `mark` (the id of `from`, when `into` is its direct successor), a carry that writes
+/// also records the heads it carried from in `into` ([`carried_marks`]): every carrier of
+/// `from` into `into` then starts from them, and carries only what no one carried yet.
+///
+/// At most `max_changes` of the changes after `since` are looked at, the earliest (a prefix
+/// that holds the dependencies of each of its changes): [`Carried::more`] then says that
+/// some were left, and [`Carried::heads`] where to go on from.
+///
 /// Costs the changes after `since`, not `from`'s history.
 pub fn carry(
     from: &Automerge,
     since: &[ChangeHash],
     into: &mut Automerge,
     dropped: &dyn Fn(&TaskId) -> bool,
+    mark: Option<&str>,
+    max_changes: usize,
 ) -> Result<Carried, WriteError> {
     let since = known_heads(from, since);
     let mut maps: HashMap<ObjKey, usize> = HashMap::new();
@@ -581,7 +599,29 @@ pub fn carry(
         }
     }
     let mut touched: BTreeSet<(usize, String)> = BTreeSet::new();
-    for change in from.get_changes(&since) {
+    let mut changes = from.get_changes(&since);
+    let more = changes.len() > max_changes;
+    changes.truncate(max_changes);
+    // Where the next carry goes on from: `from`'s heads, or those of the prefix looked at
+    // (with the heads it started from that none of the prefix depends on).
+    let heads = if more {
+        let deps: BTreeSet<ChangeHash> = changes
+            .iter()
+            .flat_map(|c| c.deps().iter().copied())
+            .collect();
+        let mut h: Vec<ChangeHash> = since
+            .iter()
+            .chain(changes.iter().map(|c| c.hash()).collect::<Vec<_>>().iter())
+            .filter(|h| !deps.contains(h))
+            .copied()
+            .collect();
+        h.sort();
+        h.dedup();
+        h
+    } else {
+        from.get_heads()
+    };
+    for change in &changes {
         let expanded = change.decode();
         for op in &expanded.operations {
             if let (ObjectId::Id(OpId(counter, actor)), Key::Map(key)) = (&op.obj, &op.key)
@@ -592,7 +632,9 @@ pub fn carry(
         }
     }
     let mut out = Carried {
-        heads: from.get_heads(),
+        heads,
+        more,
+        changes: changes.len(),
         ..Carried::default()
     };
     // A router claim written into the sealed document above every claim of `into` (a
@@ -669,6 +711,15 @@ pub fn carry(
                 None => out.skipped += 1,
             }
         }
+        if let Some(m) = mark
+            && !writes.is_empty()
+        {
+            let marks = match am::object(tx, &ROOT, CARRIED_FROM, ObjType::Map) {
+                Some(o) => o,
+                None => tx.put_object(ROOT, CARRIED_FROM, ObjType::Map)?,
+            };
+            tx.put(&marks, m, encode_heads(&out.heads))?;
+        }
         Ok(())
     })
     .map_err(|f| f.error)?;
@@ -676,6 +727,33 @@ pub fn carry(
     out.tasks = writes.keys().filter(|(i, _)| *i == 0).count();
     out.skipped = touched.len() - writes.len();
     Ok(out)
+}
+
+/// The heads of document `from` (by id) whose writes were carried into `into` by any carrier
+/// that marked its carry ([`carry`]'s `mark`): all of them, concurrent marks included.
+pub fn carried_marks<R: ReadDoc>(into: &R, from: &str) -> Vec<ChangeHash> {
+    let mut heads: Vec<ChangeHash> = am::all_objects(into, &ROOT, CARRIED_FROM, ObjType::Map)
+        .iter()
+        .flat_map(|m| {
+            into.get_all(m, from)
+                .map(|vs| {
+                    vs.into_iter()
+                        .filter_map(|(v, _)| match v {
+                            automerge::Value::Scalar(s) => match s.as_ref() {
+                                automerge::ScalarValue::Str(s) => Some(decode_heads(s)),
+                                _ => None,
+                            },
+                            automerge::Value::Object(_) => None,
+                        })
+                        .flatten()
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .collect();
+    heads.sort();
+    heads.dedup();
+    heads
 }
 
 /// A late task entry to carry: absent from the successor, and not a task that was finished

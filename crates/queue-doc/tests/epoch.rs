@@ -143,10 +143,33 @@ fn carry_all(
     sealed: &Automerge,
     seal_heads: &[automerge::ChangeHash],
 ) -> epoch::Carried {
-    epoch::carry(from, since, into, &|t| {
-        epoch::known_at(sealed, seal_heads, t)
-    })
-    .unwrap()
+    carry_with(from, since, into, sealed, seal_heads, None)
+}
+
+/// As [`carry_all`], starting from the marks other carriers left in `into` too, and leaving
+/// one: what a node does when it carries into its sealed document's direct successor.
+fn carry_marked(
+    from: &Automerge,
+    since: &[automerge::ChangeHash],
+    into: &mut Automerge,
+    sealed: &Automerge,
+    seal_heads: &[automerge::ChangeHash],
+) -> epoch::Carried {
+    let mut since = since.to_vec();
+    since.extend(epoch::carried_marks(into, "automerge:q0"));
+    carry_with(from, &since, into, sealed, seal_heads, Some("automerge:q0"))
+}
+
+fn carry_with(
+    from: &Automerge,
+    since: &[automerge::ChangeHash],
+    into: &mut Automerge,
+    sealed: &Automerge,
+    seal_heads: &[automerge::ChangeHash],
+    mark: Option<&str>,
+) -> epoch::Carried {
+    let dropped = |t: &TaskId| epoch::known_at(sealed, seal_heads, t);
+    epoch::carry(from, since, into, &dropped, mark, usize::MAX).unwrap()
 }
 
 proptest! {
@@ -235,6 +258,36 @@ proptest! {
         carry_all(&merged, &seal_heads, &mut c3, &old, &seal_heads);
         c1.merge(&mut c3).unwrap();
         prop_assert_eq!(QueueView::read(&c1).unwrap().tasks().clone(), reference.tasks().clone());
+
+        // A change at a time, each carry going on from where the one before stopped.
+        let mut slices = fork(&succ, 19);
+        let mut since = seal_heads.clone();
+        for _ in 0..200 {
+            let c = epoch::carry(&merged, &since, &mut slices, &|t| epoch::known_at(&old, &seal_heads, t), None, 1).unwrap();
+            since = c.heads;
+            if !c.more {
+                break;
+            }
+        }
+        prop_assert_eq!(QueueView::read(&slices).unwrap().tasks().clone(), reference.tasks().clone());
+
+        // Marked carries: each carrier starts from what the marks it holds say was carried.
+        // One from half of `a`, a second (holding the first's successor) from everything; two
+        // at once from `a` and `b`, merged, then one from everything.
+        let mut m1 = fork(&succ, 15);
+        carry_marked(&a_half, &seal_heads, &mut m1, &old, &seal_heads);
+        let mut m2 = fork(&m1, 16);
+        carry_marked(&merged, &seal_heads, &mut m2, &old, &seal_heads);
+        prop_assert_eq!(QueueView::read(&m2).unwrap().tasks().clone(), reference.tasks().clone());
+        let mut m3 = fork(&succ, 17);
+        let mut m4 = fork(&succ, 18);
+        carry_marked(&a, &seal_heads, &mut m3, &old, &seal_heads);
+        carry_marked(&b, &seal_heads, &mut m4, &old, &seal_heads);
+        m3.merge(&mut m4).unwrap();
+        let last = carry_marked(&merged, &seal_heads, &mut m3, &old, &seal_heads);
+        prop_assert_eq!(QueueView::read(&m3).unwrap().tasks().clone(), reference.tasks().clone());
+        // Once both marks are known, nothing is left to carry (or even to look at).
+        prop_assert_eq!(last.writes, 0);
 
         // What carrying gives: the sealed epoch's own entries of every task live at the seal
         // or submitted after it; nothing of the tasks finished before the seal.

@@ -134,7 +134,7 @@ fn an_inline_task_keeps_its_input_and_outputs_in_the_queue_document() {
         logs: vec![],
     };
     run(&mut doc, &inline, 2, AttemptOutcome::Succeeded, ok.clone());
-    let carried = epoch::carry(&doc, &since, &mut succ, &|_| false).unwrap();
+    let carried = epoch::carry(&doc, &since, &mut succ, &|_| false, None, usize::MAX).unwrap();
     assert!(carried.writes >= 4, "{carried:?}");
     let sv = QueueView::read(&succ).unwrap();
     assert_eq!(sv.task(&inline).unwrap().state(), TaskState::Succeeded);
@@ -143,6 +143,6 @@ fn an_inline_task_keeps_its_input_and_outputs_in_the_queue_document() {
         vec![(attempt(1), failed), (attempt(2), ok)]
     );
     // Carrying again changes nothing.
-    let again = epoch::carry(&doc, &since, &mut succ, &|_| false).unwrap();
+    let again = epoch::carry(&doc, &since, &mut succ, &|_| false, None, usize::MAX).unwrap();
     assert_eq!(again.writes, 0, "{again:?}");
 }

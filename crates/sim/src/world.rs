@@ -363,6 +363,7 @@ impl World {
             let core = Core::new(
                 CoreConfig::new(peer.clone(), 1, config.workers, node_seed(seed, i, 1))
                     .with_rotation(config.rotation.0, config.rotation.1)
+                    .with_catch_ups(catch_ups(i))
                     .with_epoch_retain(EPOCH_RETAIN)
                     .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS),
                 t,
@@ -1737,6 +1738,7 @@ impl World {
             node_seed(self.seed, i, inc),
         )
         .with_rotation(self.config.rotation.0, self.config.rotation.1)
+        .with_catch_ups(catch_ups(i))
         .with_epoch_retain(EPOCH_RETAIN)
         .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS)
         .with_retired(self.nodes[i].disk.retired.clone());
@@ -2177,4 +2179,10 @@ fn time_at(base: Instant, offset_us: u64, drift_ppm: i64, now_us: u64) -> Time {
         mono: base + Duration::from_micros(local),
         unix_ms: EPOCH_MS + local / 1000,
     }
+}
+
+/// Node `i`'s catch-ups of a successor it builds: none, one or two, so that every cluster has
+/// sealers that freeze their queue at once and some that catch up first.
+fn catch_ups(i: usize) -> u32 {
+    (i % 3) as u32
 }
