@@ -26,7 +26,7 @@
 //! [`QueueView::origin`]: crate::QueueView::origin
 //! [`QueueView::prev`]: crate::QueueView::prev
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use automerge::legacy::{Key, ObjectId, OpId};
 use automerge::transaction::{Transactable, Transaction};
@@ -621,13 +621,26 @@ pub fn carry(
     } else {
         from.get_heads()
     };
+    // The router records: a claim can have changed only if one of the changes wrote there.
+    let routers: HashSet<ObjKey> = am::all_objects(from, &ROOT, keys::ROUTER, ObjType::Map)
+        .iter()
+        .filter_map(key_of)
+        .collect();
+    let mut router_touched = false;
     for change in &changes {
         let expanded = change.decode();
         for op in &expanded.operations {
-            if let (ObjectId::Id(OpId(counter, actor)), Key::Map(key)) = (&op.obj, &op.key)
-                && let Some(&i) = maps.get(&(*counter, actor.clone()))
-            {
-                touched.insert((i, key.to_string()));
+            match (&op.obj, &op.key) {
+                (ObjectId::Id(OpId(counter, actor)), Key::Map(key)) => {
+                    let k = (*counter, actor.clone());
+                    if let Some(&i) = maps.get(&k) {
+                        touched.insert((i, key.to_string()));
+                    } else if routers.contains(&k) {
+                        router_touched = true;
+                    }
+                }
+                (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER => router_touched = true,
+                _ => {}
             }
         }
     }
@@ -639,7 +652,10 @@ pub fn carry(
     };
     // A router claim written into the sealed document above every claim of `into` (a
     // follower that claimed there) still fences pools: `into`'s routers must see it too.
-    let claim = effective_claim(from).filter(|c| effective_claim(into).is_none_or(|m| *c > m));
+    let claim = router_touched
+        .then(|| effective_claim(from))
+        .flatten()
+        .filter(|c| effective_claim(into).is_none_or(|m| *c > m));
     if touched.is_empty() && claim.is_none() {
         return Ok(out);
     }

@@ -304,6 +304,51 @@ proptest! {
     }
 }
 
+/// A claim a follower wrote into the sealed document after the seal, above the sealer's, reaches
+/// the successor by carrying (pools there must be fenced by it too); a later carry that does
+/// not touch the router records leaves the claim alone.
+#[test]
+fn a_late_claim_is_carried_and_only_when_written() {
+    let origin = QueueId::new("automerge:q0");
+    let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+    queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+    let sealer = Claim::new(2, PeerId::new("router"));
+    queue::claim_router(&mut old, &sealer, 1).unwrap();
+    let view = QueueView::read(&old).unwrap();
+    let mut succ = Automerge::new().with_actor(ActorId::from(vec![9u8; 16]));
+    epoch::build_successor(
+        &old,
+        &view,
+        &mut succ,
+        &Rotation {
+            origin: &origin,
+            prev: "automerge:q0",
+            successor: "automerge:q1",
+            epoch: 1,
+            claim: &sealer,
+            now_ms: 1_000,
+        },
+    )
+    .unwrap();
+    let seal_heads = old.get_heads();
+    let mut late = fork(&old, 2);
+    let follower = Claim::new(3, PeerId::new("follower"));
+    queue::claim_router(&mut late, &follower, 2).unwrap();
+    let c = carry_all(&late, &seal_heads, &mut succ, &old, &seal_heads);
+    assert_eq!(c.writes, 1, "the claim");
+    assert_eq!(epoch::effective_claim(&succ), Some(follower.clone()));
+    // A late submit after it: only the task is carried.
+    let mut w = Writer {
+        next: 0,
+        clock: 5_000,
+        prefix: "z",
+    };
+    w.apply(&mut late, &Op::Submit);
+    let c = carry_all(&late, &c.heads, &mut succ, &old, &seal_heads);
+    assert_eq!(c.writes, 1, "the task alone");
+    assert_eq!(epoch::effective_claim(&succ), Some(follower));
+}
+
 #[test]
 fn a_double_seal_has_one_winner_everywhere() {
     let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
