@@ -227,6 +227,8 @@ struct Queue {
     frozen: bool,
     /// Router actions (other than heartbeats) held while frozen.
     deferred: Vec<RouterAction>,
+    /// The document `view` was read from: `doc` but between a move and the next refresh.
+    view_doc: DocId,
 }
 
 /// One node's decisions. See the crate docs for how to drive it.
@@ -1533,6 +1535,7 @@ impl Core {
             id.clone(),
             Queue {
                 doc: doc.clone(),
+                view_doc: doc.clone(),
                 root: doc,
                 epoch: 0,
                 sealed: BTreeMap::new(),
@@ -2087,6 +2090,7 @@ impl Core {
             return;
         }
         let old = std::mem::replace(&mut q.view, view.clone());
+        let left = std::mem::replace(&mut q.view_doc, q.doc.clone());
         let qdoc = q.root.clone();
         q.router.handle_view(now.mono, view.clone());
         if let Some(r) = &view.router {
@@ -2162,6 +2166,9 @@ impl Core {
             self.replica.set_group(&qdoc, members);
             self.next_dial = now.mono;
         }
+        if left != self.queues[id].doc {
+            self.archive_left_behind(id, &old, &view, &left);
+        }
         self.pool.handle_view(id, &view);
         self.prefetch(now, id, &view);
         self.events.push_back(Event::View {
@@ -2171,6 +2178,50 @@ impl Core {
         if switched {
             // Membership is not carried across epochs: a node (re)writes its own.
             self.write_member(now, id);
+        }
+    }
+
+    /// After a move to a successor: the tasks the old view showed live that the successor
+    /// does not hold ended before the successor's copy, in writes this node's view had not
+    /// shown yet (a sealer's frozen view, or a follower's view one turn behind). No view of
+    /// this node will show them final, so their final status is read from the document left
+    /// (or, after a move over several epochs, the sealed one that has it) and archived here:
+    /// a status lookup at this node answers for them too.
+    fn archive_left_behind(
+        &mut self,
+        id: &QueueId,
+        old: &QueueView,
+        new: &QueueView,
+        left: &DocId,
+    ) {
+        let gone: BTreeSet<&TaskId> = old
+            .routable()
+            .chain(old.retrying())
+            .chain(old.input_unavailable())
+            .chain(old.with_open_attempts())
+            .filter(|t| t.input.is_some() && !t.state().is_final() && new.task(&t.id).is_none())
+            .map(|t| &t.id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let docs: Vec<&DocId> = std::iter::once(left)
+            .chain(q.sealed.keys().filter(|d| *d != left))
+            .collect();
+        for tid in gone {
+            let found = docs.iter().find_map(|d| {
+                let doc = self.replica.get(d)?;
+                let entry = epoch::task_entry(doc, tid).filter(|t| t.state().is_final())?;
+                Some(inline_status(id, &entry, doc))
+            });
+            match found.map(|status| serde_json::to_vec(&status)) {
+                Some(Ok(json)) => self.to_archive.push((tid.clone(), json)),
+                Some(Err(e)) => tracing::warn!(task = %tid, "cannot encode a final status: {e}"),
+                None => tracing::debug!(task = %tid, "left an epoch live, final nowhere here"),
+            }
         }
     }
 

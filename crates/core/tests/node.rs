@@ -1219,3 +1219,135 @@ fn finished_tasks_documents_and_old_epochs_beyond_the_retention_are_deleted_olde
     assert!(!again.disk.contains_key(&docs[7]));
     assert_eq!(again.core.sizes()["retired_task_docs"], 2);
 }
+
+/// Connects two cores both ways and joins `b` to `a`'s queue.
+fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
+    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+    a.core.handle_connected(a.now, pb);
+    a.drain();
+    b.core.handle_connected(b.now, pa);
+    b.drain();
+    exchange(a, b);
+    let join = b.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: true,
+    });
+    for ms in (100..=5_000).step_by(100) {
+        a.at(ms);
+        b.at(ms);
+        a.answer_loads();
+        b.answer_loads();
+        exchange(a, b);
+        match b.reply(join) {
+            Some(Reply::Joined(Ok(_))) => return ms,
+            Some(_) => panic!("the join failed"),
+            None => {}
+        }
+    }
+    panic!("b never joined");
+}
+
+/// A follower away while a task it showed live was carried into the next epoch, ended there
+/// and was left behind by the epoch after, moves over both epochs at once and never shows the
+/// task final: its status is archived from the sealed document it skipped, so a lookup at the
+/// follower still answers (the long benchmark's "lost" tasks were such lookups).
+#[test]
+fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there() {
+    let rotating = |c: &mut Config| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        c.catch_ups = 0;
+    };
+    let mut a = One::with(rotating);
+    let q = a.create_queue(quick());
+    let mut b = One::with(|c| {
+        rotating(c);
+        c.peer = PeerId::new("you");
+        c.seed = 8;
+        c.workers = 0;
+    });
+    let mut t = join_second(&mut a, &mut b, &q);
+    // Acknowledged once b holds it too.
+    let cmd = a.submit(&q);
+    a.ack_saves();
+    exchange(&mut a, &mut b);
+    let task = submitted(a.reply(cmd)).unwrap().task_id;
+    b.at(t);
+    let shown = b
+        .core
+        .view(&q)
+        .and_then(|v| v.task(&task).map(|e| e.state()));
+    assert!(
+        shown.is_some_and(|s| !s.is_final()),
+        "b shows it live: {shown:?}"
+    );
+    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+    a.core.handle_disconnected(a.now, &pb);
+    a.drain();
+    b.core.handle_disconnected(b.now, &pa);
+    b.drain();
+
+    // Away from b: the task runs (held) across a rotation, then ends, then a second rotation
+    // leaves it behind. Other tasks run meanwhile.
+    let epoch0 = a.core.epoch(&q).map_or(0, |e| e.0);
+    let mut held = None;
+    let mut ended = false;
+    while !(ended && a.core.view(&q).unwrap().task(&task).is_none()) {
+        t += 50;
+        assert!(t < 120_000, "no second rotation left the task behind");
+        let c = a.submit(&q);
+        a.at(t);
+        a.ack_saves();
+        a.answer_loads();
+        a.reply(c);
+        for run in std::mem::take(&mut a.runs) {
+            if run.task == task {
+                held = Some(run);
+                continue;
+            }
+            let ok = RunResult {
+                result: Ok(serde_json::json!(1)),
+                logs: vec![],
+            };
+            a.core.handle_run_ended(a.now, run.id, ok);
+            a.drain();
+        }
+        let epoch = a.core.epoch(&q).map_or(0, |e| e.0);
+        if !ended && epoch > epoch0 && held.is_some() {
+            let run = held.take().unwrap();
+            let ok = RunResult {
+                result: Ok(serde_json::json!("late")),
+                logs: vec![],
+            };
+            a.core.handle_run_ended(a.now, run.id, ok);
+            a.drain();
+            ended = true;
+        }
+        a.ack_saves();
+        a.frames.clear();
+        b.frames.clear();
+    }
+    let epoch = a.core.epoch(&q).map_or(0, |e| e.0);
+    assert!(epoch >= epoch0 + 2, "two rotations: {epoch0} → {epoch}");
+
+    // Back together: b catches up to a's epoch.
+    a.core.handle_connected(a.now, pb);
+    a.drain();
+    b.core.handle_connected(b.now, pa);
+    b.drain();
+    while b.core.epoch(&q).map_or(0, |e| e.0) != a.core.epoch(&q).map_or(0, |e| e.0) {
+        t += 50;
+        assert!(t < 240_000, "b never reached a's epoch");
+        a.step(t);
+        b.step(t);
+        exchange(&mut a, &mut b);
+    }
+    assert!(
+        b.core.view(&q).unwrap().task(&task).is_none(),
+        "left behind"
+    );
+    assert!(b.archive.contains_key(&task), "archived at b");
+    let s = task_status(&mut b, &task);
+    assert_eq!(s.state, TaskState::Succeeded);
+    assert_eq!(s.result, Some(serde_json::json!("late")));
+}

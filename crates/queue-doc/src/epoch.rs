@@ -458,6 +458,11 @@ pub fn seal_heads<R: ReadDoc>(doc: &R, successor: &str) -> Option<Vec<ChangeHash
 
 /// A task's state in a queue document, if the document indexes it (reads that one entry).
 pub fn task_state(doc: &Automerge, task: &TaskId) -> Option<crate::TaskState> {
+    task_entry(doc, task).map(|t| t.state())
+}
+
+/// A task's entry in a queue document, if the document indexes it (reads that one entry).
+pub fn task_entry(doc: &Automerge, task: &TaskId) -> Option<crate::TaskEntry> {
     let tasks = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)?;
     let (v, o) = doc.get(&tasks, task.as_str()).ok()??;
     let value = match v {
@@ -468,7 +473,7 @@ pub fn task_state(doc: &Automerge, task: &TaskId) -> Option<crate::TaskState> {
         },
         _ => return None,
     };
-    crate::view::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {}).map(|t| t.state())
+    crate::view::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {})
 }
 
 /// The newest epoch recorded in a queue's first document, if any.
