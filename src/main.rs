@@ -147,6 +147,10 @@ enum Command {
         /// HTTP API and killed with SIGKILL; reports each node's peak memory.
         #[arg(long)]
         processes: bool,
+        /// With --processes: start each node as `EXE node …` instead of this executable (a
+        /// wrapper that runs it under a profiler, say; it must pass its arguments on).
+        #[arg(long, requires = "processes")]
+        node_exe: Option<std::path::PathBuf>,
         /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
@@ -307,6 +311,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_live,
             http,
             processes,
+            node_exe,
             json,
         } => {
             let opts = piecework::bench::Options {
@@ -323,7 +328,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_live,
                 http,
                 processes,
-                exe: None,
+                exe: node_exe,
                 progress: true,
             };
             let report = piecework::bench::run(&opts).await?;

@@ -147,6 +147,10 @@ pub struct NodeStatus {
     pub workers: Vec<WorkerStatus>,
     /// Documents held in memory (queues and live tasks; finished tasks' stay on disk).
     pub documents_loaded: usize,
+    /// The sizes of the node's internal collections (documents loaded, sealed epochs held,
+    /// waiters…), each bounded: for an operator who watches a node's memory.
+    #[serde(default)]
+    pub internals: std::collections::BTreeMap<String, usize>,
 }
 
 /// `GET /v1/tasks/{id}`: a task.

@@ -393,6 +393,8 @@ pub struct Status {
     pub workers: Vec<api::WorkerStatus>,
     /// Documents held in memory.
     pub documents_loaded: usize,
+    /// The sizes of the node's bounded collections ([`Core::sizes`]).
+    pub internals: std::collections::BTreeMap<String, usize>,
 }
 
 /// A write of one document's changes (and possibly a compaction) to disk.

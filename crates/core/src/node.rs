@@ -151,7 +151,9 @@ const JOIN_ASK_EVERY: Duration = Duration::from_secs(1);
 /// queue's first document.
 fn branch_since_fork(own: &[Link], target: &[Link], root: Option<&DocId>) -> Vec<(DocId, u64)> {
     own.iter()
-        .filter(|l| !target.contains(l))
+        // Not on the target's chain: a link older than the target's lineage keeps (cut at
+        // `MAX_LINEAGE`) is on it, as `epoch::on_lineage` says.
+        .filter(|l| !epoch::on_lineage(target, &l.doc, Some(l.epoch)))
         .filter_map(|l| DocId::parse(&l.doc).map(|d| (d, l.epoch)))
         .filter(|(d, _)| Some(d) != root)
         .collect()
@@ -743,6 +745,11 @@ impl Core {
             }
         };
         self.replica.handle_loaded(doc, loaded, now.mono);
+        // Loaded for a peer's message (a member catching up through an old epoch), or for
+        // this node: either way it leaves memory once idle, unless something holds it.
+        if self.replica.is_loaded(doc) && !self.is_live(doc) {
+            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+        }
         self.turn(now);
     }
 
@@ -1453,6 +1460,11 @@ impl Core {
             queues,
             workers,
             documents_loaded: self.replica.loaded(),
+            internals: self
+                .sizes()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
         }
     }
 
@@ -2576,7 +2588,8 @@ impl Core {
             .unwrap_or_default();
         let from = std::mem::replace(&mut q.doc, to.clone());
         let from_epoch = q.epoch;
-        let sideways = !lineage.contains(from.as_str()) && from != q.root;
+        let sideways =
+            !epoch::on_lineage(&to_lineage, from.as_str(), Some(from_epoch)) && from != q.root;
         // Leaving a branch: every document of it since the fork is carried into `to` whole,
         // the ones this node had retired too (a task that ended in one of them may be live
         // in `to`, brought there by a late write of a document both branches share).

@@ -28,6 +28,8 @@ struct One {
     disk: BTreeMap<DocId, Vec<Vec<u8>>>,
     saves: Vec<Save>,
     loads: Vec<DocId>,
+    /// Every load asked for, in order (the test reads and clears it).
+    load_log: Vec<DocId>,
     runs: Vec<piecework_core::RunRequest>,
     replies: Vec<(CommandId, Reply)>,
     events: Vec<Event>,
@@ -68,6 +70,7 @@ impl One {
             disk: BTreeMap::new(),
             saves: vec![],
             loads: vec![],
+            load_log: vec![],
             runs: vec![],
             replies: vec![],
             events: vec![],
@@ -95,7 +98,10 @@ impl One {
             while let Some(io) = self.core.poll_io() {
                 match io {
                     Io::Save(s) => self.saves.push(s),
-                    Io::Load { doc } => self.loads.push(doc),
+                    Io::Load { doc } => {
+                        self.load_log.push(doc.clone());
+                        self.loads.push(doc);
+                    }
                     Io::Run(r) => self.runs.push(r),
                     Io::Archive { records } => self.archive.extend(records),
                     Io::Lookup { task } => self.lookups.push(task),
@@ -1247,26 +1253,34 @@ fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
     panic!("b never joined");
 }
 
+/// Two cores that rotate at every chance (adjusted by `f`): `a` creates the queue and runs its
+/// tasks, `b` (no workers) joins it and follows. Returns them, the queue and the time reached.
+fn router_and_follower(f: impl Fn(&mut Config)) -> (One, One, QueueId, u64) {
+    let rotating = |c: &mut Config| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        f(c);
+    };
+    let mut a = One::with(rotating);
+    let q = a.create_queue(quick());
+    let mut b = One::with(|c| {
+        rotating(c);
+        // Its own actor: not the one `a` writes with.
+        c.peer = PeerId::new("you");
+        c.seed = 8;
+        c.workers = 0;
+    });
+    let t = join_second(&mut a, &mut b, &q);
+    (a, b, q, t)
+}
+
 /// A follower away while a task it showed live was carried into the next epoch, ended there
 /// and was left behind by the epoch after, moves over both epochs at once and never shows the
 /// task final: its status is archived from the sealed document it skipped, so a lookup at the
 /// follower still answers (the long benchmark's "lost" tasks were such lookups).
 #[test]
 fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there() {
-    let rotating = |c: &mut Config| {
-        c.rotate_ratio = 1;
-        c.rotate_min_live = 1;
-        c.catch_ups = 0;
-    };
-    let mut a = One::with(rotating);
-    let q = a.create_queue(quick());
-    let mut b = One::with(|c| {
-        rotating(c);
-        c.peer = PeerId::new("you");
-        c.seed = 8;
-        c.workers = 0;
-    });
-    let mut t = join_second(&mut a, &mut b, &q);
+    let (mut a, mut b, q, mut t) = router_and_follower(|c| c.catch_ups = 0);
     // Acknowledged once b holds it too.
     let cmd = a.submit(&q);
     a.ack_saves();
@@ -1350,4 +1364,98 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
     let s = task_status(&mut b, &task);
     assert_eq!(s.state, TaskState::Succeeded);
     assert_eq!(s.result, Some(serde_json::json!("late")));
+}
+
+/// A document loaded because a peer asked for it (an old epoch a member catches up through)
+/// leaves memory again once idle: a node that serves old epochs does not keep every one it
+/// served (the long benchmark's sealer held a hundred and more).
+#[test]
+fn a_document_loaded_for_a_peer_leaves_memory_when_idle() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 1;
+        c.epoch_retain = Duration::from_secs(1);
+    });
+    let q = one.create_queue(quick());
+    let mut t = 0;
+    let old = loop {
+        t += 50;
+        assert!(t < 120_000, "no epoch retired and evicted");
+        let c = one.submit(&q);
+        one.step(t);
+        one.reply(c);
+        let gone = one
+            .retired
+            .iter()
+            .find(|(d, k)| *k == Retired::Epoch && !one.core.is_loaded(d))
+            .map(|(d, _)| d.clone());
+        if let Some(d) = gone {
+            break d;
+        }
+    };
+    let peer = PeerId::new("you");
+    one.core.handle_connected(one.now, peer.clone());
+    one.drain();
+    one.frames.clear();
+    let ask = piecework_replica::Message::Request { doc: old.clone() };
+    one.core.handle_sync(one.now, &peer, &ask.encode());
+    one.drain();
+    one.answer_loads();
+    assert!(one.core.is_loaded(&old), "loaded to answer the peer");
+    assert!(one.frames.iter().any(|(p, _)| *p == peer), "and answered");
+    for _ in 0..40 {
+        t += 250;
+        one.at(t);
+        one.ack_saves();
+    }
+    assert!(!one.core.is_loaded(&old), "idle, it left memory again");
+}
+
+/// A follower keeps moving with the queue after more rotations than a lineage keeps links for,
+/// and fetches no document that merely fell out of the lineage: it once took the link cut off
+/// for a branch left at a fork, and every move waited for (and loaded) that old epoch's
+/// document (the long benchmark's takeovers from the 65th epoch on).
+#[test]
+fn a_follower_past_the_lineage_cut_fetches_no_old_epoch() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|c| c.epoch_retain = Duration::from_secs(1));
+    let cut = piecework_queue_doc::epoch::MAX_LINEAGE as u64;
+    let mut epoch_of: BTreeMap<DocId, u64> = BTreeMap::new();
+    let mut old_loads = Vec::new();
+    let mut rounds = 0;
+    while b.core.epoch(&q).map_or(0, |e| e.0) < cut + 12 {
+        rounds += 1;
+        assert!(rounds < 10_000, "b only at {:?}", b.core.epoch(&q));
+        // A few tasks in flight, so that each seal carries some that are live.
+        let live = a.core.view(&q).map_or(0, |v| {
+            let c = v.counts();
+            c.pending + c.assigned + c.running
+        });
+        let cmds = match live < 4 {
+            true => vec![a.submit(&q), a.submit(&q)],
+            false => vec![],
+        };
+        t += 50;
+        a.step(t);
+        b.at(t);
+        b.step(t);
+        exchange(&mut a, &mut b);
+        let b_epoch = b.core.epoch(&q).map_or(0, |e| e.0);
+        for d in std::mem::take(&mut b.load_log) {
+            if epoch_of.get(&d).is_some_and(|e| e + 8 < b_epoch) {
+                old_loads.push((b_epoch, epoch_of[&d]));
+            }
+        }
+        for cmd in cmds {
+            a.reply(cmd);
+        }
+        for one in [&a, &b] {
+            if let Some((e, d)) = one.core.epoch(&q) {
+                epoch_of.insert(d.clone(), e);
+            }
+        }
+    }
+    assert!(
+        old_loads.is_empty(),
+        "(at epoch, loaded epoch): {old_loads:?}"
+    );
 }

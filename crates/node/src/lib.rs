@@ -549,6 +549,7 @@ impl NodeHandle {
             queues: status.queues,
             workers: status.workers,
             documents_loaded: status.documents_loaded,
+            internals: status.internals,
         })
     }
 }
