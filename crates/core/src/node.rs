@@ -2178,7 +2178,7 @@ impl Core {
             self.replica.set_group(&qdoc, members);
             self.next_dial = now.mono;
         }
-        if left != self.queues[id].doc {
+        if self.queues.get(id).is_some_and(|q| q.doc != left) {
             self.archive_left_behind(id, &old, &view, &left);
         }
         self.pool.handle_view(id, &view);
