@@ -2777,6 +2777,15 @@ impl Core {
                 (d.clone(), s.into.clone(), s.carried.clone(), s.forwarded)
             })
             .collect();
+        // Nothing written to one since its last carry: carrying again would find no change
+        // to carry (and its claims were seen then). Most marks are of this kind (a document
+        // of the chain arrived, a peer's sync brought nothing new).
+        dirty.retain(|(from, _, since, _)| {
+            !self.replica.get(from).is_some_and(|d| {
+                let heads = d.get_heads();
+                !heads.is_empty() && same_heads(heads, since)
+            })
+        });
         // The chain first: a task a late write of the chain brings back in is there when a
         // losing branch's record of its end is carried.
         dirty.sort_by_cached_key(|(from, into, _, _)| self.off_chain(id, from, into));
@@ -3926,6 +3935,17 @@ fn queue_scope(doc: &DocId) -> Scope {
         announce: true,
         requestable: true,
     }
+}
+
+/// Whether a document's heads are exactly `carried` (in any order).
+fn same_heads(mut heads: Vec<ChangeHash>, carried: &[ChangeHash]) -> bool {
+    if heads.len() != carried.len() {
+        return false;
+    }
+    heads.sort_unstable();
+    let mut c = carried.to_vec();
+    c.sort_unstable();
+    heads == c
 }
 
 fn see(seen: &mut BTreeMap<QueueId, Claim>, queue: &QueueId, claim: &Claim) {
