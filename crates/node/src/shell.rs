@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_core::{
-    Built, Command, CommandId, Core, Event, Io, Reply, RunId, RunRequest, RunResult, Save, SaveId,
-    Saved, Time, api::StorageFailure,
+    Built, Command, CommandId, Core, Event, Io, Reply, RouterEvent, RunId, RunRequest, RunResult,
+    Save, SaveId, Saved, Time, api::StorageFailure,
 };
 use piecework_net as net;
 use piecework_queue_doc::{PeerId, TaskId};
@@ -74,6 +74,20 @@ pub(crate) struct Shell {
     epochs: std::sync::mpsc::Sender<EpochJob>,
     views:
         HashMap<piecework_queue_doc::QueueId, watch::Sender<Arc<piecework_queue_doc::QueueView>>>,
+    /// What the log line of a claim reports (see [`Pace`]).
+    pace: Pace,
+}
+
+/// How the shell's loop kept up, for the log line a router claim writes: a follower that
+/// claims while a router lives was either not hearing it or not running.
+#[derive(Debug, Default)]
+struct Pace {
+    /// When the last gossip message (a heartbeat) was handed to the core.
+    gossip_at: Option<Instant>,
+    /// How long the previous turn took, from waking to its last output.
+    last_turn: Duration,
+    /// How late the timer that woke the current turn fired (zero if something else woke it).
+    woke_late: Duration,
 }
 
 /// A snapshot to save, and where to send it with the changes it replaces.
@@ -182,6 +196,7 @@ impl Shell {
             views: HashMap::new(),
             compactor: spawn_compactor(),
             epochs: spawn_epoch_thread(),
+            pace: Pace::default(),
         }
     }
 
@@ -208,8 +223,12 @@ impl Shell {
                 input = self.inputs.recv() => input.map(|i| self.handle_input(i)).is_some(),
                 ev = net_events.recv() => ev.map(|e| self.handle_net(e)).is_some(),
                 req = commands.recv() => req.map(|r| self.handle_request(r)).is_some(),
-                () = sleep => true,
+                () = sleep => {
+                    self.pace.woke_late = deadline.map_or(Duration::ZERO, |d| d.elapsed());
+                    true
+                }
             };
+            let woke = Instant::now();
             if !open {
                 break;
             }
@@ -247,6 +266,8 @@ impl Shell {
             }
             self.core.end_batch(now());
             self.drain();
+            self.pace.last_turn = woke.elapsed();
+            self.pace.woke_late = Duration::ZERO;
         }
         tracing::debug!("node shell stopped");
     }
@@ -308,7 +329,10 @@ impl Shell {
                 topic,
                 source,
                 data,
-            } => self.core.handle_gossip(t, &topic, &peer_of(&source), &data),
+            } => {
+                self.pace.gossip_at = Some(Instant::now());
+                self.core.handle_gossip(t, &topic, &peer_of(&source), &data);
+            }
         }
     }
 
@@ -525,7 +549,21 @@ impl Shell {
                 tracing::info!(%queue, ?event, "epoch");
             }
             Event::Router { queue, event } => {
-                tracing::info!(%queue, ?event, "router");
+                if let RouterEvent::Claimed(_) = &event {
+                    // Why a follower stopped hearing the router: silence on the wire, or a
+                    // loop that did not run (a long turn, a timer that fired late).
+                    let p = &self.pace;
+                    tracing::info!(
+                        %queue,
+                        ?event,
+                        gossip_ms_ago = p.gossip_at.map(|t| t.elapsed().as_millis()),
+                        last_turn_ms = p.last_turn.as_millis(),
+                        woke_late_ms = p.woke_late.as_millis(),
+                        "router claims"
+                    );
+                } else {
+                    tracing::info!(%queue, ?event, "router");
+                }
                 let _ = self.shared.events.send(NodeEvent::Router { queue, event });
             }
             Event::View { queue, view } => {
