@@ -112,8 +112,9 @@ struct Sealed {
 /// Sealed epochs a queue holds past their carry, at most, besides its first document: the
 /// oldest clean ones are retired before `Config::epoch_retain` when more are held. A queue
 /// that rotates every second or two would otherwise hold a minute of history in memory
-/// (some 4 KiB per task).
-const MAX_SEALED_HELD: usize = 8;
+/// (some 4 KiB per task). Three nodes at 5,000 live tasks, rotating every 2–3 s: peak RSS
+/// 168–201 MiB per node with 3 held, 201–340 MiB with 8 (docs/benchmarks.md).
+const MAX_SEALED_HELD: usize = 3;
 
 /// Bound on the announced epoch documents a queue keeps to look at.
 const MAX_ANNOUNCED: usize = 16;
