@@ -362,6 +362,7 @@ impl Core {
         // Each start writes as a new Automerge actor: a change lost in a crash can never
         // collide with a new change under the same (actor, seq).
         replica.set_actor(actor.clone());
+        replica.set_local_peer(config.peer.clone());
         let pool = Pool::new(
             PoolConfig {
                 peer: config.peer.clone(),

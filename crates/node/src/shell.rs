@@ -78,6 +78,11 @@ pub(crate) struct Shell {
     pace: Pace,
 }
 
+/// A turn at least this long is logged (at info): at the fastest timings the docs recommend,
+/// a takeover follows 150 ms of silence. (Three nodes at full load at those timings: follower
+/// turns up to 85 ms, docs/benchmarks.md.)
+const LONG_TURN: Duration = Duration::from_millis(100);
+
 /// How the shell's loop kept up, for the log line a router claim writes: a follower that
 /// claims while a router lives was either not hearing it or not running.
 #[derive(Debug, Default)]
@@ -264,10 +269,23 @@ impl Shell {
             while let Ok(e) = gossip.try_recv() {
                 self.handle_net(e);
             }
+            let taken_in = woke.elapsed();
             self.core.end_batch(now());
+            let turned = woke.elapsed();
             self.drain();
             self.pace.last_turn = woke.elapsed();
             self.pace.woke_late = Duration::ZERO;
+            if self.pace.last_turn >= LONG_TURN {
+                // A turn this long keeps the node's heartbeats waiting: a follower's pool beat
+                // or, at the fast timings, long enough for a takeover.
+                tracing::info!(
+                    inputs = taken + 1,
+                    inputs_ms = taken_in.as_millis(),
+                    turn_ms = (turned - taken_in).as_millis(),
+                    outputs_ms = (self.pace.last_turn - turned).as_millis(),
+                    "long turn"
+                );
+            }
         }
         tracing::debug!("node shell stopped");
     }

@@ -86,7 +86,8 @@ pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
 pub use message::{DecodeError, Message};
 pub use replica::{
     Event, FETCH_TIMEOUT, HELD_FOR, MAX_DOC_BYTES, MAX_HELD, MAX_PENDING_LOADS, MAX_QUEUED_BYTES,
-    MAX_QUEUED_PER_LOAD, MAX_QUEUED_PER_PEER, Replica, SYNC_ANSWER_WAIT, Scope, Unsaved,
+    MAX_QUEUED_PER_LOAD, MAX_QUEUED_PER_PEER, RELAY_AFTER, RELAY_AFTER_HIGHER, Replica,
+    SYNC_ANSWER_WAIT, Scope, Unsaved,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use test_support::TestNet;

@@ -66,6 +66,19 @@ pub const MAX_DOC_BYTES: usize = 16 << 20;
 /// the longest that delays the next message.
 pub const SYNC_ANSWER_WAIT: Duration = Duration::from_millis(20);
 
+/// How long a replica waits before passing on to a third peer the changes a peer sent it, if
+/// its peer id is the lower of the two ([`Replica::set_local_peer`]); the other waits
+/// [`RELAY_AFTER_HIGHER`]. The author sends its changes to every connected member itself:
+/// passing them on at once made every pair of members send each other what both had just
+/// received (three of four sync messages with changes brought nothing, seven nodes in the
+/// simulator). Waiting lets a message from the third peer say what it has first; the uneven
+/// waits make one of each pair tell the other. A change still reaches a member the author
+/// cannot reach, this much later.
+pub const RELAY_AFTER: Duration = Duration::from_millis(10);
+
+/// See [`RELAY_AFTER`]: the wait of the member whose peer id is the higher of the pair.
+pub const RELAY_AFTER_HIGHER: Duration = Duration::from_millis(60);
+
 /// Where a document belongs: which group's members it is synced with, and how.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scope {
@@ -173,6 +186,9 @@ struct Link {
     unanswered: BTreeMap<DocId, Instant>,
     /// Documents with a message owed, held back until their entry in `unanswered` goes.
     held: BTreeSet<DocId>,
+    /// Documents whose changes from another peer are to be passed on, and when
+    /// ([`RELAY_AFTER`]); a message generated for the document before then passes them on.
+    relay: BTreeMap<DocId, Instant>,
 }
 
 impl Link {
@@ -228,6 +244,12 @@ pub struct Replica {
     links: BTreeMap<PeerId, Link>,
     /// The peer last sent to: [`Replica::poll_transmit`] serves peers in turn from the next one.
     cursor: Option<PeerId>,
+    /// This replica's own peer id, if the driver set it: it decides which of two members
+    /// passes on a third's changes first ([`RELAY_AFTER`]).
+    me: Option<PeerId>,
+    /// The `relay` entries of all links, by when they are due (an entry whose link no longer
+    /// has it, or has it for another time, is skipped): one per entry.
+    relay_due: BTreeSet<(Instant, PeerId, DocId)>,
     /// Drained by the driver after every input; each input adds a bounded number (at most one
     /// or two per document it concerns).
     events: VecDeque<Event>,
@@ -248,6 +270,12 @@ impl Replica {
             e.doc.set_actor(actor.clone());
         }
         self.actor = Some(actor);
+    }
+
+    /// This replica's own peer id: with it, of two members the one with the lower id passes
+    /// on a third's changes first ([`RELAY_AFTER`]). Without it both wait [`RELAY_AFTER`].
+    pub fn set_local_peer(&mut self, me: PeerId) {
+        self.me = Some(me);
     }
 
     // ----- getters -----
@@ -695,7 +723,7 @@ impl Replica {
             return;
         }
         if self.docs.contains_key(&id) {
-            self.dispatch(&id, peer, msg);
+            self.dispatch(&id, peer, msg, now);
             return;
         }
         if self.loading.contains_key(&id) {
@@ -704,7 +732,7 @@ impl Replica {
         }
         if self.fetching.contains_key(&id) {
             // Storage did not have it and peers were asked: this is (likely) an answer.
-            self.take_from_peer(&id, peer, msg);
+            self.take_from_peer(&id, peer, msg, now);
             return;
         }
         if self.loading.len() >= MAX_PENDING_LOADS
@@ -755,7 +783,7 @@ impl Replica {
                         self.refuse(id, &peer, push, now);
                         continue;
                     }
-                    self.take_from_peer(id, &peer, msg);
+                    self.take_from_peer(id, &peer, msg, now);
                 }
                 let has_content = self
                     .docs
@@ -782,6 +810,18 @@ impl Replica {
     /// forgotten. Call it at [`Replica::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         self.expire_held(now);
+        while let Some((at, peer, doc)) = self.relay_due.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.relay_due.pop_first();
+            if let Some(l) = self.links.get_mut(&peer)
+                && l.relay.get(&doc) == Some(&at)
+            {
+                l.relay.remove(&doc);
+                l.sync.insert(doc);
+            }
+        }
         for l in self.links.values_mut() {
             let due: Vec<DocId> = l
                 .held
@@ -842,6 +882,9 @@ impl Replica {
                     l.held.insert(doc);
                     continue;
                 }
+                if let Some(l) = self.links.get_mut(&peer) {
+                    l.relay.remove(&doc);
+                }
                 if let Some((msg, changes)) = self.generate(&doc, &peer) {
                     if let Some(l) = self.links.get_mut(&peer) {
                         match changes {
@@ -872,7 +915,8 @@ impl Replica {
             .flat_map(|l| l.held.iter().filter_map(|d| l.unanswered.get(d)))
             .min()
             .copied();
-        [fetch, held, answer].into_iter().flatten().min()
+        let relay = self.relay_due.first().map(|(at, _, _)| *at);
+        [fetch, held, answer, relay].into_iter().flatten().min()
     }
 
     // ----- policy -----
@@ -1069,12 +1113,12 @@ impl Replica {
     }
 
     /// An admitted message for a loaded document.
-    fn dispatch(&mut self, id: &DocId, peer: &PeerId, msg: Message) {
+    fn dispatch(&mut self, id: &DocId, peer: &PeerId, msg: Message, now: Instant) {
         if let Some(l) = self.links.get_mut(peer) {
             l.answered(id);
         }
         match msg {
-            Message::Sync { data, .. } => self.receive(id, peer, &data),
+            Message::Sync { data, .. } => self.receive(id, peer, &data, now),
             Message::Request { .. } => {
                 if let Some(e) = self.docs.get_mut(id) {
                     e.peers.insert(peer.clone(), sync::State::new());
@@ -1087,20 +1131,20 @@ impl Replica {
 
     /// An admitted message for a document storage does not have: a push makes it (an empty
     /// document to receive into), a request is answered "unavailable" unless that happened.
-    fn take_from_peer(&mut self, id: &DocId, peer: &PeerId, msg: Message) {
+    fn take_from_peer(&mut self, id: &DocId, peer: &PeerId, msg: Message, now: Instant) {
         if let Message::Sync { .. } = msg
             && !self.docs.contains_key(id)
         {
             self.take_in(id, Automerge::new());
         }
         if self.docs.contains_key(id) {
-            self.dispatch(id, peer, msg);
+            self.dispatch(id, peer, msg, now);
         } else if let Message::Request { doc } = msg {
             self.send_control(peer, Message::Unavailable { doc });
         }
     }
 
-    fn receive(&mut self, id: &DocId, peer: &PeerId, data: &[u8]) {
+    fn receive(&mut self, id: &DocId, peer: &PeerId, data: &[u8], now: Instant) {
         let msg = match sync::Message::decode(data) {
             Ok(m) => m,
             Err(e) => {
@@ -1133,7 +1177,9 @@ impl Replica {
                     f.arrived = true;
                 }
             }
-            self.sync_all(id);
+            // The sender at once (its answer); the others a little later (see RELAY_AFTER).
+            self.sync_one(id, peer);
+            self.relay(id, peer, now);
         } else {
             self.sync_one(id, peer);
         }
@@ -1251,6 +1297,7 @@ impl Replica {
             l.sync.remove(id);
             l.held.remove(id);
             l.unanswered.remove(id);
+            l.relay.remove(id);
         }
     }
 
@@ -1293,8 +1340,16 @@ impl Replica {
     /// Schedules a message for every peer this document is being synced with (and, if
     /// announced, every connected member of its group).
     fn sync_all(&mut self, id: &DocId) {
+        for p in self.sync_targets(id) {
+            self.sync_one(id, &p);
+        }
+    }
+
+    /// The peers this document is being synced with (and, if announced, the connected
+    /// members of its group).
+    fn sync_targets(&self, id: &DocId) -> BTreeSet<PeerId> {
         let Some(e) = self.docs.get(id) else {
-            return;
+            return BTreeSet::new();
         };
         let mut targets: BTreeSet<PeerId> = e.peers.keys().cloned().collect();
         if let Some(s) = self.scopes.get(id)
@@ -1303,8 +1358,29 @@ impl Replica {
         {
             targets.extend(m.intersection(&self.peers).cloned());
         }
+        targets
+    }
+
+    /// Schedules the changes `from` sent for every other peer [`Replica::sync_all`] would
+    /// send them to, after [`RELAY_AFTER`] (or [`RELAY_AFTER_HIGHER`]); a message already
+    /// owed goes as it would.
+    fn relay(&mut self, id: &DocId, from: &PeerId, now: Instant) {
+        let mut targets = self.sync_targets(id);
+        targets.remove(from);
         for p in targets {
-            self.sync_one(id, &p);
+            let wait = match &self.me {
+                Some(me) if *me > p => RELAY_AFTER_HIGHER,
+                _ => RELAY_AFTER,
+            };
+            let Some(l) = self.links.get_mut(&p) else {
+                continue;
+            };
+            if l.sync.contains(id) || l.held.contains(id) || l.relay.contains_key(id) {
+                continue;
+            }
+            let at = now + wait;
+            l.relay.insert(id.clone(), at);
+            self.relay_due.insert((at, p, id.clone()));
         }
     }
 

@@ -113,8 +113,9 @@ impl TestNet {
     /// Delivers messages and answers loads (from the stores) until nothing moves.
     ///
     /// A message held back for a peer's answer ([`crate::SYNC_ANSWER_WAIT`]) that does not come
-    /// goes when its wait is over: the clock moves on by that much (never further) when nothing
-    /// else moves.
+    /// goes when its wait is over, and changes to pass on go after theirs
+    /// ([`crate::RELAY_AFTER`]): the clock moves on to them (never further) when nothing else
+    /// moves.
     pub fn run(&mut self) {
         loop {
             let now = self.now;
@@ -149,7 +150,7 @@ impl TestNet {
                 }
             }
             if !moved {
-                let soon = self.now + crate::SYNC_ANSWER_WAIT;
+                let soon = self.now + crate::SYNC_ANSWER_WAIT.max(crate::RELAY_AFTER_HIGHER);
                 let Some(at) = self
                     .replicas
                     .values()

@@ -845,6 +845,7 @@ impl Sim {
                 u8::try_from(i).unwrap() + 1;
                 16
             ]));
+            r.set_local_peer(PeerId::new(format!("p{i}")));
             r.set_group(&g(), all.clone());
             r.set_scope(&id(30), announced());
             r.set_scope(&id(31), announced());
@@ -969,12 +970,13 @@ impl Sim {
                 }
             }
             if !moved {
-                // Messages held for an answer that will not come go once their wait is over.
+                // Messages held for an answer that will not come go once their wait is over,
+                // and changes to pass on once theirs is.
                 if waited {
                     return;
                 }
                 waited = true;
-                self.now += crate::SYNC_ANSWER_WAIT;
+                self.now += crate::SYNC_ANSWER_WAIT.max(crate::RELAY_AFTER_HIGHER);
                 for i in 0..3 {
                     self.rs[i].handle_timeout(self.now);
                 }
@@ -1083,4 +1085,122 @@ proptest::proptest! {
             proptest::prop_assert_eq!(&heads[1], &heads[2], "{}", d);
         }
     }
+}
+
+/// Three members, each told its own peer id, exchanging in rounds: every member sends what it
+/// has to send, then every message is delivered (so two members that hear of a change in the
+/// same round both act on it before hearing from each other, as on a real network). When
+/// nothing moves, the clock goes to the next timer. Returns the messages that carried
+/// changes, as (from, to).
+fn run_three(rs: &mut [Replica; 3], ps: &[PeerId; 3], now: &mut Instant) -> Vec<(usize, usize)> {
+    let mut carried = vec![];
+    for _ in 0..1_000 {
+        let mut wire = vec![];
+        for (i, r) in rs.iter_mut().enumerate() {
+            while let Some((to, m)) = r.poll_transmit(*now) {
+                let j = ps.iter().position(|p| *p == to).expect("a member");
+                if let Message::Sync { data, .. } = &m
+                    && !automerge::sync::Message::decode(data)
+                        .expect("own messages decode")
+                        .changes
+                        .is_empty()
+                {
+                    carried.push((i, j));
+                }
+                wire.push((i, j, m));
+            }
+        }
+        if wire.is_empty() {
+            let Some(at) = rs.iter().filter_map(Replica::poll_timeout).min() else {
+                return carried;
+            };
+            *now = (*now).max(at);
+            for r in rs.iter_mut() {
+                r.handle_timeout(*now);
+            }
+        }
+        for (i, j, m) in wire {
+            let from = ps[i].clone();
+            rs[j].handle_message(&from, m, *now);
+        }
+    }
+    panic!("no quiescence");
+}
+
+fn three_members(connected: &[(usize, usize)]) -> ([Replica; 3], [PeerId; 3]) {
+    let ps = [PeerId::new("a"), PeerId::new("b"), PeerId::new("c")];
+    let mut rs = [Replica::new(), Replica::new(), Replica::new()];
+    for (i, r) in rs.iter_mut().enumerate() {
+        r.set_local_peer(ps[i].clone());
+        r.set_group(&g(), members(&[&ps[0], &ps[1], &ps[2]]));
+        r.set_scope(&id(9), announced());
+    }
+    for &(i, j) in connected {
+        let (pi, pj) = (ps[i].clone(), ps[j].clone());
+        rs[i].handle_connected(pj);
+        rs[j].handle_connected(pi);
+    }
+    rs[0].create(id(9), doc_with("x", 0), None);
+    for r in &mut rs[1..] {
+        r.create(id(9), Automerge::new(), None);
+    }
+    (rs, ps)
+}
+
+#[test]
+fn s25_members_do_not_pass_each_other_what_both_had_from_its_author() {
+    let (mut rs, ps) = three_members(&[(0, 1), (1, 2), (0, 2)]);
+    let mut now = t0();
+    run_three(&mut rs, &ps, &mut now);
+    for v in 1..=5 {
+        rs[0].change(&id(9), |d| put(d, "x", v));
+        let carried = run_three(&mut rs, &ps, &mut now);
+        assert_eq!(get(&rs[1], &id(9), "x"), Some(v));
+        assert_eq!(get(&rs[2], &id(9), "x"), Some(v));
+        // a sends the change to b and to c. Before RELAY_AFTER, b and c, hearing of it in
+        // the same round, each passed it on to the other at once: four messages with
+        // changes, two of them useless. Now c waits longer, hears from b, and sends nothing.
+        let between: Vec<_> = carried.iter().filter(|(i, j)| *i != 0 && *j != 0).collect();
+        assert!(
+            between.len() <= 1,
+            "change {v}: b and c passed it to each other: {carried:?}"
+        );
+        assert!(
+            carried.contains(&(0, 1)) && carried.contains(&(0, 2)),
+            "{carried:?}"
+        );
+    }
+}
+
+#[test]
+fn s26_a_change_reaches_a_member_its_author_cannot_reach_after_the_relay_wait() {
+    // a and c are not connected: b passes a's changes on.
+    let (mut rs, ps) = three_members(&[(0, 1), (1, 2)]);
+    let mut now = t0();
+    run_three(&mut rs, &ps, &mut now);
+    assert_eq!(get(&rs[2], &id(9), "x"), Some(0));
+    rs[0].change(&id(9), |d| put(d, "x", 1));
+    let start = now;
+    // Delivered at once, no time passing: b has it, c not yet.
+    for _ in 0..10 {
+        for i in 0..3 {
+            while let Some((to, m)) = rs[i].poll_transmit(now) {
+                let j = ps.iter().position(|p| *p == to).expect("a member");
+                let from = ps[i].clone();
+                rs[j].handle_message(&from, m, now);
+            }
+        }
+    }
+    // (The rounds of `run_three` would move the clock; these do not.)
+    assert_eq!(get(&rs[1], &id(9), "x"), Some(1));
+    assert_eq!(
+        get(&rs[2], &id(9), "x"),
+        Some(0),
+        "passed on before the wait"
+    );
+    // b's id is below c's: b waits RELAY_AFTER.
+    assert_eq!(rs[1].poll_timeout(), Some(start + crate::RELAY_AFTER));
+    run_three(&mut rs, &ps, &mut now);
+    assert_eq!(get(&rs[2], &id(9), "x"), Some(1));
+    assert_eq!(now, start + crate::RELAY_AFTER);
 }
