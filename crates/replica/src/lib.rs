@@ -56,7 +56,8 @@
 //! # Driving a replica
 //!
 //! 1. Set up: [`Replica::new`], [`Replica::set_actor`] (a fresh actor id per node incarnation),
-//!    then the groups ([`Replica::set_group`]) and documents ([`Replica::create`],
+//!    [`Replica::set_local_peer`] (which of two members passes a third's changes on first,
+//!    [`RELAY_AFTER`]), then the groups ([`Replica::set_group`]) and documents ([`Replica::create`],
 //!    [`Replica::insert`], [`Replica::set_scope`]) the node has.
 //! 2. Inputs: [`Replica::handle_connected`], [`Replica::handle_disconnected`],
 //!    [`Replica::handle_blocked`], [`Replica::handle_unblocked`], [`Replica::handle_message`],
