@@ -93,6 +93,10 @@ pub const COMPACT_MIN_BYTES: usize = 64 * 1024;
 pub const REPLICATION_WAIT: Duration = Duration::from_secs(5);
 /// How long a join or a task lookup waits for peers to answer.
 pub const FIND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a member waits for what a successor's seal covered of the document it continues
+/// (asking the members for it) before it moves to the successor without it: no member may
+/// have it any more (`Config::keep_sealed_epochs`).
+pub const BEHIND_WAIT: Duration = Duration::from_secs(10);
 /// The longest a task wait may last.
 pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 /// Requests parked at once (joins, task lookups and waits): beyond this a request is answered
@@ -167,8 +171,9 @@ pub struct Config {
     /// document; their statuses have the store's archive and its own bound.
     pub keep_task_docs: usize,
     /// Sealed epoch documents this node keeps on disk once they left memory, over all its
-    /// queues ([`KEEP_SEALED_EPOCHS`], all, by default): beyond this many, the oldest are
-    /// deleted. A queue's first document is never retired. Not safe in a cluster yet (see
+    /// queues ([`KEEP_SEALED_EPOCHS`] by default): beyond this many, the oldest are deleted.
+    /// A queue's first document is never retired. A member that comes back after every
+    /// member deleted a document of the chain it missed moves past it (see
     /// [`KEEP_SEALED_EPOCHS`]).
     pub keep_sealed_epochs: usize,
     /// The documents retired before this start and not deleted yet, oldest first, as the
@@ -180,11 +185,14 @@ pub struct Config {
 /// inline tasks, so that both kinds of task answer for about as long.
 pub const KEEP_TASK_DOCS: usize = 100_000;
 
-/// The default `Config::keep_sealed_epochs`: all of them. Deleting sealed epochs is not safe
-/// yet in a cluster: a member that comes back (or restarts) behind them follows the chain of
-/// seals, and when every member deleted a document of it the member stays behind (the
-/// simulator's partitions mix, seeds 2060 and 2102, with 2 kept). A lone node may set a bound.
-pub const KEEP_SEALED_EPOCHS: usize = usize::MAX;
+/// The default `Config::keep_sealed_epochs`. A sealed epoch holds at most the live tasks of
+/// its time (under 512 KB at 1,000 live tasks), and under load a queue rotates every few
+/// seconds: 64 keep a few minutes of a busy queue's history and bound the disk. A member that
+/// comes back (or restarts) behind them follows the announced epoch; the links of the chain
+/// that no member has any more are passed over (`EpochEvent::Switched::missing`), and its own
+/// late writes are carried with the weaker rule of a node that missed the chain (a task it
+/// saw final is not brought back; one can run again). The simulator keeps 2.
+pub const KEEP_SEALED_EPOCHS: usize = 64;
 
 /// Why a document was retired ([`Io::Retire`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -845,6 +853,9 @@ pub enum EpochEvent {
         from: u64,
         /// Whether it left a successor that lost a double seal.
         sideways: bool,
+        /// Documents of the chain between the two that no member had (deleted everywhere
+        /// while this node was away, see `Config::keep_sealed_epochs`): moved past unread.
+        missing: usize,
     },
     /// Writes made to a sealed epoch after its seal were carried into its successor.
     Carried {

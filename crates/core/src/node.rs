@@ -22,10 +22,11 @@ use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
 use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::{
-    Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT, Io,
-    LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply,
-    Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running, SAVE_RETRY,
-    SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, max_claim, queue_doc, task_doc,
+    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT,
+    Io, LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT,
+    Reply, Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running,
+    SAVE_RETRY, SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, max_claim, queue_doc,
+    task_doc,
 };
 
 /// A rotation whose successor is being built ([`Io::Rotate`]).
@@ -211,8 +212,9 @@ struct Queue {
     /// node's current one: at most [`MAX_ANNOUNCED`], forgotten once placed.
     announced: BTreeSet<DocId>,
     /// The successor this node waits to take until it holds what the seal covered, once the
-    /// members were asked for it (asked again when a peer connects).
-    asked_behind: Option<DocId>,
+    /// members were asked for it (asked again when a peer connects), and until when it waits
+    /// ([`BEHIND_WAIT`]; `None` once that passed: it moves without).
+    asked_behind: Option<(DocId, Option<Instant>)>,
     /// Documents announced as epochs of this queue that are not, or that are older epochs of
     /// its chain: never looked at again (at most [`MAX_REJECTED_EPOCHS`]).
     rejected: BTreeSet<DocId>,
@@ -882,6 +884,10 @@ impl Core {
         let mut t = [
             Some(self.pool.poll_timeout()),
             Some(self.next_dial).filter(|_| !self.queues.is_empty()),
+            self.queues
+                .values()
+                .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
+                .min(),
             self.saves.poll_timeout(),
             self.load_retries.first().map(|(at, _)| *at),
             self.replica.poll_timeout(),
@@ -2388,12 +2394,21 @@ impl Core {
         if behind
             && let Some((pd, _)) = &sealed_from
             && let Some(q) = self.queues.get_mut(id)
-            && q.asked_behind.as_ref() != Some(&to)
+            && q.asked_behind.as_ref().is_none_or(|(d, _)| *d != to)
         {
             // Ask the members for what the seal covered (they may hold it on disk only).
-            q.asked_behind = Some(to.clone());
+            q.asked_behind = Some((to.clone(), Some(now.mono + BEHIND_WAIT)));
             self.replica.resync_with_members(pd);
         }
+        // No member had it within BEHIND_WAIT (every one deleted that document): move
+        // without it. The carry from the seal's heads starts from those this node has (see
+        // `epoch::carry`); what it re-carries that the seal covered is carried once.
+        let behind = behind
+            && !self
+                .queues
+                .get(id)
+                .and_then(|q| q.asked_behind.as_ref())
+                .is_some_and(|(d, until)| *d == to && until.is_none());
         // The documents of the target's chain that this node's chain does not share: a move
         // waits until they are here (or found nowhere), so that carrying this node's own late
         // writes can tell what the chain already ended.
@@ -2580,14 +2595,24 @@ impl Core {
             .get(&to)
             .map(epoch::read_lineage)
             .unwrap_or_default();
+        let from_lineage = self
+            .queues
+            .get(id)
+            .and_then(|q| self.replica.get(&q.doc))
+            .map(epoch::read_lineage)
+            .unwrap_or_default();
+        // The documents between where this node was and `to` that no member had: deleted
+        // everywhere (`keep_sealed_epochs`) while this node was away. It moves past them.
+        let missing = to_lineage
+            .iter()
+            .filter(|l| l.doc != to.as_str() && !from_lineage.iter().any(|f| f.doc == l.doc))
+            .filter_map(|l| DocId::parse(&l.doc))
+            .filter(|d| self.queues.get(id).is_some_and(|q| *d != q.doc))
+            .filter(|d| self.epoch_here(id, d).is_none())
+            .count();
         let Some(q) = self.queues.get_mut(id) else {
             return;
         };
-        let from_lineage = self
-            .replica
-            .get(&q.doc)
-            .map(epoch::read_lineage)
-            .unwrap_or_default();
         let from = std::mem::replace(&mut q.doc, to.clone());
         let from_epoch = q.epoch;
         let sideways =
@@ -2700,6 +2725,7 @@ impl Core {
                 epoch: epoch_no,
                 from: from_epoch,
                 sideways,
+                missing,
             },
         });
     }
@@ -3285,6 +3311,14 @@ impl Core {
     /// Drops the rotations whose last catch-up has not come back in time, and thaws their
     /// queues.
     fn expire_frozen(&mut self, now: Time) {
+        for (id, q) in &mut self.queues {
+            if let Some((_, until)) = &mut q.asked_behind
+                && until.is_some_and(|u| now.mono >= u)
+            {
+                *until = None;
+                self.stale.insert(id.clone());
+            }
+        }
         let late: Vec<RotateId> = self
             .rotating
             .iter()

@@ -12,7 +12,7 @@ use automerge::transaction::Transactable;
 use automerge::{Automerge, ObjType, ROOT, ReadDoc};
 use piecework_core::api::{StorageFailure, SubmitError, SubmitTask};
 use piecework_core::{
-    Command, CommandId, Config, Core, Event, IDLE_EVICT, Io, Reply, Retired, RunResult,
+    Command, CommandId, Config, Core, EpochEvent, Event, IDLE_EVICT, Io, Reply, Retired, RunResult,
     SAVE_FAILURES_REPORTED, Save, Saved, Time, Wire,
 };
 use piecework_queue_doc::{
@@ -1226,13 +1226,27 @@ fn finished_tasks_documents_and_old_epochs_beyond_the_retention_are_deleted_olde
     assert_eq!(again.core.sizes()["retired_task_docs"], 2);
 }
 
-/// Connects two cores both ways and joins `b` to `a`'s queue.
-fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
+/// Disconnects two cores both ways.
+fn part(a: &mut One, b: &mut One) {
+    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+    a.core.handle_disconnected(a.now, &pb);
+    a.drain();
+    b.core.handle_disconnected(b.now, &pa);
+    b.drain();
+}
+
+/// Connects two cores both ways.
+fn meet(a: &mut One, b: &mut One) {
     let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
     a.core.handle_connected(a.now, pb);
     a.drain();
     b.core.handle_connected(b.now, pa);
     b.drain();
+}
+
+/// Connects two cores both ways and joins `b` to `a`'s queue.
+fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
+    meet(a, b);
     exchange(a, b);
     let join = b.command(Command::JoinQueue {
         id: q.clone(),
@@ -1295,11 +1309,7 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
         shown.is_some_and(|s| !s.is_final()),
         "b shows it live: {shown:?}"
     );
-    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
-    a.core.handle_disconnected(a.now, &pb);
-    a.drain();
-    b.core.handle_disconnected(b.now, &pa);
-    b.drain();
+    part(&mut a, &mut b);
 
     // Away from b: the task runs (held) across a rotation, then ends, then a second rotation
     // leaves it behind. Other tasks run meanwhile.
@@ -1345,10 +1355,7 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
     assert!(epoch >= epoch0 + 2, "two rotations: {epoch0} → {epoch}");
 
     // Back together: b catches up to a's epoch.
-    a.core.handle_connected(a.now, pb);
-    a.drain();
-    b.core.handle_connected(b.now, pa);
-    b.drain();
+    meet(&mut a, &mut b);
     while b.core.epoch(&q).map_or(0, |e| e.0) != a.core.epoch(&q).map_or(0, |e| e.0) {
         t += 50;
         assert!(t < 240_000, "b never reached a's epoch");
@@ -1364,6 +1371,95 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
     let s = task_status(&mut b, &task);
     assert_eq!(s.state, TaskState::Succeeded);
     assert_eq!(s.result, Some(serde_json::json!("late")));
+}
+
+/// A follower away while the router rotated several times and deleted the sealed epochs
+/// between them (`keep_sealed_epochs`) comes back: it finds those documents nowhere, moves
+/// straight to the announced epoch past them, and the task it took while away is carried
+/// there and runs.
+#[test]
+fn a_follower_back_after_the_chain_was_deleted_moves_past_it_and_forwards_its_writes() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|c| {
+        c.catch_ups = 0;
+        c.epoch_retain = Duration::from_secs(1);
+        c.keep_sealed_epochs = 1;
+    });
+    part(&mut a, &mut b);
+    let left_at = b.core.epoch(&q).map_or(0, |e| e.0);
+
+    // Away: b takes a task into the epoch it knows.
+    b.at(t);
+    let cmd = b.submit(&q);
+    b.ack_saves();
+    let task = submitted(b.reply(cmd)).expect("taken while away").task_id;
+
+    // a rotates on and deletes what it sealed, until no document between b's epoch and a's
+    // current one is left on a's disk.
+    let between_gone = |a: &One| {
+        let Some((now_at, cur)) = a.core.epoch(&q) else {
+            return false;
+        };
+        now_at >= left_at + 3 && a.deleted.len() >= 2 && a.retired.iter().all(|(d, _)| d != cur)
+    };
+    while !between_gone(&a) {
+        t += 50;
+        assert!(t < 120_000, "a never deleted two sealed epochs");
+        let c = a.submit(&q);
+        a.step(t);
+        a.reply(c);
+        a.frames.clear();
+    }
+    // Nothing left of the chain b missed but a's current epoch: b cannot read it.
+    let now_at = a.core.epoch(&q).unwrap().0;
+    b.frames.clear();
+
+    // Back together.
+    meet(&mut a, &mut b);
+    while b.core.epoch(&q).map_or(0, |e| e.0) < now_at {
+        t += 50;
+        assert!(t < 240_000, "b never reached a's epoch");
+        a.step(t);
+        b.step(t);
+        exchange(&mut a, &mut b);
+    }
+    let missing: usize = b
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Epoch {
+                event: EpochEvent::Switched { missing, .. },
+                ..
+            } => Some(*missing),
+            _ => None,
+        })
+        .sum();
+    assert!(
+        missing > 0,
+        "b moved past deleted documents: {:?}",
+        b.events
+    );
+    assert_eq!(
+        b.core.epoch(&q).map(|(_, d)| d.clone()),
+        a.core.epoch(&q).map(|(_, d)| d.clone())
+    );
+
+    // The task b took while away reaches a's epoch and runs there.
+    let mut done = false;
+    for _ in 0..400 {
+        t += 50;
+        a.step(t);
+        b.step(t);
+        exchange(&mut a, &mut b);
+        let state = a
+            .core
+            .view(&q)
+            .and_then(|v| v.task(&task).map(|e| e.state()));
+        if state == Some(TaskState::Succeeded) || a.archive.contains_key(&task) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the task b took while away ran at a");
 }
 
 /// A document loaded because a peer asked for it (an old epoch a member catches up through)

@@ -1174,7 +1174,12 @@ impl World {
                     EpochEvent::Switched { sideways: true, .. } => {
                         self.count("double_seal_followed")
                     }
-                    EpochEvent::Switched { .. } => self.count("epoch_switch"),
+                    EpochEvent::Switched { missing, .. } => {
+                        self.count("epoch_switch");
+                        if *missing > 0 {
+                            self.count("moved_past_deleted_epochs");
+                        }
+                    }
                     EpochEvent::Carried {
                         from_loser: false,
                         writes,
@@ -2199,11 +2204,10 @@ const EPOCH_RETAIN: Duration = Duration::from_secs(10);
 /// Finished tasks' documents a simulated node keeps on disk (a node's default is 100,000):
 /// few, so that deletions happen while faults go on.
 const KEEP_TASK_DOCS: usize = 16;
-/// Sealed epoch documents a simulated node keeps on disk once out of memory: all, as a node
-/// does by default. With 2, the partitions mix loses the chain of seals for a member that was
-/// behind (seeds 2060 and 2102: a queue never settles on one router), which is why deleting
-/// them is off by default (`piecework_core::KEEP_SEALED_EPOCHS`).
-const KEEP_SEALED_EPOCHS: usize = usize::MAX;
+/// Sealed epoch documents a simulated node keeps on disk once out of memory (a node's default
+/// is 64): few, so that members come back behind documents of the chain deleted everywhere
+/// (`moved_past_deleted_epochs` in the JSON).
+const KEEP_SEALED_EPOCHS: usize = 2;
 
 fn local_us(offset_us: u64, drift_ppm: i64, now_us: u64) -> u64 {
     let scaled = i128::from(now_us) * (1_000_000 + i128::from(drift_ppm)) / 1_000_000;

@@ -96,6 +96,8 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "epoch_switch",
         "carried_late_writes",
         "epoch_evicted",
+        // Members back after every member deleted sealed epochs they missed (2 kept).
+        "moved_past_deleted_epochs",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,
@@ -198,6 +200,17 @@ mod regressions {
         };
         let r = run(seed, &config);
         assert!(r.passed() && r.lost == 0, "{}", describe(&r));
+    }
+
+    /// Sealed epochs deleted on disk (2 kept): node1, whose messages were lost while the
+    /// other side of a partition sealed epoch 1 again (a double seal), had to move sideways
+    /// to the winner, whose seal covered writes to epoch 1 that node1 never got. It waited
+    /// for them from the members, but every member had deleted epoch 1 by then: node1 stayed
+    /// on the losing successor under its own claim, and the queue never settled on one router
+    /// (invariant 3). A member now waits `BEHIND_WAIT` for them and then moves without.
+    #[test]
+    fn seed_2269_partitions_a_member_behind_a_deleted_epoch_moves_on() {
+        passes_with(2269, FaultMix::partitions());
     }
 
     /// Fault 1 of the node-core issue: node1 was assigned a task, crashed before starting it and
