@@ -61,8 +61,8 @@ enum Command {
         #[arg(long)]
         keep_task_docs: Option<usize>,
         /// Sealed epoch documents kept on disk once out of memory, the latest, over all
-        /// queues (default: 64). A member that comes back after every member deleted some
-        /// of the epochs it missed moves past them; a task it saw final may then run again.
+        /// queues (default: all). Only for a node alone in its queues: a member that falls
+        /// behind a chain of epochs every member deleted may not catch up.
         #[arg(long)]
         keep_sealed_epochs: Option<usize>,
     },

@@ -32,6 +32,9 @@ struct Args {
     /// The fault mix: default, crashes, calm or partitions.
     #[arg(long, default_value = "default")]
     faults: String,
+    /// Sealed epoch documents each node keeps on disk (default: all, as a node).
+    #[arg(long)]
+    keep_sealed_epochs: Option<usize>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
@@ -78,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         fault_ms: args.fault_secs * 1000,
         mix,
         trace_lines: args.trace_lines,
+        keep_sealed_epochs: args.keep_sealed_epochs.unwrap_or(usize::MAX),
         ..Config::default()
     };
     let started = Instant::now();
@@ -143,8 +147,15 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  {l}");
         }
         eprintln!(
-            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {} (add --trace-lines 100000 for the whole trace)",
-            r.seed, args.nodes, args.tasks, args.fault_secs, args.faults
+            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {}{} (add --trace-lines 100000 for the whole trace)",
+            r.seed,
+            args.nodes,
+            args.tasks,
+            args.fault_secs,
+            args.faults,
+            args.keep_sealed_epochs
+                .map(|k| format!(" --keep-sealed-epochs {k}"))
+                .unwrap_or_default()
         );
         bail!("{} of {} seeds failed", s.failing_seeds.len(), s.seeds_run);
     }

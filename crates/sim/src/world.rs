@@ -398,7 +398,7 @@ impl World {
                     .with_rotation(config.rotation.0, config.rotation.1)
                     .with_catch_ups(catch_ups(i))
                     .with_epoch_retain(EPOCH_RETAIN)
-                    .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS),
+                    .with_disk_retention(KEEP_TASK_DOCS, config.keep_sealed_epochs),
                 t,
             );
             nodes.push(Node {
@@ -1778,7 +1778,7 @@ impl World {
         .with_rotation(self.config.rotation.0, self.config.rotation.1)
         .with_catch_ups(catch_ups(i))
         .with_epoch_retain(EPOCH_RETAIN)
-        .with_disk_retention(KEEP_TASK_DOCS, KEEP_SEALED_EPOCHS)
+        .with_disk_retention(KEEP_TASK_DOCS, self.config.keep_sealed_epochs)
         .with_retired(self.nodes[i].disk.retired.clone());
         let n = &mut self.nodes[i];
         n.incarnation = inc;
@@ -2204,10 +2204,6 @@ const EPOCH_RETAIN: Duration = Duration::from_secs(10);
 /// Finished tasks' documents a simulated node keeps on disk (a node's default is 100,000):
 /// few, so that deletions happen while faults go on.
 const KEEP_TASK_DOCS: usize = 16;
-/// Sealed epoch documents a simulated node keeps on disk once out of memory (a node's default
-/// is 64): few, so that members come back behind documents of the chain deleted everywhere
-/// (`moved_past_deleted_epochs` in the JSON).
-const KEEP_SEALED_EPOCHS: usize = 2;
 
 fn local_us(offset_us: u64, drift_ppm: i64, now_us: u64) -> u64 {
     let scaled = i128::from(now_us) * (1_000_000 + i128::from(drift_ppm)) / 1_000_000;

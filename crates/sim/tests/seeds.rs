@@ -96,8 +96,6 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "epoch_switch",
         "carried_late_writes",
         "epoch_evicted",
-        // Members back after every member deleted sealed epochs they missed (2 kept).
-        "moved_past_deleted_epochs",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,
@@ -165,6 +163,26 @@ fn partition_seeds_pass() {
     }
 }
 
+/// Sealed epochs deleted on disk, 2 kept per node (a node keeps all by default): members come
+/// back behind documents of the chain every member deleted and move past them, and the
+/// default mix's seeds still pass. (At 7 nodes it is not safe yet: docs/protocol.md.)
+#[test]
+fn seeds_pass_with_sealed_epochs_deleted_and_members_move_past_them() {
+    let config = Config {
+        keep_sealed_epochs: 2,
+        ..Config::default()
+    };
+    let faults = seeds_with(&config, 0..CI_SEEDS / 2);
+    assert!(
+        faults
+            .get("moved_past_deleted_epochs")
+            .copied()
+            .unwrap_or(0)
+            > 0,
+        "{faults:?}"
+    );
+}
+
 /// Workers that do not fence: the simulator must notice within 1,000 seeds, or it proves
 /// nothing when it passes.
 #[test]
@@ -210,7 +228,13 @@ mod regressions {
     /// (invariant 3). A member now waits `BEHIND_WAIT` for them and then moves without.
     #[test]
     fn seed_2269_partitions_a_member_behind_a_deleted_epoch_moves_on() {
-        passes_with(2269, FaultMix::partitions());
+        let config = Config {
+            mix: FaultMix::partitions(),
+            keep_sealed_epochs: 2,
+            ..Config::default()
+        };
+        let r = run(2269, &config);
+        assert!(r.passed() && r.lost == 0, "{}", describe(&r));
     }
 
     /// Fault 1 of the node-core issue: node1 was assigned a task, crashed before starting it and
