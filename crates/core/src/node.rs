@@ -2401,8 +2401,8 @@ impl Core {
             self.replica.resync_with_members(pd);
         }
         // No member had it within BEHIND_WAIT (every one deleted that document): move
-        // without it. The carry from the seal's heads starts from those this node has (see
-        // `epoch::carry`); what it re-carries that the seal covered is carried once.
+        // without it. The carry out of that document still waits for it (`carry_round`):
+        // carrying without it could bring back a task that ended there.
         let behind = behind
             && !self
                 .queues
