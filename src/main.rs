@@ -61,8 +61,8 @@ enum Command {
         #[arg(long)]
         keep_task_docs: Option<usize>,
         /// Sealed epoch documents kept on disk once out of memory, the latest, over all
-        /// queues (default: all). Only for a node alone in its queues: a member that falls
-        /// behind a chain of epochs every member deleted may not catch up.
+        /// queues (default: 256). A member that comes back more rotations later than its
+        /// queue's covers reach (256) needs a member that kept the documents between.
         #[arg(long)]
         keep_sealed_epochs: Option<usize>,
     },

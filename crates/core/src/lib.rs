@@ -171,9 +171,9 @@ pub struct Config {
     /// document; their statuses have the store's archive and its own bound.
     pub keep_task_docs: usize,
     /// Sealed epoch documents this node keeps on disk once they left memory, over all its
-    /// queues ([`KEEP_SEALED_EPOCHS`], all, by default): beyond this many, the oldest are
-    /// deleted. A queue's first document is never retired. Not safe in a cluster yet (see
-    /// [`KEEP_SEALED_EPOCHS`]).
+    /// queues ([`KEEP_SEALED_EPOCHS`] by default): beyond this many, the oldest are deleted,
+    /// except the predecessor of a document this node holds. A queue's first document is
+    /// never retired.
     pub keep_sealed_epochs: usize,
     /// The documents retired before this start and not deleted yet, oldest first, as the
     /// store recorded them from [`Io::Retire`].
@@ -184,14 +184,14 @@ pub struct Config {
 /// inline tasks, so that both kinds of task answer for about as long.
 pub const KEEP_TASK_DOCS: usize = 100_000;
 
-/// The default `Config::keep_sealed_epochs`: all of them. Deleting sealed epochs is not safe
-/// yet in a cluster. A member that comes back behind a chain every member deleted now moves
-/// past it (`EpochEvent::Switched::missing`, and after `BEHIND_WAIT` when the seal it follows
-/// covered changes it lacks), but a carry out of a sealed document still waits for the
-/// chain's changes it lacks: asked at every turn, the members' answers make the next turn (a
-/// 7-node simulation crawled, partitions seed 3003 with 2 kept), and carrying without them
-/// brought a finished task back as running (default seed 3013). A lone node may set a bound.
-pub const KEEP_SEALED_EPOCHS: usize = usize::MAX;
+/// The default `Config::keep_sealed_epochs`: as many as a successor hands on covers for
+/// (`piecework_queue_doc::epoch::COVER_EPOCHS`). A member that comes back behind documents
+/// every member deleted moves past them (`EpochEvent::Switched::missing`) and carries its
+/// late writes with the covers of the current epoch, which say what the chain absorbed of the
+/// document it left: it needs none of the deleted documents. One that comes back more than
+/// `COVER_EPOCHS` rotations later finds no cover, and its late writes wait for a member that
+/// kept the documents between (docs/protocol.md).
+pub const KEEP_SEALED_EPOCHS: usize = piecework_queue_doc::epoch::COVER_EPOCHS as usize;
 
 /// Why a document was retired ([`Io::Retire`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -610,12 +610,14 @@ impl Rotate {
                     piecework_queue_doc::epoch::known_at(&old, &seal_heads, t)
                 };
                 let mark = s.prev.to_string();
-                piecework_queue_doc::epoch::carry(
+                let epoch = piecework_queue_doc::epoch::read_epoch(&*old).map_or(0, |e| e.0);
+                piecework_queue_doc::epoch::carry_covering(
                     &old,
                     &s.carried,
                     &mut s.doc,
                     &dropped,
                     Some(&mark),
+                    Some((&mark, epoch)),
                     usize::MAX,
                 )
                 .map_err(|e| e.to_string())

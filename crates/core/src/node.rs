@@ -108,7 +108,27 @@ struct Sealed {
     /// the chain: it now carries into the current document, and a task it indexed at
     /// `carried` was carried along already (so the chain's documents are not needed).
     forwarded: bool,
+    /// A carry waiting for documents of the chain (or their changes) is looked at again
+    /// then, not at every turn: each look asks the members, whose answers make turns.
+    retry_at: Option<Instant>,
 }
+
+/// A carry waits for a document (or its changes) to arrive.
+struct Waiting;
+
+/// What a losing branch's carry reads besides the target's chain (`Core::loser_bases`).
+struct LoserBases {
+    /// The documents the branch carried from or was built from that this node holds, each
+    /// with what the target's chain absorbed of it.
+    docs: Vec<(DocId, epoch::Cover)>,
+    /// The target's chain absorbed all the branch absorbed of them: a task entry the branch
+    /// took from one of them (its build, a carry) needs no carrying.
+    all_absorbed: bool,
+}
+
+/// How long a carry waiting for documents of the chain, or for changes of them, waits before
+/// it looks (and asks) again, unless they arrive.
+const CARRY_RETRY: Duration = Duration::from_secs(1);
 
 /// Sealed epochs a queue holds past their carry, at most, besides its first document: the
 /// oldest clean ones are retired before `Config::epoch_retain` when more are held. A queue
@@ -230,8 +250,9 @@ struct Queue {
     /// nor the pool writes the document, so that the successor then holds all the view showed
     /// and every change after it is a late write no view showed, carried over the next turns.
     frozen: bool,
-    /// Router actions (other than heartbeats) held while frozen.
-    deferred: Vec<RouterAction>,
+    /// Router actions (other than heartbeats) held while frozen, with when they were decided
+    /// (unix ms).
+    deferred: Vec<(u64, RouterAction)>,
     /// The document `view` was read from: `doc` but between a move and the next refresh.
     view_doc: DocId,
 }
@@ -908,6 +929,11 @@ impl Core {
         if let Some(d) = self.carry_again {
             earliest(d);
         }
+        for s in self.queues.values().flat_map(|q| q.sealed.values()) {
+            if let (true, Some(t)) = (s.dirty, s.retry_at) {
+                earliest(t);
+            }
+        }
         for r in self.rotating.values() {
             if let Some(d) = r.last {
                 earliest(d);
@@ -931,8 +957,9 @@ impl Core {
             }
         }
         for q in self.queues.values() {
+            // A dirty one stays until it is carried (then clean, and timed again).
             for (d, sealed) in &q.sealed {
-                if *d != q.root {
+                if *d != q.root && !sealed.dirty {
                     earliest(sealed.since + self.config.epoch_retain);
                 }
             }
@@ -971,6 +998,12 @@ impl Core {
         self.saves.handle_timeout(now.mono);
         self.carry_budget = CARRY_PER_TURN;
         self.carry_again = None;
+        // Carries whose wait is over are due at this turn's epoch work (and no longer a timer).
+        for s in self.queues.values_mut().flat_map(|q| q.sealed.values_mut()) {
+            if s.retry_at.is_some_and(|t| now.mono >= t) {
+                s.retry_at = None;
+            }
+        }
         self.expire_frozen(now);
         while let Some((at, doc)) = self.load_retries.first().cloned() {
             if at > now.mono {
@@ -1325,9 +1358,28 @@ impl Core {
     /// leave memory (saved, unused) and has no load in flight; one that cannot yet holds back
     /// the ones behind it until a later call.
     fn delete_retired(&mut self) {
+        // The predecessors of the documents each queue holds (its current one, its sealed
+        // ones): a losing branch's carry reads its predecessor (`Core::loser_bases`).
+        let mut pinned: Option<BTreeSet<DocId>> = None;
+        let mut postponed = 0;
         loop {
             let mut deleted = false;
             for doc in self.retention.over() {
+                let pinned = pinned.get_or_insert_with(|| {
+                    self.queues
+                        .values()
+                        .flat_map(|q| std::iter::once(&q.doc).chain(q.sealed.keys()))
+                        .filter_map(|d| self.replica.get(d))
+                        .filter_map(epoch::read_prev)
+                        .filter_map(|p| DocId::parse(&p.doc))
+                        .collect()
+                });
+                if pinned.contains(&doc) && postponed < pinned.len() {
+                    self.retention.postpone(&doc);
+                    postponed += 1;
+                    deleted = true;
+                    continue;
+                }
                 let in_memory = self.replica.is_loaded(&doc);
                 if self.loads.contains_key(&doc)
                     || !self.saves.is_clean(&doc)
@@ -2401,8 +2453,8 @@ impl Core {
             self.replica.resync_with_members(pd);
         }
         // No member had it within BEHIND_WAIT (every one deleted that document): move
-        // without it. The carry out of that document still waits for it (`carry_round`):
-        // carrying without it could bring back a task that ended there.
+        // without it. The carry out of that document then goes by the successor's covers
+        // (`carry_round`), which say what the chain absorbed without the changes.
         let behind = behind
             && !self
                 .queues
@@ -2525,6 +2577,7 @@ impl Core {
                     epoch: epoch_no,
                     since: now.mono,
                     forwarded: false,
+                    retry_at: None,
                 },
             );
             self.epoch_docs.insert(n, id.clone());
@@ -2636,6 +2689,7 @@ impl Core {
                         epoch: e,
                         since: now.mono,
                         forwarded: false,
+                        retry_at: None,
                     },
                 );
                 self.epoch_docs.insert(d, id.clone());
@@ -2656,6 +2710,7 @@ impl Core {
                 epoch: from_epoch,
                 since: now.mono,
                 forwarded: false,
+                retry_at: None,
             },
         );
         // The document `to` continues, if this node had retired it: held again (read back
@@ -2677,6 +2732,7 @@ impl Core {
                     epoch: epoch_no.saturating_sub(1),
                     since: now.mono,
                     forwarded: false,
+                    retry_at: None,
                 },
             );
             self.epoch_docs.insert(pd, id.clone());
@@ -2789,6 +2845,76 @@ impl Core {
             && !epoch::on_lineage(&epoch::read_lineage(target), from.as_str(), from_epoch)
     }
 
+    /// For a losing branch `from` carried into `into` (whose chain this node holds as
+    /// `chain`): the documents its task entries came from that this node holds, each with
+    /// what `into`'s chain absorbed of it. Empty when the chain holds no cover of `from`'s
+    /// predecessor (a fork older than `epoch::COVER_EPOCHS`, or documents written before
+    /// covers): the carry then needs the chain since the fork. `Err` while the predecessor
+    /// is being loaded or caught up (looked at again after [`CARRY_RETRY`]).
+    fn loser_bases(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        from: &DocId,
+        into: &DocId,
+        chain: &[DocId],
+    ) -> Result<Option<LoserBases>, Waiting> {
+        let chain_cover = |this: &Self, of: &str| {
+            std::iter::once(into)
+                .chain(chain.iter())
+                .filter_map(|d| this.replica.get(d))
+                .filter_map(|d| epoch::read_cover(d, of))
+                .reduce(|mut a, b| {
+                    a.merge(&b);
+                    a
+                })
+        };
+        let Some(f) = self.replica.get(from) else {
+            return Ok(None);
+        };
+        let Some(prev) = epoch::read_prev(f).and_then(|p| DocId::parse(&p.doc)) else {
+            return Ok(None);
+        };
+        let own = epoch::read_covers(f);
+        if chain_cover(self, prev.as_str()).is_none() {
+            return Ok(None);
+        }
+        // The predecessor is read from disk, or asked for, unless no one has it.
+        if self
+            .replica
+            .get(&prev)
+            .is_none_or(|p| p.get_heads().is_empty())
+            && self.to_fetch(id, &prev)
+        {
+            self.fetch_epoch(now, id, &prev);
+            self.carry_later(now, id, from);
+            return Err(Waiting);
+        }
+        let mut docs = vec![];
+        let mut all_absorbed = true;
+        for (other, need) in &own {
+            let absorbed = chain_cover(self, other);
+            all_absorbed &= absorbed.as_ref().is_some_and(|a| a.includes(need));
+            if let (Some(d), Some(a)) = (DocId::parse(other), absorbed)
+                && self
+                    .replica
+                    .get(&d)
+                    .is_some_and(|x| !x.get_heads().is_empty())
+            {
+                docs.push((d, a));
+            }
+        }
+        Ok(Some(LoserBases { docs, all_absorbed }))
+    }
+
+    /// Marks sealed document `from` to be carried again after [`CARRY_RETRY`].
+    fn carry_later(&mut self, now: Time, id: &QueueId, from: &DocId) {
+        if let Some(s) = self.queues.get_mut(id).and_then(|q| q.sealed.get_mut(from)) {
+            s.dirty = true;
+            s.retry_at = Some(now.mono + CARRY_RETRY);
+        }
+    }
+
     /// One round of [`Self::carry_late`]: the documents of the target's chain first, then the
     /// losing branches'. True if a carry brought tasks into a document that a losing branch
     /// carries into, which is then carried again whole.
@@ -2799,9 +2925,10 @@ impl Core {
         let mut dirty: Vec<(DocId, DocId, Vec<ChangeHash>, bool)> = q
             .sealed
             .iter_mut()
-            .filter(|(_, s)| s.dirty)
+            .filter(|(_, s)| s.dirty && s.retry_at.is_none_or(|t| now.mono >= t))
             .map(|(d, s)| {
                 s.dirty = false;
+                s.retry_at = None;
                 (d.clone(), s.into.clone(), s.carried.clone(), s.forwarded)
             })
             .collect();
@@ -2880,7 +3007,36 @@ impl Core {
                 .iter()
                 .find(|l| !from_lineage.contains(l))
                 .map_or(u64::MAX, |l| l.epoch);
+            // What the target's chain absorbed of `from` (`epoch::Cover`): with it, a task
+            // entry of `from` tells by itself whether the chain knew the task, and the carry
+            // needs neither the documents between nor the changes of `from` it lacks. A
+            // losing branch's entries were written by its own sealer: it still needs the
+            // chain since the fork.
+            let cover = std::iter::once(&into)
+                .chain(chain.iter())
+                .filter_map(|d| self.replica.get(d))
+                .filter_map(|d| epoch::read_cover(d, from.as_str()))
+                .reduce(|mut a, b| {
+                    a.merge(&b);
+                    a
+                });
+            // A losing branch carries without the chain since the fork when the documents
+            // its entries came from (its predecessor, and any other it carried from) are
+            // here, with what the target's chain absorbed of each: a task entry found in one
+            // of them was absorbed, or not, by its entry there. The predecessor must be here
+            // with every change the branch absorbed of it (`epoch::Cover::includes`).
+            let loser = if direct || ancestor {
+                None
+            } else {
+                match self.loser_bases(now, id, &from, &into, &chain) {
+                    Ok(b) => b,
+                    Err(Waiting) => continue,
+                }
+            };
+            let covered = (cover.is_some() && (direct || ancestor)) || loser.is_some();
+            let (bases, all_absorbed) = loser.map_or((vec![], false), |l| (l.docs, l.all_absorbed));
             let needed_from = match (direct, ancestor) {
+                _ if covered => None,
                 (true, _) => None,
                 (false, true) => Some(from_epoch + 1),
                 (false, false) => Some(fork.saturating_sub(1)),
@@ -2906,13 +3062,8 @@ impl Core {
                         self.fetch_epoch(now, id, &d);
                         asked = true;
                     }
-                    if asked
-                        && let Some(s) = self
-                            .queues
-                            .get_mut(id)
-                            .and_then(|q| q.sealed.get_mut(&from))
-                    {
-                        s.dirty = true;
+                    if asked {
+                        self.carry_later(now, id, &from);
                     }
                     continue;
                 }
@@ -2949,6 +3100,7 @@ impl Core {
             // A carrier behind the seal (it lacks some of the changes the seal covered) cannot
             // tell a late submit from a task that ended before the seal: it waits for them.
             if let (Some(h), Some(f)) = (&heads, self.replica.get(&from))
+                && !covered
                 && epoch::known_heads(f, h).len() < h.len()
             {
                 self.replica.resync_with_members(&from);
@@ -2960,6 +3112,7 @@ impl Core {
             // held when it was sealed into the next.
             let behind: Vec<DocId> = chain
                 .iter()
+                .filter(|_| !covered)
                 .filter(|d| !self.holds_sealed_state(d, &lineage))
                 .cloned()
                 .collect();
@@ -2967,14 +3120,8 @@ impl Core {
                 for d in &behind {
                     self.replica.resync_with_members(d);
                 }
-                // Looked at again at the next turn (their changes do not mark `from`).
-                if let Some(s) = self
-                    .queues
-                    .get_mut(id)
-                    .and_then(|q| q.sealed.get_mut(&from))
-                {
-                    s.dirty = true;
-                }
+                // Looked at again later (their changes do not mark `from`).
+                self.carry_later(now, id, &from);
                 continue;
             }
             let from_loser = !direct && !ancestor;
@@ -3007,12 +3154,33 @@ impl Core {
             }
             let mut others: Vec<&DocId> = vec![&from];
             others.extend(chain.iter());
+            others.extend(bases.iter().map(|(d, _)| d));
             let carried = self.replica.change_reading(&into, &others, |d, docs| {
                 let f = docs[0]?;
-                let held: Vec<&Automerge> = docs[1..].iter().flatten().copied().collect();
+                let held: Vec<&Automerge> =
+                    docs[1..=chain.len()].iter().flatten().copied().collect();
+                let based: Vec<(&Automerge, &epoch::Cover)> = docs[chain.len() + 1..]
+                    .iter()
+                    .zip(&bases)
+                    .filter_map(|(d, (_, c))| Some(((*d)?, c)))
+                    .collect();
                 let dropped = |t: &TaskId| {
-                    if held.iter().any(|h| epoch::indexes(*h, t)) {
+                    if held.iter().any(|h| epoch::indexes(*h, t))
+                        || cover
+                            .as_ref()
+                            .is_some_and(|c| epoch::entry_covered(f, c, t))
+                    {
                         return true;
+                    }
+                    // A losing branch's task that came from a document the chain absorbed
+                    // too: as that document's entry says.
+                    if let Some((b, c)) = based.iter().find(|(b, _)| epoch::indexes(*b, t)) {
+                        return epoch::entry_covered(b, c, t);
+                    }
+                    // One the branch took from a document not here (its build, a carry):
+                    // absorbed if the chain absorbed all the branch did.
+                    if covered && !(ancestor || direct) && epoch::entry_carried(f, t) {
+                        return all_absorbed;
                     }
                     match (&heads, ancestor || direct) {
                         (Some(h), _) => epoch::known_at(f, h, t),
@@ -3024,7 +3192,15 @@ impl Core {
                         (None, false) => false,
                     }
                 };
-                Some(epoch::carry(f, &since, d, &dropped, mark.as_deref(), limit))
+                Some(epoch::carry_covering(
+                    f,
+                    &since,
+                    d,
+                    &dropped,
+                    mark.as_deref(),
+                    Some((from.as_str(), from_epoch)),
+                    limit,
+                ))
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
@@ -3420,20 +3596,20 @@ impl Core {
                     .get_mut(id)
                     .map(|q| std::mem::take(&mut q.deferred))
                     .unwrap_or_default();
-                for action in held {
+                for (at_ms, action) in held {
                     acted = true;
-                    self.router_action(now, id, action);
+                    self.router_action(now, id, action, at_ms);
                 }
             }
             while let Some(action) = self.queues.get_mut(id).and_then(|q| q.router.poll_action()) {
                 match action {
-                    RouterAction::Beat(_) => self.router_action(now, id, action),
+                    RouterAction::Beat(_) => self.router_action(now, id, action, now.unix_ms),
                     _ if frozen => {
                         if let Some(q) = self.queues.get_mut(id) {
-                            q.deferred.push(action);
+                            q.deferred.push((now.unix_ms, action));
                         }
                     }
-                    _ => self.router_action(now, id, action),
+                    _ => self.router_action(now, id, action, now.unix_ms),
                 }
                 acted = true;
             }
@@ -3486,7 +3662,10 @@ impl Core {
         self.refresh(now, id);
     }
 
-    fn router_action(&mut self, now: Time, id: &QueueId, action: RouterAction) {
+    /// Carries out a router's action, decided at `at_ms` (unix ms: earlier than `now` for an
+    /// action held while the queue was frozen). Assignments are recorded as made then, when
+    /// the router counted them against its rate interval.
+    fn router_action(&mut self, now: Time, id: &QueueId, action: RouterAction, at_ms: u64) {
         match action {
             RouterAction::Claim(claim) => {
                 self.write_queue(now, id, "a router claim", |d| {
@@ -3497,8 +3676,8 @@ impl Core {
                 // Checked against the cached view, as a turn's starts and ends are.
                 let view = self.current_view(id);
                 self.write_queue(now, id, "assignments", |d| match &view {
-                    Some(v) => queue::record_assignments_in_view(d, v, &list, now.unix_ms),
-                    None => queue::record_assignments(d, &list, now.unix_ms),
+                    Some(v) => queue::record_assignments_in_view(d, v, &list, at_ms),
+                    None => queue::record_assignments(d, &list, at_ms),
                 });
             }
             RouterAction::Beat(mut beat) => {

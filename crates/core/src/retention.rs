@@ -82,6 +82,18 @@ impl Retention {
         .collect()
     }
 
+    /// Puts `doc`, one of [`Retention::over`], behind the others of its kind: it is still
+    /// needed, and must not hold back the deletion of those behind it.
+    pub(crate) fn postpone(&mut self, doc: &DocId) {
+        for list in [&mut self.tasks, &mut self.epochs] {
+            if list.front() == Some(doc)
+                && let Some(d) = list.pop_front()
+            {
+                list.push_back(d);
+            }
+        }
+    }
+
     /// Forgets `doc`, one of [`Retention::over`]: the caller deletes it.
     pub(crate) fn deleted(&mut self, doc: &DocId) {
         for list in [&mut self.tasks, &mut self.epochs] {

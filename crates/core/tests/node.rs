@@ -1267,6 +1267,52 @@ fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
     panic!("b never joined");
 }
 
+/// A submit to `b`, apart from its peers, at `t`: acknowledged from its own disk.
+fn take_while_away(b: &mut One, q: &QueueId, t: u64) -> TaskId {
+    b.at(t);
+    let cmd = b.submit(q);
+    b.ack_saves();
+    submitted(b.reply(cmd)).expect("taken while away").task_id
+}
+
+/// Runs `a` alone (what it sends is dropped), submitting a task every 50 ms, until `done`;
+/// panics with `what` after two minutes.
+fn run_alone_until(a: &mut One, q: &QueueId, t: &mut u64, what: &str, done: impl Fn(&One) -> bool) {
+    while !done(a) {
+        *t += 50;
+        assert!(*t < 120_000, "{what}");
+        let c = a.submit(q);
+        a.step(*t);
+        a.reply(c);
+        a.frames.clear();
+    }
+}
+
+/// Steps two connected cores, 50 ms at a time for at most `rounds`, until `task` ran at `a`
+/// (`check` looks at both after each step); whether it did.
+fn run_together_until_done(
+    a: &mut One,
+    b: &mut One,
+    q: &QueueId,
+    task: &TaskId,
+    t: &mut u64,
+    rounds: usize,
+    mut check: impl FnMut(&One, &One),
+) -> bool {
+    for _ in 0..rounds {
+        *t += 50;
+        a.step(*t);
+        b.step(*t);
+        exchange(a, b);
+        check(a, b);
+        let state = a.core.view(q).and_then(|v| v.task(task).map(|e| e.state()));
+        if state == Some(TaskState::Succeeded) || a.archive.contains_key(task) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Two cores that rotate at every chance (adjusted by `f`): `a` creates the queue and runs its
 /// tasks, `b` (no workers) joins it and follows. Returns them, the queue and the time reached.
 fn router_and_follower(f: impl Fn(&mut Config)) -> (One, One, QueueId, u64) {
@@ -1388,10 +1434,7 @@ fn a_follower_back_after_the_chain_was_deleted_moves_past_it_and_forwards_its_wr
     let left_at = b.core.epoch(&q).map_or(0, |e| e.0);
 
     // Away: b takes a task into the epoch it knows.
-    b.at(t);
-    let cmd = b.submit(&q);
-    b.ack_saves();
-    let task = submitted(b.reply(cmd)).expect("taken while away").task_id;
+    let task = take_while_away(&mut b, &q, t);
 
     // a rotates on and deletes what it sealed, until no document between b's epoch and a's
     // current one is left on a's disk.
@@ -1401,14 +1444,13 @@ fn a_follower_back_after_the_chain_was_deleted_moves_past_it_and_forwards_its_wr
         };
         now_at >= left_at + 3 && a.deleted.len() >= 2 && a.retired.iter().all(|(d, _)| d != cur)
     };
-    while !between_gone(&a) {
-        t += 50;
-        assert!(t < 120_000, "a never deleted two sealed epochs");
-        let c = a.submit(&q);
-        a.step(t);
-        a.reply(c);
-        a.frames.clear();
-    }
+    run_alone_until(
+        &mut a,
+        &q,
+        &mut t,
+        "a never deleted two sealed epochs",
+        between_gone,
+    );
     // Nothing left of the chain b missed but a's current epoch: b cannot read it.
     let now_at = a.core.epoch(&q).unwrap().0;
     b.frames.clear();
@@ -1444,22 +1486,89 @@ fn a_follower_back_after_the_chain_was_deleted_moves_past_it_and_forwards_its_wr
     );
 
     // The task b took while away reaches a's epoch and runs there.
-    let mut done = false;
-    for _ in 0..400 {
+    let done = run_together_until_done(&mut a, &mut b, &q, &task, &mut t, 400, |_, _| {});
+    assert!(done, "the task b took while away ran at a");
+}
+
+/// As above, and b had seen a task live that ran and ended at a while b was away: b's copy of
+/// its old epoch still shows it pending, and b has neither the seal's changes nor the chain
+/// between, not even the document it left. It carries its own late submit and not that task:
+/// the covers in a's epoch say a's chain absorbed the task's entry (`epoch::Cover`), so it is
+/// never shown live again. (Before covers the carry waited for the deleted documents, and
+/// the late submit never ran.)
+#[test]
+fn a_follower_back_after_the_chain_was_deleted_brings_back_no_task_that_ended() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|c| {
+        c.catch_ups = 0;
+        c.epoch_retain = Duration::from_secs(1);
+        c.keep_sealed_epochs = 1;
+    });
+    // Past the queue's first document (never deleted) together.
+    while b.core.epoch(&q).map_or(0, |e| e.0) < 2 {
         t += 50;
+        assert!(t < 60_000, "no rotation");
+        let c = a.submit(&q);
         a.step(t);
         b.step(t);
         exchange(&mut a, &mut b);
-        let state = a
-            .core
-            .view(&q)
-            .and_then(|v| v.task(&task).map(|e| e.state()));
-        if state == Some(TaskState::Succeeded) || a.archive.contains_key(&task) {
-            done = true;
-            break;
-        }
+        a.reply(c);
     }
-    assert!(done, "the task b took while away ran at a");
+    // A task b shows live when they part.
+    let cmd = a.submit(&q);
+    a.ack_saves();
+    exchange(&mut a, &mut b);
+    let seen = submitted(a.reply(cmd)).unwrap().task_id;
+    b.at(t);
+    assert!(
+        b.core
+            .view(&q)
+            .and_then(|v| v.task(&seen).map(|e| !e.state().is_final()))
+            .unwrap_or(false),
+        "b shows it live"
+    );
+    part(&mut a, &mut b);
+    let (left_at, left) = b.core.epoch(&q).map(|(e, d)| (e, d.clone())).unwrap();
+    let late = take_while_away(&mut b, &q, t);
+
+    // Away: the task ends at a, and a rotates on and deletes what it sealed.
+    let between_gone = |a: &One| {
+        let Some((now_at, cur)) = a.core.epoch(&q) else {
+            return false;
+        };
+        now_at >= left_at + 3
+            && a.deleted.contains(&left)
+            && a.retired.iter().all(|(d, _)| d != cur)
+    };
+    run_alone_until(
+        &mut a,
+        &q,
+        &mut t,
+        "a never deleted two sealed epochs",
+        between_gone,
+    );
+    assert!(a.archive.contains_key(&seen), "the task ended at a");
+    assert!(a.deleted.contains(&left), "a deleted the document b left");
+    b.frames.clear();
+
+    // Back together: b moves past what was deleted, and a never shows the task live again.
+    meet(&mut a, &mut b);
+    let ran = run_together_until_done(&mut a, &mut b, &q, &late, &mut t, 800, |a, b| {
+        for (who, one) in [("a", a), ("b", b)] {
+            let state = one
+                .core
+                .view(&q)
+                .and_then(|v| v.task(&seen).map(|e| e.state()));
+            assert!(
+                state.is_none_or(|s| s.is_final()),
+                "{who} shows the ended task as {state:?}"
+            );
+        }
+    });
+    assert!(ran, "the task b took while away ran at a");
+    assert_eq!(
+        b.core.epoch(&q).map(|(_, d)| d.clone()),
+        a.core.epoch(&q).map(|(_, d)| d.clone())
+    );
 }
 
 /// A document loaded because a peer asked for it (an old epoch a member catches up through)

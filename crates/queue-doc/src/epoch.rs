@@ -52,6 +52,13 @@ pub(crate) const LINEAGE: &str = "lineage";
 /// Root map of a successor: for each document carried into it directly, the heads of that
 /// document whose writes have been carried ([`carry`]'s `mark`).
 pub(crate) const CARRIED_FROM: &str = "carried_from";
+/// Root map of a queue document: for each earlier document of its queue whose writes its
+/// chain absorbed (sealed into a successor, or carried), a [`Cover`] of those writes.
+pub(crate) const COVERED: &str = "covered";
+
+/// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
+/// most this many epochs older than itself.
+pub const COVER_EPOCHS: u64 = 256;
 
 /// The most links a lineage keeps (the oldest are dropped): forks further back than this many
 /// epochs are not told apart.
@@ -140,6 +147,184 @@ pub struct Latest {
     pub epoch: u64,
     /// Its document's id.
     pub doc: String,
+}
+
+/// The writes of one queue document that the chain of a later document absorbed, as a clock:
+/// for each actor, the greatest operation counter absorbed. Every change of that actor up to
+/// that counter is absorbed too (an actor's changes are ordered, and a change is only ever
+/// sealed or carried with its dependencies).
+///
+/// A successor records the cover of the document it continues (the seal's heads) and hands on
+/// the covers its predecessor held; every carry records what it looked at. A member that comes
+/// back with writes to a sealed document, after the documents between were deleted, can then
+/// tell a task the chain knew (it ran, or runs, there) from one it never saw ([`entry_covered`])
+/// without the history it lacks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cover {
+    /// The covered document's epoch number.
+    #[serde(rename = "e")]
+    pub epoch: u64,
+    /// Actor (hex) → the greatest operation counter absorbed.
+    #[serde(rename = "c")]
+    pub clock: BTreeMap<String, u64>,
+}
+
+impl Cover {
+    /// Raises this cover to `other` wherever `other` covers more; true if it grew.
+    pub fn merge(&mut self, other: &Cover) -> bool {
+        let mut grew = false;
+        self.epoch = self.epoch.max(other.epoch);
+        for (actor, &max) in &other.clock {
+            let mine = self.clock.entry(actor.clone()).or_insert(0);
+            if max > *mine {
+                *mine = max;
+                grew = true;
+            }
+        }
+        grew
+    }
+
+    /// Whether this cover covers every operation `other` covers.
+    pub fn includes(&self, other: &Cover) -> bool {
+        other
+            .clock
+            .iter()
+            .all(|(actor, &max)| self.clock.get(actor).is_some_and(|&m| m >= max))
+    }
+
+    /// Whether the operation `counter` of `actor` is covered.
+    pub fn covers(&self, counter: u64, actor: &ActorId) -> bool {
+        self.clock
+            .get(&actor.to_hex_string())
+            .is_some_and(|&max| counter <= max)
+    }
+
+    /// The cover of every change of `doc`.
+    pub fn of_doc(doc: &Automerge, epoch: u64) -> Cover {
+        let mut clock: BTreeMap<String, u64> = BTreeMap::new();
+        for m in doc.get_changes_meta(&[]) {
+            let e = clock.entry(m.actor.to_hex_string()).or_insert(0);
+            *e = (*e).max(m.max_op);
+        }
+        Cover { epoch, clock }
+    }
+}
+
+/// Every cover a queue document holds, by covered document id (concurrent values merged).
+pub fn read_covers<R: ReadDoc>(doc: &R) -> BTreeMap<String, Cover> {
+    let mut out: BTreeMap<String, Cover> = BTreeMap::new();
+    for m in am::all_objects(doc, &ROOT, COVERED, ObjType::Map) {
+        for item in doc.map_range(&m, ..) {
+            let key = item.key.to_string();
+            for c in read_cover_values(doc, &m, &key) {
+                out.entry(key.clone()).or_default().merge(&c);
+            }
+        }
+    }
+    out
+}
+
+/// The cover a queue document holds of document `of`, concurrent values merged.
+pub fn read_cover<R: ReadDoc>(doc: &R, of: &str) -> Option<Cover> {
+    let mut out: Option<Cover> = None;
+    for m in am::all_objects(doc, &ROOT, COVERED, ObjType::Map) {
+        for c in read_cover_values(doc, &m, of) {
+            out.get_or_insert_with(Cover::default).merge(&c);
+        }
+    }
+    out
+}
+
+fn read_cover_values<R: ReadDoc>(doc: &R, map: &ObjId, key: &str) -> Vec<Cover> {
+    doc.get_all(map, key)
+        .map(|vs| {
+            vs.into_iter()
+                .filter_map(|(v, _)| match v {
+                    automerge::Value::Scalar(s) => match s.as_ref() {
+                        automerge::ScalarValue::Str(s) => packed::decode::<Cover>(s),
+                        _ => None,
+                    },
+                    automerge::Value::Object(_) => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a task entry of `from` was absorbed by the chain `cover` describes: one of the
+/// values indexing `task` in `from` was written by an operation `cover` covers. Such a task
+/// was sealed or carried into the chain, so if the chain does not index it now it ended
+/// there and must not be carried back.
+pub fn entry_covered(from: &Automerge, cover: &Cover, task: &TaskId) -> bool {
+    am::all_objects(from, &ROOT, keys::TASKS, ObjType::Map)
+        .iter()
+        .any(|t| {
+            from.get_all(t, task.as_str()).is_ok_and(|vs| {
+                vs.iter().any(|(_, id)| match id {
+                    ObjId::Id(counter, actor, _) => cover.covers(*counter, actor),
+                    ObjId::Root => false,
+                })
+            })
+        })
+}
+
+/// Whether the entry indexing `task` in `doc` was written by a successor's build or by a
+/// carry (a change that also wrote covers), rather than by a submit to `doc` itself. Reads
+/// the changes that wrote it: for a losing branch's carry only.
+pub fn entry_carried(doc: &Automerge, task: &TaskId) -> bool {
+    let covered: Vec<ObjKey> = am::all_objects(doc, &ROOT, COVERED, ObjType::Map)
+        .iter()
+        .filter_map(key_of)
+        .collect();
+    am::all_objects(doc, &ROOT, keys::TASKS, ObjType::Map)
+        .iter()
+        .flat_map(|t| {
+            doc.get_all(t, task.as_str())
+                .map(|vs| vs.into_iter().map(|(_, id)| id).collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
+        .filter_map(|op| doc.hash_for_opid(&op))
+        .filter_map(|h| doc.get_change_by_hash(&h))
+        .any(|c| {
+            c.decode()
+                .operations
+                .iter()
+                .any(|op| match (&op.obj, &op.key) {
+                    (ObjectId::Root, Key::Map(k)) => k == COVERED,
+                    (ObjectId::Id(OpId(counter, actor)), _) => {
+                        covered.contains(&(*counter, actor.clone()))
+                    }
+                    _ => false,
+                })
+        })
+}
+
+/// Writes into the root `covered` map of `tx` every cover of `covers` that holds more than
+/// the document has.
+fn write_covers(
+    tx: &mut Transaction<'_>,
+    covers: &BTreeMap<String, Cover>,
+) -> Result<usize, AutomergeError> {
+    let mut writes = 0;
+    let mut map = am::object(tx, &ROOT, COVERED, ObjType::Map);
+    for (doc, c) in covers {
+        let existing = read_cover(tx, doc);
+        let mut merged = existing.clone().unwrap_or_default();
+        if !merged.merge(c) && existing.is_some() {
+            continue;
+        }
+        let m = match &map {
+            Some(m) => m.clone(),
+            None => {
+                let m = tx.put_object(ROOT, COVERED, ObjType::Map)?;
+                map = Some(m.clone());
+                m
+            }
+        };
+        tx.put(&m, doc.as_str(), packed::encode(&merged))?;
+        writes += 1;
+    }
+    Ok(writes)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -259,6 +444,17 @@ pub fn build_successor(
     }
     let lineage = serde_json::to_string(&lineage).expect("links serialize");
     let heads = old.get_heads();
+    // What the chain absorbed: all of `old` (the seal's heads are its heads), and the covers
+    // `old` held of the documents before it, as far back as `COVER_EPOCHS`.
+    let mut covers: BTreeMap<String, Cover> = read_covers(old)
+        .into_iter()
+        .filter(|(_, c)| c.epoch + COVER_EPOCHS >= r.epoch)
+        .collect();
+    let old_epoch = read_epoch(old).map_or(0, |e| e.0);
+    covers
+        .entry(r.prev.to_owned())
+        .or_default()
+        .merge(&Cover::of_doc(old, old_epoch));
     let mut stats = Rotated::default();
     let mut retired = view.retired;
     for t in view.tasks().values() {
@@ -282,6 +478,7 @@ pub fn build_successor(
         tx.put(ROOT, PREV_HEADS, encode_heads(&heads))?;
         tx.put(ROOT, LINEAGE, lineage.as_str())?;
         tx.put(ROOT, RETIRED, retired.as_str())?;
+        write_covers(tx, &covers)?;
         write_config(tx, &view.config)?;
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         for (peer, m) in &view.members {
@@ -594,6 +791,22 @@ pub fn carry(
     mark: Option<&str>,
     max_changes: usize,
 ) -> Result<Carried, WriteError> {
+    carry_covering(from, since, into, dropped, mark, None, max_changes)
+}
+
+/// [`carry`], which also records in `into`, with what it writes, a [`Cover`] of the changes it
+/// looked at under `cover` (`from`'s id and epoch), and hands on the covers those changes
+/// wrote into `from`. Every change before them was sealed or carried already, so the cover
+/// says what the chain absorbed of `from`.
+pub fn carry_covering(
+    from: &Automerge,
+    since: &[ChangeHash],
+    into: &mut Automerge,
+    dropped: &dyn Fn(&TaskId) -> bool,
+    mark: Option<&str>,
+    cover: Option<(&str, u64)>,
+    max_changes: usize,
+) -> Result<Carried, WriteError> {
     let since = known_heads(from, since);
     let mut maps: HashMap<ObjKey, usize> = HashMap::new();
     for (i, name) in CARRIED.iter().enumerate() {
@@ -632,7 +845,23 @@ pub fn carry(
         .filter_map(key_of)
         .collect();
     let mut router_touched = false;
+    // The covers `from` holds (of the documents before it): handed on if one of the changes
+    // wrote there.
+    let cover_maps: HashSet<ObjKey> = am::all_objects(from, &ROOT, COVERED, ObjType::Map)
+        .iter()
+        .filter_map(key_of)
+        .collect();
+    let mut covers_touched = false;
+    let mut looked = Cover::default();
     for change in &changes {
+        if let Some((_, epoch)) = cover {
+            looked.epoch = epoch;
+            let e = looked
+                .clock
+                .entry(change.actor_id().to_hex_string())
+                .or_insert(0);
+            *e = (*e).max(change.max_op());
+        }
         let expanded = change.decode();
         for op in &expanded.operations {
             match (&op.obj, &op.key) {
@@ -642,9 +871,12 @@ pub fn carry(
                         touched.insert((i, key.to_string()));
                     } else if routers.contains(&k) {
                         router_touched = true;
+                    } else if cover_maps.contains(&k) {
+                        covers_touched = true;
                     }
                 }
                 (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER => router_touched = true,
+                (ObjectId::Root, Key::Map(key)) if key == COVERED => covers_touched = true,
                 _ => {}
             }
         }
@@ -731,6 +963,17 @@ pub fn carry(
                 }
                 None => out.skipped += 1,
             }
+        }
+        if !writes.is_empty() {
+            let mut covers = if covers_touched {
+                read_covers(from)
+            } else {
+                BTreeMap::new()
+            };
+            if let Some((id, _)) = cover {
+                covers.entry(id.to_owned()).or_default().merge(&looked);
+            }
+            write_covers(tx, &covers)?;
         }
         if let Some(m) = mark
             && !writes.is_empty()

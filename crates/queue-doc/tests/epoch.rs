@@ -349,6 +349,140 @@ fn a_late_claim_is_carried_and_only_when_written() {
     assert_eq!(epoch::effective_claim(&succ), Some(follower));
 }
 
+fn rotate(old: &Automerge, prev: &str, successor: &str, epoch: u64, actor: u8) -> Automerge {
+    let origin = QueueId::new("automerge:q0");
+    let sealer = Claim::new(2, PeerId::new("router"));
+    let view = QueueView::read(old).unwrap();
+    let mut succ = Automerge::new().with_actor(ActorId::from(vec![actor; 16]));
+    epoch::build_successor(
+        old,
+        &view,
+        &mut succ,
+        &Rotation {
+            origin: &origin,
+            prev,
+            successor,
+            epoch,
+            claim: &sealer,
+            now_ms: 1_000,
+        },
+    )
+    .unwrap();
+    succ
+}
+
+fn task_ids(doc: &Automerge) -> Vec<TaskId> {
+    QueueView::read(doc)
+        .unwrap()
+        .tasks()
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Covers: what a chain absorbed of a sealed document, readable without that document's
+/// history. A member that missed the seal (its copy stops before the sealer's last writes)
+/// holds a task the chain knew and a task it submitted late: the successor's cover tells them
+/// apart by their entries alone, two rotations later (the cover is handed on), and a carry
+/// records the late one, with the same change that writes it.
+#[test]
+fn covers_tell_a_task_the_chain_knew_from_a_late_submit_without_history() {
+    let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+    queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+    let mut w = Writer {
+        next: 0,
+        clock: 10,
+        prefix: "a",
+    };
+    w.apply(&mut old, &Op::Submit);
+    let known = task_ids(&old)[0].clone();
+    // The member's copy, from before the task ran and ended at the sealer.
+    let mut away = fork(&old, 2);
+    w.apply(&mut old, &Op::Assign { pick: 0 });
+    w.apply(&mut old, &Op::Start { pick: 0 });
+    w.apply(
+        &mut old,
+        &Op::Finish {
+            pick: 0,
+            outcome: 1,
+        },
+    );
+    assert!(
+        QueueView::read(&old).unwrap().task(&known).unwrap().state()
+            == piecework_queue_doc::TaskState::Succeeded
+    );
+    let s1 = rotate(&old, "automerge:q0", "automerge:q1", 1, 9);
+    // Two rotations on: the cover of the first document is handed on.
+    let s2 = rotate(&s1, "automerge:q1", "automerge:q2", 2, 9);
+    let mut s3 = rotate(&s2, "automerge:q2", "automerge:q3", 3, 9);
+    let cover = epoch::read_cover(&s3, "automerge:q0").expect("handed on");
+    assert_eq!(cover.epoch, 0);
+    assert!(epoch::read_covers(&s3).contains_key("automerge:q2"));
+
+    let mut late_writer = Writer {
+        next: 0,
+        clock: 20,
+        prefix: "late",
+    };
+    late_writer.apply(&mut away, &Op::Submit);
+    let late = task_ids(&away).into_iter().find(|t| *t != known).unwrap();
+    // The member lacks the sealer's last change: it cannot read the seal heads.
+    assert!(epoch::known_heads(&away, &old.get_heads()).is_empty());
+    assert!(
+        epoch::entry_covered(&away, &cover, &known),
+        "the chain knew it"
+    );
+    assert!(!epoch::entry_covered(&away, &cover, &late), "a late submit");
+    assert!(!epoch::entry_carried(&away, &late));
+
+    // Carried: the late task only, and a cover of it with it.
+    let carry = |into: &mut Automerge, cover: &epoch::Cover| {
+        let dropped = |t: &TaskId| epoch::entry_covered(&away, cover, t);
+        epoch::carry_covering(
+            &away,
+            &[],
+            into,
+            &dropped,
+            None,
+            Some(("automerge:q0", 0)),
+            usize::MAX,
+        )
+        .unwrap()
+    };
+    let c = carry(&mut s3, &cover);
+    assert_eq!(c.tasks, 1);
+    let ids = task_ids(&s3);
+    assert!(ids.contains(&late) && !ids.contains(&known));
+    let cover = epoch::read_cover(&s3, "automerge:q0").unwrap();
+    assert!(epoch::entry_covered(&away, &cover, &late), "recorded");
+    assert!(epoch::entry_carried(&s3, &late));
+    // Carrying again changes nothing.
+    assert_eq!(carry(&mut s3, &cover).writes, 0);
+}
+
+/// A successor hands on covers for `COVER_EPOCHS` epochs, no longer.
+#[test]
+fn covers_are_handed_on_for_a_bounded_number_of_epochs() {
+    let mut doc = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+    queue::create(&mut doc, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+    let n = epoch::COVER_EPOCHS + 3;
+    for e in 1..=n {
+        doc = rotate(
+            &doc,
+            &format!("automerge:q{}", e - 1),
+            &format!("automerge:q{e}"),
+            e,
+            9,
+        );
+    }
+    // The covers of the `COVER_EPOCHS` documents before it.
+    let covers = epoch::read_covers(&doc);
+    assert_eq!(covers.len() as u64, epoch::COVER_EPOCHS);
+    assert!(!covers.contains_key(&format!("automerge:q{}", n - epoch::COVER_EPOCHS - 1)));
+    assert!(covers.contains_key(&format!("automerge:q{}", n - epoch::COVER_EPOCHS)));
+    assert!(covers.contains_key(&format!("automerge:q{}", n - 1)));
+}
+
 #[test]
 fn a_double_seal_has_one_winner_everywhere() {
     let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));

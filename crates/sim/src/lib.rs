@@ -198,9 +198,10 @@ pub struct Config {
     /// rotates several times while partitions, crashes and late writes go on.
     pub rotation: (usize, usize),
     /// Sealed epoch documents each node keeps on disk once out of memory
-    /// (`piecework_core::Config::keep_sealed_epochs`): all by default, as a node. With few
-    /// (say 2), members come back behind documents of the chain every member deleted
-    /// (`moved_past_deleted_epochs` in the JSON); not safe yet at 7 nodes (docs/protocol.md).
+    /// (`piecework_core::Config::keep_sealed_epochs`): as many as a node keeps by default
+    /// (`KEEP_SEALED_EPOCHS`, more than a seed rotates). With few (say 2), members come back
+    /// behind documents of the chain every member deleted (`moved_past_deleted_epochs` in the
+    /// JSON).
     pub keep_sealed_epochs: usize,
     /// Make every node skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
@@ -220,7 +221,7 @@ impl Default for Config {
             queue: None,
             trace_lines: 60,
             rotation: (2, 3),
-            keep_sealed_epochs: usize::MAX,
+            keep_sealed_epochs: piecework_core::KEEP_SEALED_EPOCHS,
             #[cfg(feature = "broken")]
             broken_fencing: false,
         }

@@ -32,7 +32,7 @@ struct Args {
     /// The fault mix: default, crashes, calm or partitions.
     #[arg(long, default_value = "default")]
     faults: String,
-    /// Sealed epoch documents each node keeps on disk (default: all, as a node).
+    /// Sealed epoch documents each node keeps on disk (default: as a node, 256).
     #[arg(long)]
     keep_sealed_epochs: Option<usize>,
     /// Print the summary as one JSON object.
@@ -81,7 +81,9 @@ fn main() -> anyhow::Result<()> {
         fault_ms: args.fault_secs * 1000,
         mix,
         trace_lines: args.trace_lines,
-        keep_sealed_epochs: args.keep_sealed_epochs.unwrap_or(usize::MAX),
+        keep_sealed_epochs: args
+            .keep_sealed_epochs
+            .unwrap_or(piecework_core::KEEP_SEALED_EPOCHS),
         ..Config::default()
     };
     let started = Instant::now();

@@ -534,11 +534,6 @@ impl World {
 
     // ----- time -----
 
-    fn local_us(&self, node: usize) -> u64 {
-        let n = &self.nodes[node];
-        local_us(n.offset_us, n.drift_ppm, self.now_us)
-    }
-
     fn time(&self, node: usize) -> Time {
         let n = &self.nodes[node];
         time_at(self.base, n.offset_us, n.drift_ppm, self.now_us)
@@ -1258,12 +1253,15 @@ impl World {
         let interval_us = self.qconfig.rate_interval_ms * 1000;
         if interval_us > 0 && self.nodes[i].core.is_active(queue) {
             let me = self.nodes[i].peer.clone();
-            let mut fresh: Vec<Claim> = vec![];
+            // Each new attempt with the router's own record of when it assigned it: the
+            // view may show an assignment a little after it was made (a rotation's last
+            // catch-up holds the router's writes for a moment).
+            let mut fresh: Vec<(Claim, u64)> = vec![];
             for t in view.tasks().values() {
                 for a in t.attempts.iter().filter(|a| a.id.claim.peer == me) {
                     let key = (t.id.clone(), a.id.n, a.id.claim.clone());
                     if self.assigned.insert(key) {
-                        fresh.push(a.id.claim.clone());
+                        fresh.push((a.id.claim.clone(), a.assigned_at));
                     }
                 }
             }
@@ -1276,14 +1274,16 @@ impl World {
                     ),
                 );
             }
-            if let Some(claim) = fresh.pop() {
+            if let Some((claim, at_ms)) = fresh.pop() {
                 let now = self.now_us;
-                let local = self.local_us(i);
+                // Whole ms of the router's clock: a gap of at least the interval never shows
+                // as less.
+                let local = at_ms.saturating_sub(EPOCH_MS) * 1000;
                 let key = (queue.clone(), claim);
                 if let Some(last) = self.last_assign.get(&key)
                     && local.saturating_sub(*last) < interval_us
                 {
-                    let gap = local - last;
+                    let gap = local.saturating_sub(*last);
                     self.violate(
                         6,
                         format!(
