@@ -1361,7 +1361,7 @@ impl Core {
         // The predecessors of the documents each queue holds (its current one, its sealed
         // ones): a losing branch's carry reads its predecessor (`Core::loser_bases`).
         let mut pinned: Option<BTreeSet<DocId>> = None;
-        let mut postponed = 0;
+        let mut postponed: BTreeSet<DocId> = BTreeSet::new();
         loop {
             let mut deleted = false;
             for doc in self.retention.over() {
@@ -1374,10 +1374,12 @@ impl Core {
                         .filter_map(|p| DocId::parse(&p.doc))
                         .collect()
                 });
-                if pinned.contains(&doc) && postponed < pinned.len() {
-                    self.retention.postpone(&doc);
-                    postponed += 1;
-                    deleted = true;
+                if pinned.contains(&doc) {
+                    // Behind the others; once every one left is pinned, none goes.
+                    if postponed.insert(doc.clone()) {
+                        self.retention.postpone(&doc);
+                        deleted = true;
+                    }
                     continue;
                 }
                 let in_memory = self.replica.is_loaded(&doc);
@@ -2847,10 +2849,10 @@ impl Core {
 
     /// For a losing branch `from` carried into `into` (whose chain this node holds as
     /// `chain`): the documents its task entries came from that this node holds, each with
-    /// what `into`'s chain absorbed of it. Empty when the chain holds no cover of `from`'s
+    /// what `into`'s chain absorbed of it. `None` when the chain holds no cover of `from`'s
     /// predecessor (a fork older than `epoch::COVER_EPOCHS`, or documents written before
     /// covers): the carry then needs the chain since the fork. `Err` while the predecessor
-    /// is being loaded or caught up (looked at again after [`CARRY_RETRY`]).
+    /// is being read from disk or asked for (looked at again after [`CARRY_RETRY`]).
     fn loser_bases(
         &mut self,
         now: Time,

@@ -163,4 +163,22 @@ mod tests {
         // A deleted document may be retired again (a peer sent it back): it counts anew.
         assert!(r.retire(doc(0), Retired::Task));
     }
+
+    #[test]
+    fn a_postponed_document_goes_behind_the_others_and_stays() {
+        let mut r = Retention::new(0, 1, []);
+        for i in 0..3 {
+            r.retire(doc(i), Retired::Epoch);
+        }
+        // doc 0 is still needed (the predecessor of a document a queue holds).
+        assert_eq!(r.over(), vec![doc(0)]);
+        r.postpone(&doc(0));
+        assert_eq!(delete(&mut r, |_| true), vec![doc(1), doc(2)]);
+        assert_eq!(r.len(), (0, 1));
+        assert!(r.contains(&doc(0)));
+        // `postpone` of a document that is not first of its list changes nothing.
+        r.retire(doc(3), Retired::Epoch);
+        r.postpone(&doc(3));
+        assert_eq!(r.over(), vec![doc(0)]);
+    }
 }
