@@ -479,25 +479,29 @@ mod regressions {
         passes_at_7_deleting(3003, FaultMix::partitions());
     }
 
-    /// Carrying without the changes a seal covered, after a wait, brought a finished task
-    /// back as running (invariant 2). With covers a carrier tells a task the chain knew from
-    /// a late submit by the task's entry alone.
+    /// Passes on the commit before covers, whose carry waited; a variant that carried without
+    /// the changes a seal covered, after a wait (tried and reverted), brought a finished task
+    /// back as running here (invariant 2). With covers a carrier tells a task the chain knew
+    /// from a late submit by the task's entry alone.
     #[test]
     fn seed_3013_at_7_a_carry_without_the_chain_brings_no_finished_task_back() {
         passes_at_7_deleting(3013, FaultMix::default_mix());
     }
 
-    /// A member on the losing side of a double seal (its outgoing messages lost) submitted 4
-    /// tasks there, then moved to the winner after the winner's documents since the fork
-    /// were deleted everywhere. Its carry waited for them forever: 4 tasks lost. A losing
-    /// branch now carries with its predecessor and the winner's covers.
+    /// Found once covers changed this seed's course (it passes on the commit before them,
+    /// whose carry waits the same way): a member on the losing side of a double seal (its
+    /// outgoing messages lost) submitted 4 tasks there, then moved to the winner after the
+    /// winner's documents since the fork were deleted everywhere. Its carry waited for them
+    /// forever: 4 tasks lost. A losing branch now carries with its predecessor and the
+    /// winner's covers.
     #[test]
     fn seed_3008_partitions_at_7_a_losing_branch_carries_after_the_chain_was_deleted() {
         passes_at_7_deleting(3008, FaultMix::partitions());
     }
 
-    /// The same kind of wait, asked at every turn for documents no member had, and a sealed
-    /// document kept while dirty whose retention timer then fired at every turn: a livelock.
+    /// Found the same way (it passes on the commit before covers): the same kind of wait,
+    /// asked at every turn for documents no member had, and a sealed document kept while
+    /// dirty whose retention timer then fired at every turn: a livelock.
     /// Waits are now looked at again after `CARRY_RETRY`, and a dirty document sets no
     /// retention timer.
     #[test]
@@ -505,7 +509,8 @@ mod regressions {
         passes_at_7_deleting(3014, FaultMix::partitions());
     }
 
-    /// A router's assignment held while its queue was frozen for a rotation's last catch-up
+    /// Found the same way, with all sealed epochs kept. A router's assignment held while its
+    /// queue was frozen for a rotation's last catch-up
     /// was recorded when written, a moment later: with the next one made a rate interval
     /// after the first, the records were 89 ms apart under a 90 ms interval (invariant 6).
     /// An assignment is now recorded as made when the router decided it.
