@@ -3022,11 +3022,11 @@ impl Core {
                     a.merge(&b);
                     a
                 });
-            // A losing branch carries without the chain since the fork when the documents
-            // its entries came from (its predecessor, and any other it carried from) are
-            // here, with what the target's chain absorbed of each: a task entry found in one
-            // of them was absorbed, or not, by its entry there. The predecessor must be here
-            // with every change the branch absorbed of it (`epoch::Cover::includes`).
+            // A losing branch carries without the chain since the fork when the target's
+            // chain holds a cover of its predecessor: a task entry found in a document the
+            // branch came from or carried from (those here) was absorbed, or not, by its
+            // entry there; one the branch took from a document not here, if the chain
+            // absorbed all the branch did of them (`epoch::Cover::includes`).
             let loser = if direct || ancestor {
                 None
             } else {
