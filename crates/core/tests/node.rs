@@ -1664,3 +1664,110 @@ fn a_follower_past_the_lineage_cut_fetches_no_old_epoch() {
         "(at epoch, loaded epoch): {old_loads:?}"
     );
 }
+
+/// A run cut short by a restart is recorded in its task's document, which the restarted node
+/// does not hold in memory: the record waits while the document is read back from disk, then
+/// is written, and the task's status shows the interrupted run and the one after it.
+#[test]
+fn a_run_interrupted_by_a_restart_is_recorded_in_a_task_document_read_back_from_disk() {
+    // Task documents: no task is inline.
+    let mut one = One::with(|c| c.inline_input_max = 0);
+    let q = one.create_queue(quick());
+    let task = submit_acked(&mut one, &q);
+    let mut t = 0;
+    while one.runs.is_empty() {
+        t += 50;
+        assert!(t < 5_000, "the task never started");
+        one.at(t);
+        one.ack_saves();
+    }
+    // The start is on disk; the process dies before the run ends.
+    one.ack_saves();
+    let doc = DocId::parse(task.as_str()).unwrap();
+    let mut two = One::with(|c| {
+        c.inline_input_max = 0;
+        c.incarnation = 2;
+    });
+    two.disk = std::mem::take(&mut one.disk);
+    // The record waits for the document: nothing is written to it before it is read back.
+    let mut read_back = false;
+    let mut waited = |two: &mut One| {
+        if two.loads.contains(&doc) {
+            assert!(
+                two.saves.iter().all(|s| s.doc != doc),
+                "{doc} written before it was read back"
+            );
+            read_back = true;
+        }
+    };
+    let cmd = two.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: false,
+    });
+    while !two.loads.is_empty() {
+        waited(&mut two);
+        two.answer_loads();
+    }
+    two.ack_saves();
+    assert!(
+        matches!(two.reply(cmd), Some(Reply::Joined(Ok(_)))),
+        "reopened"
+    );
+    while two.core.view(&q).unwrap().total_counts().succeeded < 1 {
+        t += 50;
+        assert!(t < 20_000, "{:?}", two.core.view(&q).unwrap().counts());
+        two.at(t);
+        waited(&mut two);
+        two.step(t);
+    }
+    assert!(read_back, "the task's document was never read back");
+    let s = task_status(&mut two, &task);
+    assert_eq!(s.state, TaskState::Succeeded);
+    let outcomes: Vec<_> = s
+        .runs
+        .iter()
+        .map(|r| r.end.as_ref().map(|e| e.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            Some(piecework_queue_doc::AttemptOutcome::Interrupted),
+            Some(piecework_queue_doc::AttemptOutcome::Succeeded)
+        ],
+        "{:?}",
+        s.runs
+    );
+}
+
+/// A follower away at the queue's first epoch while the router rotated past every cover it
+/// could find (more than `COVER_EPOCHS` rotations, the chain between deleted) comes back with
+/// a task it took there. It has no cover to carry it by and waits; the router, which holds the
+/// first document for good and had carried it along the chain, carries the late write from
+/// the heads it carried then (`forwarded`), and the task runs.
+#[test]
+fn a_late_write_to_the_first_document_is_carried_after_every_cover_expired() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|c| {
+        c.catch_ups = 0;
+        c.epoch_retain = Duration::from_secs(1);
+        c.keep_sealed_epochs = 2;
+    });
+    assert_eq!(
+        b.core.epoch(&q).map(|e| e.0),
+        Some(0),
+        "b is at the first epoch"
+    );
+    part(&mut a, &mut b);
+    let task = take_while_away(&mut b, &q, t);
+    let target = piecework_queue_doc::epoch::COVER_EPOCHS + 10;
+    while a.core.epoch(&q).map_or(0, |e| e.0) < target {
+        t += 50;
+        assert!(t < 3_600_000, "a never rotated {target} times");
+        let c = a.submit(&q);
+        a.step(t);
+        a.reply(c);
+        a.frames.clear();
+    }
+    meet(&mut a, &mut b);
+    let done = run_together_until_done(&mut a, &mut b, &q, &task, &mut t, 400, |_, _| {});
+    assert!(done, "the task b took while away ran at a");
+}
