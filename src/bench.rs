@@ -151,6 +151,15 @@ impl Options {
         let tasks = (self.tasks + self.latency_samples) as u64;
         piecework_node::storage::ARCHIVE_KEEP.max(4 * tasks)
     }
+
+    /// The most live tasks each node takes submits for: with `--max-live`, room for twice as
+    /// many as the submitter holds (the nodes count a task live until its outcome reaches
+    /// them, the submitter until it sees it), never fewer than a node's default; without it,
+    /// the node's default.
+    pub fn node_max_live(&self) -> Option<usize> {
+        self.max_live
+            .map(|m| m.saturating_mul(2).max(piecework_node::MAX_LIVE))
+    }
 }
 
 impl Default for Options {
@@ -472,6 +481,7 @@ struct Cluster {
     workers: u32,
     rotate_min_live: Option<usize>,
     archive_keep: u64,
+    max_live: Option<usize>,
     nodes: Vec<Option<IsolatedNode>>,
     peers: Vec<PeerId>,
     queue: QueueId,
@@ -483,6 +493,7 @@ impl Cluster {
         workers: u32,
         rotate_min_live: Option<usize>,
         archive_keep: u64,
+        max_live: Option<usize>,
         i: usize,
         bootstrap: Vec<Multiaddr>,
     ) -> Config {
@@ -491,6 +502,7 @@ impl Cluster {
         c.workers = workers;
         c.bootstrap = bootstrap;
         c.rotation = rotate_min_live.map(|m| (piecework_node::ROTATE_RATIO, m));
+        c.max_live = max_live;
         c
     }
 
@@ -501,6 +513,7 @@ impl Cluster {
                 opts.workers,
                 opts.rotate_min_live,
                 opts.archive_keep(),
+                opts.node_max_live(),
                 0,
                 vec![],
             ),
@@ -517,6 +530,7 @@ impl Cluster {
                     opts.workers,
                     opts.rotate_min_live,
                     opts.archive_keep(),
+                    opts.node_max_live(),
                     i,
                     vec![addr.clone()],
                 ),
@@ -547,6 +561,7 @@ impl Cluster {
             workers: opts.workers,
             rotate_min_live: opts.rotate_min_live,
             archive_keep: opts.archive_keep(),
+            max_live: opts.node_max_live(),
             nodes,
             peers,
             queue,
@@ -1424,6 +1439,7 @@ async fn failover_round(
             cluster.workers,
             cluster.rotate_min_live,
             cluster.archive_keep,
+            cluster.max_live,
             victim,
             vec![addr],
         ),

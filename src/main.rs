@@ -135,8 +135,10 @@ enum Command {
         #[arg(long)]
         rotate_min_live: Option<usize>,
         /// Hold the throughput phase's live tasks (submitted, not yet succeeded or failed)
-        /// at most this many: the submitter waits for outcomes. Without it, submits run as
-        /// far ahead of the workers as the window lets them.
+        /// at most this many: the submitter waits for outcomes. The nodes are started with
+        /// room for twice as many (`piecework node --max-live`, at least its default), so that
+        /// this bound, not theirs, is the one that holds. Without it, submits run as far ahead
+        /// of the workers as the window and the nodes' default bound let them.
         #[arg(long)]
         max_live: Option<usize>,
         /// Submit the throughput phase through each node's HTTP API (batches posted as JSON

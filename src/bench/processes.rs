@@ -44,6 +44,7 @@ pub(super) struct Procs {
     workers: u32,
     rotate_min_live: Option<usize>,
     archive_keep: u64,
+    max_live: Option<usize>,
     nodes: Vec<Option<Proc>>,
     pub(super) queue: QueueId,
     /// The largest `VmHWM` seen per node, over its lives.
@@ -64,6 +65,7 @@ impl Procs {
             workers: opts.workers,
             rotate_min_live: opts.rotate_min_live,
             archive_keep: opts.archive_keep(),
+            max_live: opts.node_max_live(),
             nodes: Vec::new(),
             queue: QueueId::new("none"),
             peak_rss: vec![None; opts.nodes],
@@ -122,6 +124,9 @@ impl Procs {
             cmd.args(["--rotate-min-live", &m.to_string()]);
         }
         cmd.args(["--archive-keep", &self.archive_keep.to_string()]);
+        if let Some(m) = self.max_live {
+            cmd.args(["--max-live", &m.to_string()]);
+        }
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start node {i} ({})", self.exe.display()))?;

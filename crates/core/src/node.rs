@@ -1042,7 +1042,16 @@ impl Core {
         self.hand_over_starts();
         self.flush_task_writes(now);
         self.flush_archive();
-        for save in self.saves.take_writes(&self.replica) {
+        let sealing: BTreeSet<&DocId> = self
+            .rotating
+            .values()
+            .map(|r| &r.prev)
+            .chain(self.queues.values().flat_map(|q| q.sealed.keys()))
+            .collect();
+        let saves = self
+            .saves
+            .take_writes(&self.replica, |d| sealing.contains(d));
+        for save in saves {
             self.io.push_back(Io::Save(save));
         }
         self.evict(now);

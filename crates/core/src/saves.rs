@@ -149,8 +149,15 @@ impl Saves {
         self.retries.first().map(|(at, _)| *at)
     }
 
-    /// The writes to start now: one per dirty document without a write in flight.
-    pub(crate) fn take_writes(&mut self, replica: &Replica) -> Vec<Save> {
+    /// The writes to start now: one per dirty document without a write in flight. A document
+    /// for which `sealing` is true is never compacted: it is sealed or being sealed, written to
+    /// only by late writes, and a snapshot of it (a copy and a save of its whole history) would
+    /// be the largest allocation of the node for a document that is seldom read again.
+    pub(crate) fn take_writes(
+        &mut self,
+        replica: &Replica,
+        sealing: impl Fn(&DocId) -> bool,
+    ) -> Vec<Save> {
         let mut out = vec![];
         for doc in std::mem::take(&mut self.dirty) {
             let Some(d) = self.docs.get_mut(&doc) else {
@@ -171,7 +178,8 @@ impl Saves {
             let since = d.bytes_since_snapshot + appended_bytes;
             // The save itself (and, for a document loaded from untracked chunks, the listing
             // of its changes) is the driver's, off this thread: here only a copy.
-            let compact = match since > d.snapshot_bytes.max(COMPACT_MIN_BYTES) {
+            let due = since > d.snapshot_bytes.max(COMPACT_MIN_BYTES) && !sealing(&doc);
+            let compact = match due {
                 true => replica.get(&doc).map(|am| Compact {
                     snapshot: Snapshot(Box::new(am.clone())),
                     replaces: (!d.unlisted).then(|| {

@@ -809,6 +809,20 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
     }
 }
 
+/// Submits a task whose input (some 200 bytes) lives in the queue document's entry.
+fn submit_padded(one: &mut One, q: &QueueId, i: usize) -> CommandId {
+    one.command(Command::Submit {
+        queue: q.clone(),
+        task: SubmitTask {
+            kind: "noop".into(),
+            input: serde_json::json!({"i": i, "pad": "x".repeat(200)}),
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+        },
+    })
+}
+
 /// A compaction hands the driver a copy of the document: saving it gives a snapshot with the
 /// copy's heads, listing exactly the stored changes it replaces, and the next one waits until
 /// the changes since outweigh the size the driver reported.
@@ -821,16 +835,7 @@ fn a_compaction_hands_over_a_copy_whose_save_replaces_what_is_stored() {
     let mut last_snapshot: BTreeMap<DocId, usize> = BTreeMap::new();
     let mut compactions = 0;
     for i in 0..600 {
-        one.command(Command::Submit {
-            queue: q.clone(),
-            task: SubmitTask {
-                kind: "noop".into(),
-                input: serde_json::json!({"i": i, "pad": "x".repeat(200)}),
-                priority: 0,
-                urgent: false,
-                max_attempts: None,
-            },
-        });
+        submit_padded(&mut one, &q, i);
         for s in std::mem::take(&mut one.saves) {
             let (hashes, bytes) = stored.entry(s.doc.clone()).or_default();
             hashes.extend(s.changes.iter().map(|(h, _)| h.clone()));
@@ -1770,4 +1775,65 @@ fn a_late_write_to_the_first_document_is_carried_after_every_cover_expired() {
     meet(&mut a, &mut b);
     let done = run_together_until_done(&mut a, &mut b, &q, &task, &mut t, 400, |_, _| {});
     assert!(done, "the task b took while away ran at a");
+}
+
+/// A queue document being sealed, or sealed, is never compacted: a snapshot is a copy and a
+/// save of its whole history, the largest allocation a node makes, for a document that only
+/// late writes touch and that is seldom read again. The current one still is.
+#[test]
+fn a_document_being_sealed_or_sealed_is_never_compacted() {
+    let mut one = One::with(|c| {
+        c.rotate_ratio = 1;
+        c.rotate_min_live = 400;
+        c.catch_ups = 0;
+    });
+    one.hold_builds = true;
+    let q = one.create_queue(quick());
+    let (mut t, _) = until_a_rotation(&mut one, &q);
+    let prev = one.core.epoch(&q).unwrap().1.clone();
+    // Its successor is being built: the queue goes on writing to it, more than it holds.
+    let mut writes = 0;
+    for i in 0..1_000 {
+        submit_padded(&mut one, &q, i);
+        for s in one.saves.iter().filter(|s| s.doc == prev) {
+            writes += 1;
+            assert!(s.compact.is_none(), "{prev} compacted while being sealed");
+        }
+        one.ack_saves();
+    }
+    build_back(&mut one);
+    while one.core.epoch(&q).unwrap().1 == &prev {
+        t += 20;
+        assert!(t < 120_000, "never sealed");
+        while !one.builds.is_empty() {
+            build_back(&mut one);
+        }
+        one.at(t);
+        for s in one.saves.iter().filter(|s| s.doc == prev) {
+            writes += 1;
+            assert!(s.compact.is_none(), "{prev} compacted while being sealed");
+        }
+        one.ack_saves();
+    }
+    // More bytes were written to it while it was being sealed than its last snapshot holds:
+    // it would have been compacted.
+    assert!(writes > 1_000, "{writes} writes");
+    let cur = one.core.epoch(&q).unwrap().1.clone();
+    // Sealed: a write that reaches it (a late write from a peer) is appended only; the
+    // current document is compacted once its changes outweigh it.
+    let mut compactions = 0;
+    for i in 0..1_000 {
+        submit_padded(&mut one, &q, i);
+        t += 20;
+        one.at(t);
+        for s in &one.saves {
+            assert!(
+                s.doc != prev || s.compact.is_none(),
+                "sealed {prev} compacted"
+            );
+            compactions += usize::from(s.doc == cur && s.compact.is_some());
+        }
+        one.ack_saves();
+    }
+    assert!(compactions > 0, "the current document was never compacted");
 }
