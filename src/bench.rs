@@ -783,6 +783,10 @@ async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::R
         }
         if succeeded_attempts(attempts) > 1 {
             duplicates += 1;
+            display.say(format!(
+                "duplicate: task {id} succeeded more than once; attempts {}",
+                serde_json::to_string(attempts).unwrap_or_default()
+            ));
         }
     }
     drop(rx);

@@ -481,6 +481,11 @@ pub(super) async fn check(
         }
         if super::succeeded_attempts(&s.attempts) > 1 {
             duplicates += 1;
+            display.say(format!(
+                "duplicate: task {} succeeded more than once; attempts {}",
+                s.id,
+                serde_json::to_string(&s.attempts).unwrap_or_default()
+            ));
         }
     }
     Ok((succeeded, duplicates, term, epoch))
