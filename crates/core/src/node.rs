@@ -1042,15 +1042,13 @@ impl Core {
         self.hand_over_starts();
         self.flush_task_writes(now);
         self.flush_archive();
-        let sealing: BTreeSet<&DocId> = self
-            .rotating
-            .values()
-            .map(|r| &r.prev)
-            .chain(self.queues.values().flat_map(|q| q.sealed.keys()))
-            .collect();
-        let saves = self
-            .saves
-            .take_writes(&self.replica, |d| sealing.contains(d));
+        // Asked only of a document whose compaction is due (rarely), not for every write.
+        let (rotating, queues) = (&self.rotating, &self.queues);
+        let sealing = |d: &DocId| {
+            rotating.values().any(|r| r.prev == *d)
+                || queues.values().any(|q| q.sealed.contains_key(d))
+        };
+        let saves = self.saves.take_writes(&self.replica, sealing);
         for save in saves {
             self.io.push_back(Io::Save(save));
         }
