@@ -982,6 +982,28 @@ impl Core {
         self.batching = true;
     }
 
+    /// Sends the heartbeats that are due (this node's router beats and its pool's), and nothing
+    /// else: no input is read and no turn runs. A driver calls it when it wakes and between the
+    /// parts of a batch (after taking inputs, before the turn that applies them). Otherwise a
+    /// beat that falls due during a long turn waits for the end of the next one, and two long
+    /// turns in a row (a rotation's, say) are a silence long enough for a takeover at the
+    /// fastest timings.
+    pub fn handle_beats(&mut self, now: Time) {
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in &ids {
+            let beat = self
+                .queues
+                .get_mut(id)
+                .and_then(|q| q.router.poll_beat(now.mono));
+            if let Some(beat) = beat {
+                self.router_action(now, id, RouterAction::Beat(beat), now.unix_ms);
+            }
+        }
+        if let Some(beat) = self.pool.poll_beat(now.mono) {
+            self.pool_action(now, PoolAction::Beat(beat));
+        }
+    }
+
     /// Ends a batch begun with [`Core::begin_batch`]: runs the deferred turn.
     pub fn end_batch(&mut self, now: Time) {
         self.batching = false;

@@ -227,16 +227,21 @@ impl One {
     }
 
     fn submit(&mut self, q: &QueueId) -> CommandId {
-        self.command(Command::Submit {
-            queue: q.clone(),
-            task: SubmitTask {
-                kind: "noop".into(),
-                input: serde_json::json!({}),
-                priority: 0,
-                urgent: false,
-                max_attempts: None,
-            },
-        })
+        self.command(noop_submit(q))
+    }
+}
+
+/// A submit of a `noop` task to `q`.
+fn noop_submit(q: &QueueId) -> Command {
+    Command::Submit {
+        queue: q.clone(),
+        task: SubmitTask {
+            kind: "noop".into(),
+            input: serde_json::json!({}),
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+        },
     }
 }
 
@@ -1836,4 +1841,60 @@ fn a_document_being_sealed_or_sealed_is_never_compacted() {
         one.ack_saves();
     }
     assert!(compactions > 0, "the current document was never compacted");
+}
+
+/// The heartbeats a batch asks for between its parts: a router's and a pool's beat that fall
+/// due while a batch's inputs are taken go out at once, before the turn that applies those
+/// inputs (which can be long), and each beat goes out once.
+#[test]
+fn heartbeats_due_in_the_middle_of_a_batch_go_out_before_its_turn() {
+    let mut one = One::new();
+    let q = one.create_queue(quick());
+    let mut t = 0;
+    while !matches!(one.core.role(&q), Some(piecework_core::Role::Active { .. })) {
+        t += 50;
+        assert!(t < 5_000, "the lone node never became the router");
+        one.step(t);
+    }
+    // Past every beat's deadline (the heartbeats are 100 ms here).
+    t += 150;
+    one.now = Time {
+        mono: one.t0 + Duration::from_millis(t),
+        unix_ms: 1_800_000_000_000 + t,
+    };
+    let beats = |ios: &[Io]| {
+        let mut kinds = ios
+            .iter()
+            .filter_map(|io| match io {
+                Io::Publish { data, .. } => match Wire::decode(data) {
+                    Some(Wire::Router(_)) => Some("router"),
+                    Some(Wire::Pool(_)) => Some("pool"),
+                    None => panic!("undecodable gossip"),
+                },
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        kinds.sort();
+        kinds
+    };
+    let take = |one: &mut One| std::iter::from_fn(|| one.core.poll_io()).collect::<Vec<_>>();
+    one.core.begin_batch();
+    one.next += 1;
+    let submit = CommandId(one.next);
+    one.core.handle_command(one.now, submit, noop_submit(&q));
+    one.core.handle_beats(one.now);
+    let early = take(&mut one);
+    assert_eq!(beats(&early), ["pool", "router"]);
+    assert!(
+        !early.iter().any(|io| matches!(io, Io::Save(_))),
+        "the batch's submit was written before its turn"
+    );
+    // Asked again at the same instant: nothing is due.
+    one.core.handle_beats(one.now);
+    assert!(beats(&take(&mut one)).is_empty());
+    // The turn then applies the submit, and sends no beat a second time.
+    one.core.end_batch(one.now);
+    let turn = take(&mut one);
+    assert!(turn.iter().any(|io| matches!(io, Io::Save(_))));
+    assert!(beats(&turn).is_empty(), "a beat went out twice");
 }

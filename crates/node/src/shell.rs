@@ -93,6 +93,88 @@ struct Pace {
     last_turn: Duration,
     /// How late the timer that woke the current turn fired (zero if something else woke it).
     woke_late: Duration,
+    /// Gossip arrivals by sender: silences on the wire are logged as they end.
+    heard: HashMap<net::PeerId, Cadence>,
+    /// This node's publications by topic: silences of its own loop are logged as they end.
+    published: HashMap<String, Cadence>,
+    /// The loop's work since this node last published.
+    since_publish: Stretch,
+    /// When the last turn ended.
+    turn_ended: Option<Instant>,
+}
+
+/// What the shell's loop did over a stretch of time: what a log line of a silence reports.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stretch {
+    /// Turns run.
+    turns: u32,
+    /// Time spent in them.
+    busy: Duration,
+    /// The longest of them.
+    longest: Duration,
+    /// The longest wait for a turn to begin (between one turn's end and the next's start).
+    idle: Duration,
+    /// The latest a timer that woke a turn fired.
+    late: Duration,
+}
+
+/// A gap at least this long, and at least [`GAP_FACTOR`] times the usual one, is logged (at
+/// info) when it ends: heartbeats that stopped, on the wire or in a loop, for as long as the
+/// fastest timings the docs recommend allow before a takeover, less one heartbeat.
+const LONG_GAP: Duration = Duration::from_millis(100);
+/// See [`LONG_GAP`].
+const GAP_FACTOR: u32 = 3;
+/// The most senders (or topics) whose rhythm is kept.
+const MAX_CADENCES: usize = 1024;
+
+/// The rhythm of a stream of messages: when the last one came, and the usual gap (a moving
+/// average), so that a gap much longer than usual can be told.
+#[derive(Debug, Clone, Copy)]
+struct Cadence {
+    last: Instant,
+    usual: Duration,
+}
+
+impl Cadence {
+    /// Records a message at `now`; the gap it ends, if it was long (see [`LONG_GAP`]), with
+    /// the usual gap before it.
+    fn tick<K: std::hash::Hash + Eq>(
+        map: &mut HashMap<K, Cadence>,
+        key: K,
+        now: Instant,
+    ) -> Option<(Duration, Duration)> {
+        use std::collections::hash_map::Entry;
+        if map.len() >= MAX_CADENCES {
+            // Peers come and go: forget them all now and then rather than grow.
+            map.clear();
+        }
+        match map.entry(key) {
+            Entry::Vacant(v) => {
+                v.insert(Cadence {
+                    last: now,
+                    usual: LONG_GAP,
+                });
+                None
+            }
+            Entry::Occupied(mut o) => {
+                let c = o.get_mut();
+                let gap = now.saturating_duration_since(c.last);
+                let usual = c.usual;
+                c.last = now;
+                // An average over about eight gaps.
+                c.usual = (usual * 7 + gap) / 8;
+                (gap >= LONG_GAP && gap >= usual * GAP_FACTOR).then_some((gap, usual))
+            }
+        }
+    }
+}
+
+/// What woke the shell's loop.
+enum Wake {
+    Net(net::Event),
+    Input(Input),
+    Request(Request),
+    Timer,
 }
 
 /// A snapshot to save, and where to send it with the changes it replaces.
@@ -221,21 +303,27 @@ impl Shell {
                 }
             };
             self.core.begin_batch();
-            let open = tokio::select! {
+            let woken = tokio::select! {
                 biased;
                 // Gossip first: a heartbeat must not wait behind a backlog of sync messages.
-                ev = gossip.recv() => ev.map(|e| self.handle_net(e)).is_some(),
-                input = self.inputs.recv() => input.map(|i| self.handle_input(i)).is_some(),
-                ev = net_events.recv() => ev.map(|e| self.handle_net(e)).is_some(),
-                req = commands.recv() => req.map(|r| self.handle_request(r)).is_some(),
-                () = sleep => {
-                    self.pace.woke_late = deadline.map_or(Duration::ZERO, |d| d.elapsed());
-                    true
-                }
+                ev = gossip.recv() => ev.map(Wake::Net),
+                input = self.inputs.recv() => input.map(Wake::Input),
+                ev = net_events.recv() => ev.map(Wake::Net),
+                req = commands.recv() => req.map(Wake::Request),
+                () = sleep => Some(Wake::Timer),
             };
+            // The turn counts from here: handling its first input is part of it.
             let woke = Instant::now();
-            if !open {
-                break;
+            // Beats due go out before anything else is done.
+            self.beat();
+            match woken {
+                None => break,
+                Some(Wake::Net(e)) => self.handle_net(e),
+                Some(Wake::Input(i)) => self.handle_input(i),
+                Some(Wake::Request(r)) => self.handle_request(r),
+                Some(Wake::Timer) => {
+                    self.pace.woke_late = deadline.map_or(Duration::ZERO, |d| d.elapsed());
+                }
             }
             // Take whatever else is ready too (up to a bound, never waiting for more), so
             // that one turn answers them all.
@@ -262,6 +350,7 @@ impl Shell {
                 if taken == before {
                     break;
                 }
+                self.beat();
             }
             // The turn's timers decide from what the node has heard by now: a heartbeat that
             // arrived while the batch's last input was applied (a large sync message can take
@@ -270,10 +359,20 @@ impl Shell {
                 self.handle_net(e);
             }
             let taken_in = woke.elapsed();
+            self.beat();
             self.core.end_batch(now());
             let turned = woke.elapsed();
             self.drain();
             self.pace.last_turn = woke.elapsed();
+            let st = &mut self.pace.since_publish;
+            st.turns += 1;
+            st.busy += self.pace.last_turn;
+            st.longest = st.longest.max(self.pace.last_turn);
+            st.late = st.late.max(self.pace.woke_late);
+            if let Some(ended) = self.pace.turn_ended {
+                st.idle = st.idle.max(woke.saturating_duration_since(ended));
+            }
+            self.pace.turn_ended = Some(Instant::now());
             self.pace.woke_late = Duration::ZERO;
             if self.pace.last_turn >= LONG_TURN {
                 // A turn this long keeps the node's heartbeats waiting: a follower's pool beat
@@ -288,6 +387,15 @@ impl Shell {
             }
         }
         tracing::debug!("node shell stopped");
+    }
+
+    /// Publishes the heartbeats that are due, between the parts of a turn
+    /// ([`Core::handle_beats`]).
+    fn beat(&mut self) {
+        self.core.handle_beats(now());
+        while let Some(io) = self.core.poll_io() {
+            self.perform(io);
+        }
     }
 
     fn handle_request(&mut self, Request { command, reply }: Request) {
@@ -348,7 +456,19 @@ impl Shell {
                 source,
                 data,
             } => {
-                self.pace.gossip_at = Some(Instant::now());
+                let at = Instant::now();
+                self.pace.gossip_at = Some(at);
+                if let Some((gap, usual)) = Cadence::tick(&mut self.pace.heard, source, at) {
+                    // Why a router is deposed: its heartbeats did not come (see `Pace`).
+                    tracing::info!(
+                        peer = %source,
+                        gap_ms = gap.as_millis(),
+                        usual_ms = usual.as_millis(),
+                        // A silence this node's own long turn made, if about as long.
+                        own_turn_ms = self.pace.last_turn.as_millis(),
+                        "gossip from a peer resumed after a silence"
+                    );
+                }
                 self.core.handle_gossip(t, &topic, &peer_of(&source), &data);
             }
         }
@@ -481,6 +601,23 @@ impl Shell {
                 });
             }
             Io::Publish { topic, data } => {
+                let at = Instant::now();
+                let st = std::mem::take(&mut self.pace.since_publish);
+                if let Some((gap, usual)) =
+                    Cadence::tick(&mut self.pace.published, topic.clone(), at)
+                {
+                    tracing::info!(
+                        %topic,
+                        gap_ms = gap.as_millis(),
+                        usual_ms = usual.as_millis(),
+                        turns = st.turns,
+                        busy_ms = st.busy.as_millis(),
+                        longest_turn_ms = st.longest.as_millis(),
+                        longest_wait_ms = st.idle.as_millis(),
+                        woke_late_ms = st.late.as_millis(),
+                        "published after a silence"
+                    );
+                }
                 self.shared.net.publish(topic, data);
             }
             Io::Subscribe { topic } => {

@@ -441,22 +441,37 @@ impl Router {
             Role::Claiming { .. } => {}
             Role::Active { .. } => {}
         }
+        if let Some(beat) = self.poll_beat(now) {
+            self.actions.push_back(Action::Beat(beat));
+        }
         if let Role::Active { claim, route_from } = self.role.clone() {
-            if now >= self.next_beat {
-                self.beat_counter += 1;
-                self.actions.push_back(Action::Beat(RouterBeat {
-                    queue: self.queue.clone(),
-                    claim: claim.clone(),
-                    counter: self.beat_counter,
-                    epoch: None,
-                }));
-                self.next_beat = later(now, ms(config.heartbeat_ms));
-            }
             let due = self.dirty || self.next_check.is_some_and(|t| now >= t);
             if now >= route_from && due && !self.awaiting_view {
                 self.route(now, &claim, &view);
             }
         }
+    }
+
+    /// The heartbeat due at `now`, if this router is active and one is due; the next is then
+    /// due a heartbeat later. [`Router::handle_timeout`] sends it first, as
+    /// [`Action::Beat`]. A driver whose turns can be long also asks for it on its own (before a
+    /// turn's inputs are applied), so that the beats keep their rhythm whatever the turn does.
+    pub fn poll_beat(&mut self, now: Instant) -> Option<RouterBeat> {
+        let Role::Active { claim, .. } = &self.role else {
+            return None;
+        };
+        let every = self.view.as_ref()?.config.heartbeat_ms;
+        if now < self.next_beat {
+            return None;
+        }
+        self.beat_counter += 1;
+        self.next_beat = later(now, ms(every));
+        Some(RouterBeat {
+            queue: self.queue.clone(),
+            claim: claim.clone(),
+            counter: self.beat_counter,
+            epoch: None,
+        })
     }
 
     fn step_down(&mut self, now: Instant, claim: Claim, by: Claim) {

@@ -663,6 +663,9 @@ impl World {
         }
         self.count("batched_inputs");
         self.nodes[n].core.begin_batch();
+        // As the shell does on waking: beats due go out before the batch (at once, here).
+        let t = self.time(n);
+        self.nodes[n].core.handle_beats(t);
         self.step(ev);
         for k in more {
             if let Some(e) = self.events.remove(&k) {
