@@ -333,6 +333,8 @@ pub struct Core {
     attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
     /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
     carry_budget: usize,
+    /// Changes of sealed documents looked at by carries since start ([`Core::carried_changes`]).
+    carried_changes: u64,
     /// Carry without the budget: what is carried now is shown in the view (a follower moving
     /// to a successor carries its own late writes before showing it).
     carry_whole: bool,
@@ -429,6 +431,7 @@ impl Core {
             to_revive: BTreeSet::new(),
             attempt_writes: BTreeMap::new(),
             carry_budget: CARRY_PER_TURN,
+            carried_changes: 0,
             carry_whole: false,
             carry_again: None,
             task_writes: BTreeMap::new(),
@@ -490,6 +493,13 @@ impl Core {
     /// A joined queue's current view.
     pub fn view(&self, queue: &QueueId) -> Option<&Arc<QueueView>> {
         self.queues.get(queue).map(|q| &q.view)
+    }
+
+    /// How many changes of sealed documents this node's carries have looked at since it
+    /// started: what carrying late writes has cost it (a work counter; a carry costs the
+    /// changes after the seal, not the epoch's history).
+    pub fn carried_changes(&self) -> u64 {
+        self.carried_changes
     }
 
     /// A joined queue's current epoch: its number and its document.
@@ -3160,6 +3170,18 @@ impl Core {
             // ended, and marks its own: the sealer's carries then spare the others theirs.
             let mark = (direct && !forwarded).then(|| from.to_string());
             let mut since = since;
+            // An ancestor not carried yet (a node that moved past its successor, straight to a
+            // later epoch) starts at its seal: what it held then was sealed into the chain,
+            // and carrying it again writes nothing (every task it knew then is in the target
+            // or `dropped`). From its first change instead, the carry looks at the whole
+            // epoch's history: half a second in one turn at 2,000 live tasks.
+            if since.is_empty()
+                && ancestor
+                && !direct
+                && let Some(h) = &heads
+            {
+                since = h.clone();
+            }
             if let Some(m) = &mark
                 && let Some(t) = self.replica.get(&into)
             {
@@ -3235,6 +3257,7 @@ impl Core {
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
+                    self.carried_changes += c.changes as u64;
                     if !self.carry_whole {
                         self.carry_budget = self.carry_budget.saturating_sub(c.changes);
                     }
