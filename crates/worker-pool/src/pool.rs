@@ -406,9 +406,7 @@ impl Pool {
     }
 
     /// The heartbeat due at `now`, if one is; the next is then due a heartbeat later.
-    /// [`Pool::handle_timeout`] sends it as [`Action::Beat`]; a driver whose turns can be long
-    /// also asks for it on its own, so that the beats keep their rhythm.
-    pub fn poll_beat(&mut self, now: Instant) -> Option<PoolBeat> {
+    fn poll_beat(&mut self, now: Instant) -> Option<PoolBeat> {
         if now < self.next_beat {
             return None;
         }
