@@ -400,37 +400,29 @@ impl Pool {
 
     /// A deadline from [`Pool::poll_timeout`] passed.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(beat) = self.poll_beat(now) {
-            self.actions.push_back(Action::Beat(beat));
+        if now >= self.next_beat {
+            self.counter += 1;
+            let workers = self
+                .runs()
+                .map(|(index, run)| WorkerReport {
+                    index,
+                    running: run.map(|r| RunningReport {
+                        queue: r.queue.clone(),
+                        task: r.task.clone(),
+                        attempt: r.attempt.clone(),
+                    }),
+                })
+                .collect();
+            self.actions.push_back(Action::Beat(PoolBeat {
+                peer: self.config.peer.clone(),
+                incarnation: self.config.incarnation,
+                counter: self.counter,
+                workers,
+                epoch: None,
+            }));
+            // The heartbeat is clamped (a minute at most): the sum fits.
+            self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);
         }
-    }
-
-    /// The heartbeat due at `now`, if one is; the next is then due a heartbeat later.
-    fn poll_beat(&mut self, now: Instant) -> Option<PoolBeat> {
-        if now < self.next_beat {
-            return None;
-        }
-        self.counter += 1;
-        let workers = self
-            .runs()
-            .map(|(index, run)| WorkerReport {
-                index,
-                running: run.map(|r| RunningReport {
-                    queue: r.queue.clone(),
-                    task: r.task.clone(),
-                    attempt: r.attempt.clone(),
-                }),
-            })
-            .collect();
-        // The heartbeat is clamped (a minute at most): the sum fits.
-        self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);
-        Some(PoolBeat {
-            peer: self.config.peer.clone(),
-            incarnation: self.config.incarnation,
-            counter: self.counter,
-            workers,
-            epoch: None,
-        })
     }
 
     /// The next action to carry out, if any.
