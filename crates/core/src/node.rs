@@ -2458,8 +2458,12 @@ impl Core {
                 None => absent.push(n),
             }
         }
+        // One found nowhere is not asked for again until a peer connects: asking at every
+        // refresh would load it from storage and ask the same peers in a loop.
         for n in absent {
-            self.fetch_epoch(now, id, &n);
+            if self.to_fetch(id, &n) {
+                self.fetch_epoch(now, id, &n);
+            }
         }
         if let Some(q) = self.queues.get_mut(id) {
             for n in rejected {

@@ -35,6 +35,8 @@ struct One {
     events: Vec<Event>,
     /// Frames the core sent, for a test that carries them to another core.
     frames: Vec<(PeerId, Vec<u8>)>,
+    /// What the core published (topic, payload), for a test that carries it to another core.
+    published: Vec<(String, Vec<u8>)>,
     /// The archive of inline tasks' final statuses (on disk), and the lookups asked of it.
     archive: BTreeMap<TaskId, Vec<u8>>,
     lookups: Vec<TaskId>,
@@ -75,6 +77,7 @@ impl One {
             replies: vec![],
             events: vec![],
             frames: vec![],
+            published: vec![],
             archive: BTreeMap::new(),
             lookups: vec![],
             hold_builds: false,
@@ -105,6 +108,7 @@ impl One {
                     Io::Run(r) => self.runs.push(r),
                     Io::Archive { records } => self.archive.extend(records),
                     Io::Lookup { task } => self.lookups.push(task),
+                    Io::Publish { topic, data } => self.published.push((topic, data)),
                     Io::Rotate(job) if self.hold_builds => self.builds.push(*job),
                     Io::Rotate(job) => built.push(job.build()),
                     Io::Retire { doc, kind } if !self.retired.iter().any(|(d, _)| *d == doc) => {
@@ -1973,4 +1977,66 @@ fn a_follower_that_moves_past_an_epoch_carries_the_one_it_left_from_its_seal() {
         looked < 10,
         "b looked at {looked} changes to carry an epoch it made no late write to"
     );
+}
+
+/// A follower cut off from every peer hears (through gossip) of an epoch no one it reaches
+/// holds: it asks for it once, and not again at every turn until a peer connects. It did: in
+/// the simulator a node apart from the sealer loaded the missing document from its disk
+/// thousands of times a second for as long as the partition lasted. Once the router is back,
+/// the follower fetches the epoch and moves to it.
+#[test]
+fn an_epoch_found_nowhere_is_not_asked_for_again_until_a_peer_connects() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|_| {});
+    part(&mut a, &mut b);
+    let before = a.core.epoch(&q).expect("a's epoch").0;
+    run_alone_until(&mut a, &q, &mut t, "a never rotated", |a| {
+        a.core.epoch(&q).is_some_and(|e| e.0 > before)
+    });
+    let (epoch, doc) = a
+        .core
+        .epoch(&q)
+        .map(|(e, d)| (e, d.clone()))
+        .expect("a's epoch");
+    // A router heartbeat sent from the new epoch.
+    a.published.clear();
+    let beat = loop {
+        t += 50;
+        a.step(t);
+        a.frames.clear();
+        let mut routers = a
+            .published
+            .iter()
+            .filter(|(_, d)| matches!(Wire::decode(d), Some(Wire::Router(_))));
+        if let Some(beat) = routers.next_back().cloned() {
+            break beat;
+        }
+        assert!(t < 120_000, "a sent no router beat");
+    };
+    b.load_log.clear();
+    let pa = a.core.peer().clone();
+    for _ in 0..50 {
+        t += 20;
+        b.at(t);
+        b.core.handle_gossip(b.now, &beat.0, &pa, &beat.1);
+        b.drain();
+        b.step(t);
+    }
+    let asked = b.load_log.iter().filter(|d| **d == doc).count();
+    assert!(
+        (1..=2).contains(&asked),
+        "the missing epoch was loaded {asked} times in 50 turns"
+    );
+    assert!(b.core.epoch(&q).is_some_and(|e| e.0 < epoch));
+    // The router connects again: the follower fetches the epoch and moves to it.
+    meet(&mut a, &mut b);
+    for _ in 0..100 {
+        if b.core.epoch(&q).is_some_and(|e| e.0 >= epoch) {
+            return;
+        }
+        t += 50;
+        a.step(t);
+        b.step(t);
+        exchange(&mut a, &mut b);
+    }
+    panic!("b never moved to epoch {epoch}: {:?}", b.core.epoch(&q));
 }
