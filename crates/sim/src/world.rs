@@ -2065,19 +2065,21 @@ impl World {
         let mut strays = vec![];
         for (i, n) in self.nodes.iter().enumerate() {
             for doc in n.disk.docs.keys() {
-                let ours = n
-                    .disk
-                    .read(doc, |d| piecework_queue_doc::task::read(d).ok())
-                    .flatten()
-                    .is_some_and(|t| t.submitter == n.peer && n.core.view(&t.queue).is_some());
-                let ok = ours
-                    || self.of_joined_queue(i, doc)
+                // The document is read (loaded) only if the cheaper checks do not place it.
+                let ours = || {
+                    n.disk
+                        .read(doc, |d| piecework_queue_doc::task::read(d).ok())
+                        .flatten()
+                        .is_some_and(|t| t.submitter == n.peer && n.core.view(&t.queue).is_some())
+                };
+                let ok = self.of_joined_queue(i, doc)
                     || n.core.queues().any(|q| {
                         q.as_str() == doc.as_str()
                             || n.core
                                 .view(q)
                                 .is_some_and(|v| v.tasks().contains_key(&TaskId::new(doc.as_str())))
-                    });
+                    })
+                    || ours();
                 if !ok {
                     strays.push(format!("node{i} holds {doc} on disk"));
                 }
