@@ -2018,7 +2018,9 @@ impl Core {
                     let reply = archived_status(&task, json);
                     self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
                 }
-                None if self.inline_task(&task).is_some() => {
+                None if self.inline_task(&task).is_some()
+                    || self.unviewed_inline_task(&task).is_some() =>
+                {
                     // Indexed meanwhile (its entry arrived).
                     self.answer_status(now, cmd, task.clone(), wait_until);
                 }
@@ -2066,12 +2068,32 @@ impl Core {
         })
     }
 
+    /// An inline task that no queue's view shows but a queue document this node holds does:
+    /// one submitted while the queue stands still for its successor's last catch-up (its
+    /// current document, frozen view), or written to a sealed epoch and not carried yet. Reads
+    /// one entry in each of those documents.
+    fn unviewed_inline_task(&self, task: &TaskId) -> Option<(&QueueId, TaskEntry, &Automerge)> {
+        self.queues.iter().find_map(|(id, q)| {
+            std::iter::once(&q.doc)
+                .chain(q.sealed.keys())
+                .find_map(|d| {
+                    let doc = self.replica.get(d)?;
+                    let t = epoch::task_entry(doc, task)?;
+                    t.input.is_some().then_some((id, t, doc))
+                })
+        })
+    }
+
     fn status_of(&self, task: &TaskId) -> Result<api::TaskStatus, TaskError> {
         if let Some((id, q, t)) = self.inline_task(task) {
             return match self.replica.get(&q.doc) {
                 Some(d) => Ok(inline_status(id, t, d)),
                 None => Err(TaskError::NotFound(task.clone())),
             };
+        }
+        let in_view = self.queues.values().any(|q| q.view.task(task).is_some());
+        if !in_view && let Some((id, t, d)) = self.unviewed_inline_task(task) {
+            return Ok(inline_status(id, &t, d));
         }
         let doc = task_doc(task).ok_or_else(|| TaskError::BadId(task.to_string()))?;
         let d = self

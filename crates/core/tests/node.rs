@@ -945,12 +945,9 @@ fn no_step_back(one: &One, before: &piecework_queue_doc::QueueView) {
     }
 }
 
-/// The router goes on writing while its successor is built, and while it is brought up to
-/// date (a catch-up, off its thread); the last catch-up freezes the queue (its view does not
-/// move, the router and the pool write nothing, submits still go in), and the successor is
-/// sealed when it comes back. Nothing written meanwhile is lost and no finished task shows live.
-#[test]
-fn a_successor_is_caught_up_then_the_queue_stands_still_for_the_last_catch_up() {
+/// A lone router that rotates at every chance with one catch-up, its builds held, run until
+/// it asks for its first successor: the core, its queue and the time reached.
+fn a_lone_router_at_its_first_rotation() -> (One, QueueId, u64) {
     let mut one = One::with(|c| {
         c.rotate_ratio = 1;
         c.rotate_min_live = 1;
@@ -958,7 +955,17 @@ fn a_successor_is_caught_up_then_the_queue_stands_still_for_the_last_catch_up() 
     });
     one.hold_builds = true;
     let q = one.create_queue(quick());
-    let (mut t, _) = until_a_rotation(&mut one, &q);
+    let (t, _) = until_a_rotation(&mut one, &q);
+    (one, q, t)
+}
+
+/// The router goes on writing while its successor is built, and while it is brought up to
+/// date (a catch-up, off its thread); the last catch-up freezes the queue (its view does not
+/// move, the router and the pool write nothing, submits still go in), and the successor is
+/// sealed when it comes back. Nothing written meanwhile is lost and no finished task shows live.
+#[test]
+fn a_successor_is_caught_up_then_the_queue_stands_still_for_the_last_catch_up() {
+    let (mut one, q, mut t) = a_lone_router_at_its_first_rotation();
     let epoch = one.core.epoch(&q).map_or(0, |e| e.0);
     // Meanwhile: a new task, and the running ones finish.
     let late = submit_acked(&mut one, &q);
@@ -2039,4 +2046,41 @@ fn an_epoch_found_nowhere_is_not_asked_for_again_until_a_peer_connects() {
         exchange(&mut a, &mut b);
     }
     panic!("b never moved to epoch {epoch}: {:?}", b.core.epoch(&q));
+}
+
+/// A task submitted while the queue stands still for its successor's last catch-up is in the
+/// queue document but in no view until the successor is in place: a status lookup answers
+/// from the document. It answered "not found" for the acknowledged task, and the bench's
+/// latency phase, started just as the last rotation of its throughput phase froze the queue,
+/// failed on it. The task is then carried, runs, and its status follows.
+#[test]
+fn a_task_submitted_while_the_queue_stands_still_has_a_status() {
+    let (mut one, q, mut t) = a_lone_router_at_its_first_rotation();
+    // The build, then the last catch-up, come back: the queue is frozen.
+    for _ in 0..2 {
+        for _ in 0..4 {
+            t += 50;
+            one.step(t);
+        }
+        build_back(&mut one);
+        submit_acked(&mut one, &q);
+    }
+    let frozen = one.core.view(&q).unwrap().clone();
+    let late = submit_acked(&mut one, &q);
+    assert!(
+        frozen.task(&late).is_none(),
+        "the view shows it: not frozen"
+    );
+    let s = task_status(&mut one, &late);
+    assert_eq!(s.state, TaskState::Pending);
+    // The successor comes back and takes over; the task runs there.
+    build_back(&mut one);
+    for _ in 0..40 {
+        t += 50;
+        one.step(t);
+        if task_status(&mut one, &late).state == TaskState::Succeeded {
+            return;
+        }
+    }
+    panic!("{late} never ran: {:?}", task_status(&mut one, &late).state);
 }
