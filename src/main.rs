@@ -680,8 +680,8 @@ const MMAP_THRESHOLD: i32 = 1 << 20;
 /// block that large is freed (up to 32 MiB), and from then on a node's large, short-lived
 /// buffers (a compaction's encoding of the queue document, a rotation's copy of the live
 /// tasks) come from its heaps, where the memory stays with the process once they are freed.
-/// One node process with 10,000 live tasks peaked at 188 MiB with the default and 144 MiB with
-/// this, at the same throughput (docs/benchmarks.md).
+/// One node process with 10,000 live tasks peaked at 170–201 MiB with the default and 135–162
+/// MiB with this, at the same throughput (docs/benchmarks.md).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn fix_mmap_threshold() {

@@ -2021,7 +2021,8 @@ impl Core {
                 None if self.inline_task(&task).is_some()
                     || self.unviewed_inline_task(&task).is_some() =>
                 {
-                    // Indexed meanwhile (its entry arrived).
+                    // Indexed meanwhile (its entry arrived), or in a queue document no view
+                    // shows yet (submitted while the queue stood still, or not carried yet).
                     self.answer_status(now, cmd, task.clone(), wait_until);
                 }
                 None => self.status_from_doc(now, cmd, task.clone(), wait_until),
