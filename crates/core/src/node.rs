@@ -738,27 +738,22 @@ impl Core {
         let attempts = self.loads.remove(doc).unwrap_or(0) + 1;
         let loaded = match chunks {
             Ok(chunks) if chunks.is_empty() => None,
-            Ok(chunks) => {
-                let mut d = Automerge::new();
-                let mut ok = true;
-                for c in &chunks {
-                    if let Err(e) = d.load_incremental(c) {
-                        self.events.push_back(Event::LoadFailed {
-                            doc: doc.clone(),
-                            error: format!(
-                                "a stored chunk does not load ({e}); the document is treated as absent"
-                            ),
-                        });
-                        ok = false;
-                        break;
-                    }
-                }
-                if ok {
+            Ok(chunks) => match piecework_replica::load_chunks(&chunks) {
+                Ok(d) => {
                     let bytes = chunks.iter().map(Vec::len).sum();
                     self.saves.loaded(doc, chunks.len(), bytes);
+                    Some(d)
                 }
-                ok.then_some(d)
-            }
+                Err(e) => {
+                    self.events.push_back(Event::LoadFailed {
+                        doc: doc.clone(),
+                        error: format!(
+                            "a stored chunk does not load ({e}); the document is treated as absent"
+                        ),
+                    });
+                    None
+                }
+            },
             Err(e) if attempts < LOAD_ATTEMPTS => {
                 // Retry: a transient read error must not make a stored document look absent.
                 self.loads.insert(doc.clone(), attempts);

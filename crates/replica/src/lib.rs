@@ -76,6 +76,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod ids;
+mod load;
 mod message;
 mod replica;
 #[cfg(any(test, feature = "test-support"))]
@@ -84,6 +85,7 @@ mod test_support;
 mod tests;
 
 pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
+pub use load::load_chunks;
 pub use message::{DecodeError, Message};
 pub use replica::{
     Event, FETCH_TIMEOUT, HELD_FOR, MAX_DOC_BYTES, MAX_HELD, MAX_PENDING_LOADS, MAX_QUEUED_BYTES,

@@ -1427,14 +1427,23 @@ impl Replica {
         }
         let e = self.docs.get_mut(id)?;
         let state = e.peers.entry(peer.clone()).or_default();
+        // A peer that holds part of the document gets the changes it lacks, never the whole
+        // document: Automerge sends a whole save to a peer that supports it once a third of
+        // the changes are missing, which for a document of a few changes is every change,
+        // and the peer then decodes the whole document to find the one it lacked.
+        let whole = hide_whole_document(state);
         let msg = if heads_only {
             let have = state.their_have.take();
             let msg = e.doc.generate_sync_message(state);
             state.their_have = have;
-            msg?
+            msg
         } else {
-            e.doc.generate_sync_message(state)?
+            e.doc.generate_sync_message(state)
         };
+        if let Some(caps) = whole {
+            state.their_capabilities = Some(caps);
+        }
+        let msg = msg?;
         let changes = !msg.changes.is_empty();
         let msg = Message::Sync {
             doc: id.clone(),
@@ -1442,6 +1451,19 @@ impl Replica {
         };
         Some((msg, changes))
     }
+}
+
+/// Takes the whole-document capability out of `state` while the peer holds part of the
+/// document, and returns the capabilities to restore.
+fn hide_whole_document(state: &mut sync::State) -> Option<Vec<sync::Capability>> {
+    let has_some = state.their_heads.as_ref().is_some_and(|h| !h.is_empty());
+    let caps = state.their_capabilities.as_mut()?;
+    if !has_some || !caps.contains(&sync::Capability::MessageV2) {
+        return None;
+    }
+    let all = caps.clone();
+    caps.retain(|c| *c != sync::Capability::MessageV2);
+    Some(all)
 }
 
 fn sorted(mut heads: Vec<ChangeHash>) -> Vec<ChangeHash> {

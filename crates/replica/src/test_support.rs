@@ -3,8 +3,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use automerge::Automerge;
-
 use crate::{DocId, Event, Message, PeerId, Replica, Scope};
 
 /// A small in-memory network of replicas for tests: delivers every message, in order per pair,
@@ -127,11 +125,7 @@ impl TestNet {
                         moved = true;
                         if let Event::Load(id) = &ev {
                             let stored = self.stores.get(p).and_then(|s| s.get(id)).map(|chunks| {
-                                let mut d = Automerge::new();
-                                for c in chunks {
-                                    d.load_incremental(c).expect("stored changes load");
-                                }
-                                d
+                                crate::load_chunks(chunks).expect("stored changes load")
                             });
                             r.handle_loaded(id, stored, now);
                         }

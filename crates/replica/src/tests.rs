@@ -1206,3 +1206,48 @@ fn s26_a_change_reaches_a_member_its_author_cannot_reach_after_the_relay_wait() 
     assert_eq!(get(&rs[2], &id(9), "x"), Some(1));
     assert_eq!(now, start + crate::RELAY_AFTER);
 }
+
+/// The chunk types in a sync message's changes (Automerge's storage format: magic bytes,
+/// checksum, then the type: 0 a whole document, 1 a change).
+fn chunk_types(msg: &Message) -> Vec<u8> {
+    let Message::Sync { data, .. } = msg else {
+        return vec![];
+    };
+    let m = automerge::sync::Message::decode(data).expect("a sync message");
+    m.changes.iter().map(|c| c[8]).collect()
+}
+
+#[test]
+fn s27_a_peer_holding_part_of_a_small_document_gets_only_the_change_it_lacks() {
+    let (a, b, _) = peers();
+    let now = t0();
+    let (mut ra, mut rb) = (Replica::new(), Replica::new());
+    for r in [&mut ra, &mut rb] {
+        r.set_group(&g(), members(&[&a, &b]));
+        r.set_scope(&id(7), announced());
+    }
+    ra.handle_connected(b.clone());
+    rb.handle_connected(a.clone());
+    ra.create(id(7), doc_with("x", 0), None);
+    rb.create(id(7), Automerge::new(), None);
+    // A peer holding nothing gets the whole document.
+    let (_, m) = ra.poll_transmit(now).expect("a's first message");
+    rb.handle_message(&a, m, now);
+    let (_, m) = rb.poll_transmit(now).expect("b says it has nothing");
+    ra.handle_message(&b, m, now);
+    let (_, whole) = ra.poll_transmit(now).expect("the document");
+    assert_eq!(chunk_types(&whole), vec![0], "the whole document");
+    rb.handle_message(&a, whole, now);
+    for _ in 0..10 {
+        deliver_all(&mut rb, &b, &mut ra, now);
+        deliver_all(&mut ra, &a, &mut rb, now);
+    }
+    assert_eq!(get(&rb, &id(7), "x"), Some(0));
+    // One more change is half the document's history: Automerge would send the whole
+    // document again. It goes as the one change.
+    ra.change(&id(7), |d| put(d, "x", 1));
+    let (_, m) = ra.poll_transmit(now).expect("the change");
+    assert_eq!(chunk_types(&m), vec![1], "one change, not the document");
+    rb.handle_message(&a, m, now);
+    assert_eq!(get(&rb, &id(7), "x"), Some(1));
+}

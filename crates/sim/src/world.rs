@@ -248,10 +248,7 @@ impl Disk {
         if chunks.is_empty() {
             return None;
         }
-        let mut d = Automerge::new();
-        for c in &chunks {
-            d.load_incremental(c).ok()?;
-        }
+        let d = piecework_replica::load_chunks(&chunks).ok()?;
         let r = f(&d);
         read_back.insert(doc.clone(), (d, vec![]));
         Some(r)
@@ -2095,32 +2092,40 @@ impl World {
     /// whose document no longer carries the task, and some node saw it final (a rotation
     /// leaves only final tasks behind).
     fn lost(&self) -> usize {
+        // Per queue: its members and the newest epoch any of them is on.
+        let mut per_queue: BTreeMap<&QueueId, (Vec<usize>, Option<(u64, DocId)>)> = BTreeMap::new();
+        for queue in self.submitted.values() {
+            if per_queue.contains_key(queue) {
+                continue;
+            }
+            let q = self.queues.iter().position(|x| x.as_ref() == Some(queue));
+            let members = q.map(|q| self.members[q].clone()).unwrap_or_default();
+            let lineage = |i: usize| {
+                let core = &self.nodes[i].core;
+                core.epoch(queue)
+                    .and_then(|(_, d)| core.document(d))
+                    .map(piecework_queue_doc::epoch::read_lineage)
+                    .unwrap_or_default()
+            };
+            let newest = members
+                .iter()
+                .max_by(|&&a, &&b| piecework_queue_doc::epoch::cmp_lineage(&lineage(a), &lineage(b)))
+                .and_then(|&i| self.nodes[i].core.epoch(queue))
+                .map(|(e, d)| (e, d.clone()));
+            per_queue.insert(queue, (members, newest));
+        }
         self.submitted
             .iter()
             .filter(|(id, queue)| {
-                let q = self.queues.iter().position(|x| x.as_ref() == Some(*queue));
-                let members = q.map(|q| self.members[q].clone()).unwrap_or_default();
-                let lineage = |i: usize| {
-                    let core = &self.nodes[i].core;
-                    core.epoch(queue)
-                        .and_then(|(_, d)| core.document(d))
-                        .map(piecework_queue_doc::epoch::read_lineage)
-                        .unwrap_or_default()
-                };
-                let newest = members
-                    .iter()
-                    .max_by(|&&a, &&b| {
-                        piecework_queue_doc::epoch::cmp_lineage(&lineage(a), &lineage(b))
-                    })
-                    .and_then(|&i| self.nodes[i].core.epoch(queue))
-                    .map(|(e, d)| (e, d.clone()));
+                let (members, newest) = &per_queue[queue];
                 let seen_final = || self.ever_final.contains(*id);
                 !members.iter().all(|&i| {
                     let core = &self.nodes[i].core;
                     match core.view(queue).map(|v| v.task(id)) {
                         Some(Some(t)) => t.state().is_final(),
                         Some(None) => {
-                            core.epoch(queue).map(|(e, d)| (e, d.clone())) == newest && seen_final()
+                            core.epoch(queue).map(|(e, d)| (e, d.clone())) == *newest
+                                && seen_final()
                         }
                         None => false,
                     }
