@@ -178,6 +178,10 @@ pub struct Config {
     /// The documents retired before this start and not deleted yet, oldest first, as the
     /// store recorded them from [`Io::Retire`].
     pub retired: Vec<(DocId, Retired)>,
+    /// How long the replica waits before passing a peer's changes on to a third, lower and
+    /// higher peer id of the pair (`None`: `piecework_replica::RELAY_AFTER` and
+    /// `RELAY_AFTER_HIGHER`). The simulator varies it to explore other timings.
+    pub relay_waits: Option<(Duration, Duration)>,
 }
 
 /// The default `Config::keep_task_docs`: as many as the store's archive keeps statuses of
@@ -246,7 +250,14 @@ impl Config {
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
             retired: Vec::new(),
+            relay_waits: None,
         }
+    }
+
+    /// The same settings, with the replica's relay waits (see `Config::relay_waits`).
+    pub fn with_relay_waits(mut self, waits: Option<(Duration, Duration)>) -> Self {
+        self.relay_waits = waits;
+        self
     }
 
     /// The same settings, keeping at most `task_docs` finished tasks' documents and

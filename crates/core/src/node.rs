@@ -388,6 +388,9 @@ impl Core {
         // collide with a new change under the same (actor, seq).
         replica.set_actor(actor.clone());
         replica.set_local_peer(config.peer.clone());
+        if let Some((lower, higher)) = config.relay_waits {
+            replica.set_relay_waits(lower, higher);
+        }
         let pool = Pool::new(
             PoolConfig {
                 peer: config.peer.clone(),

@@ -255,6 +255,9 @@ pub struct Replica {
     /// This replica's own peer id, if the driver set it: it decides which of two members
     /// passes on a third's changes first ([`RELAY_AFTER`]).
     me: Option<PeerId>,
+    /// The relay waits, lower and higher peer id, if the driver set them
+    /// ([`Replica::set_relay_waits`]); else [`RELAY_AFTER`] and [`RELAY_AFTER_HIGHER`].
+    relay_waits: Option<(Duration, Duration)>,
     /// The `relay` entries of all links, by when they are due (an entry whose link no longer
     /// has it, or has it for another time, is skipped): one per entry.
     relay_due: BTreeSet<(Instant, PeerId, DocId)>,
@@ -284,6 +287,13 @@ impl Replica {
     /// on a third's changes first ([`RELAY_AFTER`]). Without it both wait [`RELAY_AFTER`].
     pub fn set_local_peer(&mut self, me: PeerId) {
         self.me = Some(me);
+    }
+
+    /// Sets how long this replica waits before passing a peer's changes on to a third: `lower`
+    /// when its peer id is the lower of the two, `higher` otherwise (by default
+    /// [`RELAY_AFTER`] and [`RELAY_AFTER_HIGHER`]). For a simulator that explores timings.
+    pub fn set_relay_waits(&mut self, lower: Duration, higher: Duration) {
+        self.relay_waits = Some((lower, higher));
     }
 
     // ----- getters -----
@@ -1383,9 +1393,12 @@ impl Replica {
         let mut targets = self.sync_targets(id);
         targets.remove(from);
         for p in targets {
+            let (lower, higher) = self
+                .relay_waits
+                .unwrap_or((RELAY_AFTER, RELAY_AFTER_HIGHER));
             let wait = match &self.me {
-                Some(me) if *me > p => RELAY_AFTER_HIGHER,
-                _ => RELAY_AFTER,
+                Some(me) if *me > p => higher,
+                _ => lower,
             };
             let Some(l) = self.links.get_mut(&p) else {
                 continue;

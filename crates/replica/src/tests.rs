@@ -1176,8 +1176,25 @@ fn s25_members_do_not_pass_each_other_what_both_had_from_its_author() {
 
 #[test]
 fn s26_a_change_reaches_a_member_its_author_cannot_reach_after_the_relay_wait() {
-    // a and c are not connected: b passes a's changes on.
+    // b's id is below c's: b waits RELAY_AFTER.
+    assert_eq!(relayed_after(None), crate::RELAY_AFTER);
+}
+
+#[test]
+fn s28_the_relay_waits_can_be_set() {
+    let waits = (Duration::from_millis(35), Duration::from_millis(80));
+    assert_eq!(relayed_after(Some(waits)), waits.0);
+}
+
+/// a and c are not connected: how long after a's change b passes it on to c, with `waits`
+/// set on every replica.
+fn relayed_after(waits: Option<(Duration, Duration)>) -> Duration {
     let (mut rs, ps) = three_members(&[(0, 1), (1, 2)]);
+    if let Some((lower, higher)) = waits {
+        for r in &mut rs {
+            r.set_relay_waits(lower, higher);
+        }
+    }
     let mut now = t0();
     run_three(&mut rs, &ps, &mut now);
     assert_eq!(get(&rs[2], &id(9), "x"), Some(0));
@@ -1200,11 +1217,11 @@ fn s26_a_change_reaches_a_member_its_author_cannot_reach_after_the_relay_wait() 
         Some(0),
         "passed on before the wait"
     );
-    // b's id is below c's: b waits RELAY_AFTER.
-    assert_eq!(rs[1].poll_timeout(), Some(start + crate::RELAY_AFTER));
+    let due = rs[1].poll_timeout().expect("a relay due");
     run_three(&mut rs, &ps, &mut now);
     assert_eq!(get(&rs[2], &id(9), "x"), Some(1));
-    assert_eq!(now, start + crate::RELAY_AFTER);
+    assert_eq!(now, due);
+    now - start
 }
 
 /// The chunk types in a sync message's changes (Automerge's storage format: magic bytes,

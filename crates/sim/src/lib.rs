@@ -203,6 +203,10 @@ pub struct Config {
     /// behind documents of the chain every member deleted (`moved_past_deleted_epochs` in the
     /// JSON).
     pub keep_sealed_epochs: usize,
+    /// The replicas' relay waits in ms, lower and higher peer id of a pair
+    /// (`piecework_core::Config::relay_waits`); `None` for a node's defaults. Other waits
+    /// give other interleavings of the same faults.
+    pub relay_ms: Option<(u64, u64)>,
     /// Make every node skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
     pub broken_fencing: bool,
@@ -222,6 +226,7 @@ impl Default for Config {
             trace_lines: 60,
             rotation: (2, 3),
             keep_sealed_epochs: piecework_core::KEEP_SEALED_EPOCHS,
+            relay_ms: None,
             #[cfg(feature = "broken")]
             broken_fencing: false,
         }

@@ -35,6 +35,9 @@ struct Args {
     /// Sealed epoch documents each node keeps on disk (default: as a node, 256).
     #[arg(long)]
     keep_sealed_epochs: Option<usize>,
+    /// The replicas' relay waits in ms, `LOWER,HIGHER` (default: a node's, 10,60).
+    #[arg(long, value_parser = parse_relay_ms)]
+    relay_ms: Option<(u64, u64)>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
@@ -84,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         keep_sealed_epochs: args
             .keep_sealed_epochs
             .unwrap_or(piecework_core::KEEP_SEALED_EPOCHS),
+        relay_ms: args.relay_ms,
         ..Config::default()
     };
     let started = Instant::now();
@@ -158,8 +162,25 @@ fn main() -> anyhow::Result<()> {
             args.keep_sealed_epochs
                 .map(|k| format!(" --keep-sealed-epochs {k}"))
                 .unwrap_or_default()
+                + &args
+                    .relay_ms
+                    .map(|(l, h)| format!(" --relay-ms {l},{h}"))
+                    .unwrap_or_default()
         );
         bail!("{} of {} seeds failed", s.failing_seeds.len(), s.seeds_run);
     }
     Ok(())
+}
+
+/// `LOWER,HIGHER` in ms.
+fn parse_relay_ms(s: &str) -> Result<(u64, u64), String> {
+    let (l, h) = s
+        .split_once(',')
+        .ok_or_else(|| format!("expected LOWER,HIGHER in ms, got {s:?}"))?;
+    let ms = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|e| format!("{v:?} is not a number of ms: {e}"))
+    };
+    Ok((ms(l)?, ms(h)?))
 }

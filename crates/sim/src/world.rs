@@ -395,7 +395,8 @@ impl World {
                     .with_rotation(config.rotation.0, config.rotation.1)
                     .with_catch_ups(catch_ups(i))
                     .with_epoch_retain(EPOCH_RETAIN)
-                    .with_disk_retention(KEEP_TASK_DOCS, config.keep_sealed_epochs),
+                    .with_disk_retention(KEEP_TASK_DOCS, config.keep_sealed_epochs)
+                    .with_relay_waits(relay_waits(config)),
                 t,
             );
             nodes.push(Node {
@@ -1779,6 +1780,7 @@ impl World {
         .with_catch_ups(catch_ups(i))
         .with_epoch_retain(EPOCH_RETAIN)
         .with_disk_retention(KEEP_TASK_DOCS, self.config.keep_sealed_epochs)
+        .with_relay_waits(relay_waits(&self.config))
         .with_retired(self.nodes[i].disk.retired.clone());
         let n = &mut self.nodes[i];
         n.incarnation = inc;
@@ -2093,7 +2095,7 @@ impl World {
     /// leaves only final tasks behind).
     fn lost(&self) -> usize {
         // Per queue: its members and the newest epoch any of them is on.
-        let mut per_queue: BTreeMap<&QueueId, (Vec<usize>, Option<(u64, DocId)>)> = BTreeMap::new();
+        let mut per_queue: BTreeMap<&QueueId, (Vec<usize>, Option<Epoch>)> = BTreeMap::new();
         for queue in self.submitted.values() {
             if per_queue.contains_key(queue) {
                 continue;
@@ -2109,7 +2111,9 @@ impl World {
             };
             let newest = members
                 .iter()
-                .max_by(|&&a, &&b| piecework_queue_doc::epoch::cmp_lineage(&lineage(a), &lineage(b)))
+                .max_by(|&&a, &&b| {
+                    piecework_queue_doc::epoch::cmp_lineage(&lineage(a), &lineage(b))
+                })
                 .and_then(|&i| self.nodes[i].core.epoch(queue))
                 .map(|(e, d)| (e, d.clone()));
             per_queue.insert(queue, (members, newest));
@@ -2233,3 +2237,16 @@ fn time_at(base: Instant, offset_us: u64, drift_ppm: i64, now_us: u64) -> Time {
 fn catch_ups(i: usize) -> u32 {
     (i % 3) as u32
 }
+
+/// The relay waits a config asks for, if any.
+fn relay_waits(config: &Config) -> Option<(std::time::Duration, std::time::Duration)> {
+    config.relay_ms.map(|(lower, higher)| {
+        (
+            std::time::Duration::from_millis(lower),
+            std::time::Duration::from_millis(higher),
+        )
+    })
+}
+
+/// An epoch of a queue: its number and its document.
+type Epoch = (u64, DocId);
