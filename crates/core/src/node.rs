@@ -2840,6 +2840,9 @@ impl Core {
             }
         }
         self.replica.set_scope(&to, scope);
+        if sideways {
+            self.keep_ends(id, &to);
+        }
         self.epoch_docs.insert(to, id.clone());
         self.stale.insert(id.clone());
         self.events.push_back(Event::Epoch {
@@ -2851,6 +2854,52 @@ impl Core {
                 missing,
             },
         });
+    }
+
+    /// After a move to another branch: a task `to` shows live that a document of this queue
+    /// this node holds shows final gets that document's records of it in `to` (its end
+    /// first of all), before any view of `to` is read. `to`'s branch may lack the end (its
+    /// copy of a document both branches share stopped before it, or the task was brought in
+    /// by a carrier that held less); this node's view must not go back to live. The carries
+    /// that follow would bring it too, but only in later turns. A sideways move is rare; this
+    /// reads `to` whole and each live task's entry in each sealed document held.
+    fn keep_ends(&mut self, id: &QueueId, to: &DocId) {
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let Some(live) = self.replica.get(to).and_then(QueueView::read).map(|v| {
+            v.tasks()
+                .values()
+                .filter(|t| !t.state().is_final())
+                .map(|t| t.id.clone())
+                .collect::<Vec<_>>()
+        }) else {
+            return;
+        };
+        let mut by_doc: BTreeMap<DocId, Vec<TaskId>> = BTreeMap::new();
+        for t in live {
+            let holder = q.sealed.keys().find(|d| {
+                self.replica
+                    .get(d)
+                    .and_then(|doc| epoch::task_state(doc, &t))
+                    .is_some_and(|s| s.is_final())
+            });
+            if let Some(d) = holder {
+                by_doc.entry(d.clone()).or_default().push(t);
+            }
+        }
+        for (d, tasks) in by_doc {
+            let written = self.replica.change_reading(to, &[&d], |into, docs| {
+                docs[0].map(|f| epoch::carry_records(f, into, &tasks))
+            });
+            match written.flatten() {
+                Some(Ok(n)) if n > 0 => self.changed(to),
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %id, "cannot write the ends {d} holds into {to}: {e}")
+                }
+                _ => {}
+            }
+        }
     }
 
     /// A queue's epoch work for this turn: carry late writes out of the sealed epochs that

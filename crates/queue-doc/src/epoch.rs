@@ -915,47 +915,7 @@ pub fn carry_covering(
             });
         }
         for (i, key) in &touched {
-            let value = match *i {
-                0 => carry_entry(from, tx, key, dropped),
-                _ if !has_task(tx, packed::task_of(key)) => None,
-                1 => packed_values(from, packed::ASSIGNED, key)
-                    .max()
-                    .filter(|_| packed_values(tx, packed::ASSIGNED, key).next().is_none())
-                    .map(automerge::ScalarValue::from),
-                2 => {
-                    let mine = packed_started(tx, key);
-                    packed_started(from, key)
-                        .filter(|s| {
-                            mine.is_none_or(|m| (s.incarnation, s.at) > (m.incarnation, m.at))
-                        })
-                        .map(|s| {
-                            let rec = packed::Start {
-                                a: s.at,
-                                i: s.incarnation,
-                            };
-                            automerge::ScalarValue::from(packed::encode(&rec))
-                        })
-                }
-                3 => {
-                    let mine = packed_finished(tx, key);
-                    packed_finished(from, key)
-                        .filter(|f| {
-                            mine.as_ref()
-                                .is_none_or(|m| later_finish(f, m) == std::cmp::Ordering::Greater)
-                        })
-                        .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
-                }
-                // An inline run's output: written once, with its end, by the run's pool.
-                5 => packed_values(from, packed::OUTPUT, key)
-                    .max()
-                    .filter(|_| packed_values(tx, packed::OUTPUT, key).next().is_none())
-                    .map(automerge::ScalarValue::from),
-                _ => {
-                    let theirs = max_uint_all(from, packed::SEEN, key);
-                    (theirs > max_uint_all(tx, packed::SEEN, key))
-                        .then_some(automerge::ScalarValue::Uint(theirs))
-                }
-            };
+            let value = carried_value(from, tx, *i, key, dropped, false);
             match value {
                 Some(v) => {
                     tx.put(&targets[*i], key.as_str(), v.clone())?;
@@ -1020,11 +980,134 @@ pub fn carried_marks<R: ReadDoc>(into: &R, from: &str) -> Vec<ChangeHash> {
     heads
 }
 
+/// Writes into `into` every attempt record (assignment, start, end, output) that `from`
+/// holds of each of `tasks` and that is newer than `into`'s, as a carry merges them, whether
+/// or not `into` holds the task; how many. One change, none if nothing is new.
+///
+/// A node that moves to another branch writes those of the tasks the branch shows live and
+/// a sealed document it holds shows final: the branch's copy of a document both share may
+/// lack their ends, and the node's view must not go back. Costs the records of `tasks`.
+pub fn carry_records(
+    from: &Automerge,
+    into: &mut Automerge,
+    tasks: &[TaskId],
+) -> Result<usize, WriteError> {
+    // (index in CARRIED, attempt key)
+    let mut found: Vec<(usize, String)> = Vec::new();
+    for (i, name) in CARRIED.iter().enumerate() {
+        if ![
+            packed::ASSIGNED,
+            packed::STARTED,
+            packed::ENDED,
+            packed::OUTPUT,
+        ]
+        .contains(name)
+        {
+            continue;
+        }
+        for obj in am::all_objects(from, &ROOT, name, ObjType::Map) {
+            for t in tasks {
+                for item in from.map_range(&obj, packed::attempts_of(t)) {
+                    found.push((i, item.key.to_string()));
+                }
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    if found.is_empty() {
+        return Ok(0);
+    }
+    let mut writes = 0;
+    into.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let mut targets = BTreeMap::new();
+        for (i, key) in &found {
+            let keep = |_: &TaskId| true;
+            let Some(v) = carried_value(from, tx, *i, key, &keep, true) else {
+                continue;
+            };
+            let target = match targets.get(i) {
+                Some(t) => t,
+                None => {
+                    let t = match am::object(tx, &ROOT, CARRIED[*i], ObjType::Map) {
+                        Some(m) => m,
+                        None => tx.put_object(ROOT, CARRIED[*i], ObjType::Map)?,
+                    };
+                    targets.entry(*i).or_insert(t)
+                }
+            };
+            tx.put(target, key.as_str(), v)?;
+            writes += 1;
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(writes)
+}
+
+/// The value a carry from `from` writes under `key` of map `CARRIED[i]` in `into`, if any: the
+/// task's entry unless `dropped`; an attempt's record if it is newer than `into`'s. An
+/// attempt's end and output go even when `into` does not hold the task: another carrier that
+/// holds less of a sealed document may bring the task in later, live, and the end must be
+/// there when it does, or the task shows running again after it ended. Its assignment and
+/// start stay behind, unless `absent_too`.
+fn carried_value<R: ReadDoc>(
+    from: &Automerge,
+    into: &R,
+    i: usize,
+    key: &str,
+    dropped: &dyn Fn(&TaskId) -> bool,
+    absent_too: bool,
+) -> Option<automerge::ScalarValue> {
+    match i {
+        0 => carry_entry(from, into, key, dropped),
+        1 | 2 | 4 if !absent_too && !has_task(into, packed::task_of(key)) => None,
+        1 => packed_values(from, packed::ASSIGNED, key)
+            .max()
+            .filter(|_| packed_values(into, packed::ASSIGNED, key).next().is_none())
+            .map(automerge::ScalarValue::from),
+        2 => {
+            let mine = packed_started(into, key);
+            packed_started(from, key)
+                .filter(|s| mine.is_none_or(|m| (s.incarnation, s.at) > (m.incarnation, m.at)))
+                .map(|s| {
+                    let rec = packed::Start {
+                        a: s.at,
+                        i: s.incarnation,
+                    };
+                    automerge::ScalarValue::from(packed::encode(&rec))
+                })
+        }
+        3 => {
+            let mine = packed_finished(into, key);
+            packed_finished(from, key)
+                .filter(|f| {
+                    mine.as_ref()
+                        .is_none_or(|m| later_finish(f, m) == std::cmp::Ordering::Greater)
+                })
+                .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
+        }
+        // An inline run's output: written once, with its end, by the run's pool.
+        5 => packed_values(from, packed::OUTPUT, key)
+            .max()
+            .filter(|_| packed_values(into, packed::OUTPUT, key).next().is_none())
+            .map(automerge::ScalarValue::from),
+        _ => {
+            let theirs = max_uint_all(from, packed::SEEN, key);
+            (theirs > max_uint_all(into, packed::SEEN, key))
+                .then_some(automerge::ScalarValue::Uint(theirs))
+        }
+    }
+}
+
 /// A late task entry to carry: absent from the successor, and not a task that was finished
 /// and left behind at the seal.
-fn carry_entry(
+fn carry_entry<R: ReadDoc>(
     from: &Automerge,
-    tx: &Transaction<'_>,
+    tx: &R,
     task: &str,
     dropped: &dyn Fn(&TaskId) -> bool,
 ) -> Option<automerge::ScalarValue> {

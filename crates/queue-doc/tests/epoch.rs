@@ -349,6 +349,18 @@ fn a_late_claim_is_carried_and_only_when_written() {
     assert_eq!(epoch::effective_claim(&succ), Some(follower));
 }
 
+/// An empty queue document (actor 1) and a writer of tasks `a1`, `a2`…
+fn new_queue() -> (Automerge, Writer) {
+    let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+    queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+    let w = Writer {
+        next: 0,
+        clock: 10,
+        prefix: "a",
+    };
+    (old, w)
+}
+
 fn rotate(old: &Automerge, prev: &str, successor: &str, epoch: u64, actor: u8) -> Automerge {
     let origin = QueueId::new("automerge:q0");
     let sealer = Claim::new(2, PeerId::new("router"));
@@ -387,13 +399,7 @@ fn task_ids(doc: &Automerge) -> Vec<TaskId> {
 /// records the late one, with the same change that writes it.
 #[test]
 fn covers_tell_a_task_the_chain_knew_from_a_late_submit_without_history() {
-    let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
-    queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
-    let mut w = Writer {
-        next: 0,
-        clock: 10,
-        prefix: "a",
-    };
+    let (mut old, mut w) = new_queue();
     w.apply(&mut old, &Op::Submit);
     let known = task_ids(&old)[0].clone();
     // The member's copy, from before the task ran and ended at the sealer.
@@ -548,4 +554,124 @@ fn rotation_is_due_when_finished_tasks_outweigh_live_ones() {
     assert!(epoch::should_rotate(&c, 4, 10));
     c.pending = 20;
     assert!(!epoch::should_rotate(&c, 4, 10));
+}
+
+/// Two carriers of one sealed document, one of which holds less of it. The one that holds the
+/// task's end carries it first, while the successor does not hold the task (the chain had
+/// absorbed it, as far as that carrier can tell); the other, whose copy stops before the end,
+/// then brings the task in live. The end must already be there: the task stays final, where
+/// carrying only the ends of tasks the successor holds showed it running again (the 7-node
+/// simulator, seed 5014 of the partitions mix with `--relay-ms 100,300`).
+#[test]
+fn an_end_carried_before_its_task_keeps_it_final_when_another_carrier_brings_the_task_in() {
+    let (old, mut w) = new_queue();
+    let seal_heads = old.get_heads();
+    let succ = rotate(&old, "automerge:q0", "automerge:q1", 1, 9);
+    // After the seal: a late submit, assigned and started; one copy also gets its end.
+    let mut late = fork(&old, 2);
+    w.apply(&mut late, &Op::Submit);
+    w.apply(&mut late, &Op::Assign { pick: 0 });
+    w.apply(&mut late, &Op::Start { pick: 0 });
+    let behind = fork(&late, 3);
+    w.apply(
+        &mut late,
+        &Op::Finish {
+            pick: 0,
+            outcome: 1,
+        },
+    );
+    let task = task_ids(&late)[0].clone();
+    let final_state = QueueView::read(&late).unwrap().task(&task).unwrap().state();
+    assert_eq!(final_state, piecework_queue_doc::TaskState::Succeeded);
+    // The first carrier believes the chain absorbed the task: its entry stays behind, and
+    // so do its assignment and start, but not its end.
+    let mut at_first = fork(&succ, 4);
+    let absorbed = |_: &TaskId| true;
+    epoch::carry(
+        &late,
+        &seal_heads,
+        &mut at_first,
+        &absorbed,
+        None,
+        usize::MAX,
+    )
+    .unwrap();
+    assert!(QueueView::read(&at_first).unwrap().task(&task).is_none());
+    // The second carries what its copy holds: the task, assigned and started.
+    let mut at_second = fork(&succ, 5);
+    let live = |_: &TaskId| false;
+    epoch::carry(
+        &behind,
+        &seal_heads,
+        &mut at_second,
+        &live,
+        None,
+        usize::MAX,
+    )
+    .unwrap();
+    assert_eq!(
+        QueueView::read(&at_second)
+            .unwrap()
+            .task(&task)
+            .unwrap()
+            .state(),
+        piecework_queue_doc::TaskState::Running
+    );
+    // Merged, in either order: final.
+    for (mut a, b) in [
+        (at_first.fork(), at_second.fork()),
+        (at_second.fork(), at_first.fork()),
+    ] {
+        a.merge(&mut b.clone()).unwrap();
+        let view = QueueView::read(&a).unwrap();
+        assert_eq!(view.task(&task).unwrap().state(), final_state);
+    }
+}
+
+/// A node that moves to another branch writes there the records of the tasks the branch
+/// shows live and a document this node holds shows final (its copy stopped before the end):
+/// after the write the branch shows it final, as this node saw it. Writing again writes
+/// nothing.
+#[test]
+fn the_records_of_tasks_seen_final_make_them_final_in_a_branch_that_shows_them_live() {
+    let (mut old, mut w) = new_queue();
+    w.apply(&mut old, &Op::Submit);
+    w.apply(&mut old, &Op::Submit);
+    w.apply(&mut old, &Op::Assign { pick: 0 });
+    w.apply(&mut old, &Op::Start { pick: 0 });
+    // The other branch: rotated from a copy that has the task started, not ended.
+    let mut branch = rotate(&old, "automerge:q0", "automerge:q1b", 1, 8);
+    w.apply(
+        &mut old,
+        &Op::Finish {
+            pick: 0,
+            outcome: 1,
+        },
+    );
+    let view = QueueView::read(&old).unwrap();
+    let finals: Vec<TaskId> = view
+        .tasks()
+        .values()
+        .filter(|t| t.state().is_final())
+        .map(|t| t.id.clone())
+        .collect();
+    assert_eq!(finals.len(), 1);
+    let task = &finals[0];
+    assert_eq!(
+        QueueView::read(&branch)
+            .unwrap()
+            .task(task)
+            .unwrap()
+            .state(),
+        piecework_queue_doc::TaskState::Running
+    );
+    let written = epoch::carry_records(&old, &mut branch, &finals).unwrap();
+    assert!(written >= 1, "at least the end");
+    let after = QueueView::read(&branch).unwrap();
+    assert_eq!(
+        after.task(task).unwrap().state(),
+        piecework_queue_doc::TaskState::Succeeded
+    );
+    assert_eq!(after.tasks().len(), 2, "the other task untouched");
+    assert_eq!(epoch::carry_records(&old, &mut branch, &finals).unwrap(), 0);
 }

@@ -458,6 +458,18 @@ mod regressions {
     }
 
     /// 7 nodes, 120 tasks, 2 sealed epochs kept per node.
+    fn passes_at_7(seed: u64, mix: FaultMix, relay_ms: Option<(u64, u64)>) {
+        let config = Config {
+            mix,
+            nodes: 7,
+            tasks: 120,
+            relay_ms,
+            ..Config::default()
+        };
+        let r = run(seed, &config);
+        assert!(r.passed() && r.lost == 0, "{}", describe(&r));
+    }
+
     fn passes_at_7_deleting(seed: u64, mix: FaultMix) {
         let config = Config {
             mix,
@@ -524,5 +536,28 @@ mod regressions {
         };
         let r = run(3017, &config);
         assert!(r.passed() && r.lost == 0, "{}", describe(&r));
+    }
+
+    /// Found with other relay waits (`--relay-ms 100,300`): after a partition with a double
+    /// seal, two nodes carried a task from their copies of a losing branch's document into
+    /// the winner. The copies stopped before the task's end; the one that had it believed
+    /// the winner's chain had absorbed the task, carried nothing of it, and so left its end
+    /// behind too. The task showed running again on a node that had seen it succeed
+    /// (invariant 2). An attempt's end (and output) is now carried even when the target
+    /// does not hold the task yet.
+    #[test]
+    fn seed_5014_partitions_at_7_an_end_is_carried_before_its_task() {
+        passes_at_7(5014, FaultMix::partitions(), Some((100, 300)));
+    }
+
+    /// Found while fixing the one above (with that fix alone): node3 moved sideways to the
+    /// winning branch, which showed live a task node3 had seen succeed (the branch's copy of
+    /// a shared document lacked the end); node3's own carries into it came turns later
+    /// (invariant 2). A node that moves sideways now writes into the target, before reading
+    /// it, the records of every task the target shows live and a document it holds shows
+    /// final.
+    #[test]
+    fn seed_5013_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
+        passes_at_7(5013, FaultMix::partitions(), None);
     }
 }
