@@ -181,6 +181,15 @@ fn branch_since_fork(own: &[Link], target: &[Link], root: Option<&DocId>) -> Vec
         .collect()
 }
 
+/// The newest document of `own` (a lineage) that is on `target`'s chain too: where the two
+/// branches forked. `None` if they share only the queue's first document.
+fn fork_of(own: &[Link], target: &[Link]) -> Option<DocId> {
+    own.iter()
+        .filter(|l| epoch::on_lineage(target, &l.doc, Some(l.epoch)))
+        .max_by_key(|l| l.epoch)
+        .and_then(|l| DocId::parse(&l.doc))
+}
+
 #[derive(Debug)]
 struct TaskWaiter {
     cmd: CommandId,
@@ -2552,10 +2561,21 @@ impl Core {
         let mut gaps = gaps;
         if to != cur {
             let root = self.queues.get(id).map(|q| q.root.clone());
+            let branch = branch_since_fork(&own, &best_lineage, root.as_ref());
+            // Moving sideways, the fork too: the last document both chains share, sealed
+            // twice. What this node wrote to it after the other side's seal (a task's end) is
+            // carried from it, and kept in the target at the move (`Core::keep_ends`): if this
+            // node retired it, the target showed the task live again (default seed 5016 with
+            // `--relay-ms 100,300`).
+            let fork = (!branch.is_empty())
+                .then(|| fork_of(&own, &best_lineage))
+                .flatten()
+                .filter(|d| Some(d) != root.as_ref());
             gaps.extend(
-                branch_since_fork(&own, &best_lineage, root.as_ref())
+                branch
                     .into_iter()
                     .map(|(d, _)| d)
+                    .chain(fork)
                     .filter(|d| self.to_fetch(id, d)),
             );
         }
@@ -2741,7 +2761,16 @@ impl Core {
         // the ones this node had retired too (a task that ended in one of them may be live
         // in `to`, brought there by a late write of a document both branches share).
         if sideways {
-            for (d, e) in branch_since_fork(&from_lineage, &to_lineage, Some(&q.root)) {
+            let fork = fork_of(&from_lineage, &to_lineage)
+                .filter(|d| *d != q.root && !q.sealed.contains_key(d))
+                .and_then(|d| {
+                    let e = from_lineage.iter().find(|l| l.doc == d.as_str())?.epoch;
+                    Some((d, e))
+                });
+            for (d, e) in branch_since_fork(&from_lineage, &to_lineage, Some(&q.root))
+                .into_iter()
+                .chain(fork)
+            {
                 if d == from || d == to {
                     continue;
                 }

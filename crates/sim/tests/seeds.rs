@@ -560,4 +560,15 @@ mod regressions {
     fn seed_5013_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
         passes_at_7(5013, FaultMix::partitions(), None);
     }
+
+    /// Found with the two above fixed (`--relay-ms 100,300`): node5 ran a task and saw it
+    /// succeed in a document that a partition then sealed twice, then retired that document.
+    /// It moved sideways to the winner, whose copy of the fork lacked the end: the task showed
+    /// running again (invariant 2), and nothing node5 still held had the end. A sideways move
+    /// now waits for the fork (read back from disk) and carries from it, so the end is kept
+    /// at the move.
+    #[test]
+    fn seed_5016_default_at_7_a_sideways_move_reads_the_fork_back() {
+        passes_at_7(5016, FaultMix::default_mix(), Some((100, 300)));
+    }
 }
