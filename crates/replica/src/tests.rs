@@ -998,19 +998,25 @@ fn deliver_all(from: &mut Replica, fp: &PeerId, to: &mut Replica, now: Instant) 
     n
 }
 
-#[test]
-fn s24_changes_wait_for_the_answer_to_the_last_message_and_travel_together() {
-    let (a, b, _) = peers();
-    let now = t0();
+/// Two connected members of a group: `a` holds document 7 (`x` = 0), `b` an empty one.
+fn two_members(a: &PeerId, b: &PeerId) -> (Replica, Replica) {
     let (mut ra, mut rb) = (Replica::new(), Replica::new());
     for r in [&mut ra, &mut rb] {
-        r.set_group(&g(), members(&[&a, &b]));
+        r.set_group(&g(), members(&[a, b]));
         r.set_scope(&id(7), announced());
     }
     ra.handle_connected(b.clone());
     rb.handle_connected(a.clone());
     ra.create(id(7), doc_with("x", 0), None);
     rb.create(id(7), Automerge::new(), None);
+    (ra, rb)
+}
+
+#[test]
+fn s24_changes_wait_for_the_answer_to_the_last_message_and_travel_together() {
+    let (a, b, _) = peers();
+    let now = t0();
+    let (mut ra, mut rb) = two_members(&a, &b);
     // Sync to quiescence, answering each other at once.
     for _ in 0..10 {
         deliver_all(&mut ra, &a, &mut rb, now);
@@ -1238,15 +1244,7 @@ fn chunk_types(msg: &Message) -> Vec<u8> {
 fn s27_a_peer_holding_part_of_a_small_document_gets_only_the_change_it_lacks() {
     let (a, b, _) = peers();
     let now = t0();
-    let (mut ra, mut rb) = (Replica::new(), Replica::new());
-    for r in [&mut ra, &mut rb] {
-        r.set_group(&g(), members(&[&a, &b]));
-        r.set_scope(&id(7), announced());
-    }
-    ra.handle_connected(b.clone());
-    rb.handle_connected(a.clone());
-    ra.create(id(7), doc_with("x", 0), None);
-    rb.create(id(7), Automerge::new(), None);
+    let (mut ra, mut rb) = two_members(&a, &b);
     // A peer holding nothing gets the whole document.
     let (_, m) = ra.poll_transmit(now).expect("a's first message");
     rb.handle_message(&a, m, now);
