@@ -340,7 +340,8 @@ pub struct Report {
     pub ratio_to_floor: f64,
     /// The machine.
     pub machine: Machine,
-    /// `git rev-parse --short HEAD` in the current directory, or `unknown`.
+    /// The commit this binary was built from (`git rev-parse --short HEAD` at build time), or
+    /// `unknown` outside a git checkout.
     pub commit: String,
     /// Epoch documents the queue went through (1: never rotated), as the observing node's
     /// view ends.
@@ -1580,15 +1581,9 @@ fn machine() -> Machine {
     }
 }
 
+/// The commit this binary was built from (`build.rs`), or `unknown`.
 fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    env!("PIECEWORK_COMMIT").to_owned()
 }
 
 fn fmt_p(p: &Option<Percentiles>) -> String {

@@ -12,7 +12,7 @@ use piecework::queue_doc::{QueueId, TaskId, TaskState};
 
 /// A peer-to-peer task queue: tasks in Automerge documents, routers that take over.
 #[derive(Parser, Debug)]
-#[command(name = "piecework", version, about)]
+#[command(name = "piecework", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("PIECEWORK_COMMIT"), ")"), about)]
 struct Cli {
     /// The node whose HTTP API to talk to.
     #[arg(

@@ -20,13 +20,42 @@ use crate::client::Client;
 /// How often the bench asks node 0 for its task counts while tasks run.
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// One node process.
+/// One node process, in a process group of its own (see [`kill_group`]).
 struct Proc {
     child: Child,
     client: Client,
     peer: String,
     /// Its libp2p address with its peer id, to bootstrap from.
     addr: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        kill_group(&self.child);
+    }
+}
+
+/// Starts `cmd` as the leader of a new process group, which [`kill_group`] kills whole: a
+/// `--node-exe` wrapper that runs the node as its child (rather than `exec`ing it) then takes
+/// its node down with it, and no node outlives the bench.
+fn grouped(cmd: &mut Command) -> &mut Command {
+    cmd.process_group(0).kill_on_drop(true)
+}
+
+/// SIGKILL to every process of the group `child` leads (started by [`grouped`]). Nothing once
+/// the child has been waited for: its id, and so its group's, may belong to another process
+/// by then.
+#[allow(unsafe_code)]
+fn kill_group(child: &Child) {
+    let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+        return;
+    };
+    // SAFETY: kill(2) with a negative pid signals that process group; it reads and writes no
+    // memory of this process. The group is the child's own (process_group(0)), and the child
+    // has not been reaped (it has an id), so the group id is not reused.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+    }
 }
 
 impl Proc {
@@ -115,8 +144,8 @@ impl Procs {
             .args(["--workers", &self.workers.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true);
+            .stderr(log);
+        grouped(&mut cmd);
         if let Some(b) = bootstrap {
             cmd.args(["--bootstrap", &b]);
         }
@@ -393,10 +422,7 @@ pub(super) async fn failover_round(
     let mut killed = procs.nodes[victim]
         .take()
         .context("the router's node is not running")?;
-    killed
-        .child
-        .start_kill()
-        .context("cannot kill the router's process")?;
+    kill_group(&killed.child);
     let kill_wall = wall_ms();
     killed.child.wait().await.context("the killed process")?;
 
@@ -489,4 +515,33 @@ pub(super) async fn check(
         }
     }
     Ok((succeeded, duplicates, term, epoch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A wrapper that runs its program as a child, not with `exec`: killing the group takes
+    /// the grandchild too. Both hold the stdout pipe, so its end of file is the event that
+    /// both are dead; killing the wrapper alone left the grandchild holding it.
+    #[tokio::test]
+    async fn killing_the_group_takes_a_wrappers_child_with_it() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 600 & echo started; wait"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        let mut child = grouped(&mut cmd).spawn().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut first = [0u8; 8];
+        out.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"started\n");
+        kill_group(&child);
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), out.read_to_end(&mut rest))
+            .await
+            .expect("the wrapper's child outlived the group's kill")
+            .unwrap();
+        child.wait().await.unwrap();
+    }
 }
