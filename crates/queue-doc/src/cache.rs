@@ -29,7 +29,8 @@ use crate::ids::TaskId;
 use crate::keys;
 use crate::packed;
 use crate::view::{
-    AttemptOutcome, EntryValue, Finished, QueueView, Started, TaskEntry, read_root, read_task_entry,
+    AttemptOutcome, EntryValue, Finished, QueueView, Records, Started, TaskEntry, read_root,
+    read_task_entry, read_task_entry_from,
 };
 
 type ObjKey = (u64, ActorId);
@@ -164,6 +165,7 @@ impl ViewCache {
             .filter_map(|(k, o)| Some((key_of(o)?, *k)))
             .collect();
         if let Some(tasks) = tasks {
+            let records = Records::read(doc);
             for item in doc.map_range(&tasks, ..) {
                 let id = TaskId::new(item.key.as_ref());
                 let owners = &mut self.owners;
@@ -174,7 +176,8 @@ impl ViewCache {
                 };
                 let mut bad = 0;
                 let value = EntryValue::of(&item.value, item.id());
-                match read_task_entry(doc, value, id.clone(), &mut bad, &mut own) {
+                let records = Some(&records);
+                match read_task_entry_from(doc, records, value, id.clone(), &mut bad, &mut own) {
                     Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => bad += 1,
                 }
