@@ -787,7 +787,8 @@ pub(crate) fn read_task_entry(
 /// read sees them).
 #[derive(Default)]
 pub(crate) struct Records {
-    assigned: BTreeMap<String, Vec<String>>,
+    /// Attempt key → (the index of the `assigned` object that holds it, its value).
+    assigned: BTreeMap<String, Vec<(usize, String)>>,
     started: HashMap<String, Vec<String>>,
     ended: HashMap<String, Vec<String>>,
     seen: HashMap<String, u64>,
@@ -804,14 +805,15 @@ impl Records {
             },
             _ => None,
         };
-        for m in am::all_objects(doc, &ROOT, packed::ASSIGNED, ObjType::Map) {
-            for item in doc.map_range(&m, ..) {
+        let assigned = am::all_objects(doc, &ROOT, packed::ASSIGNED, ObjType::Map);
+        for (i, m) in assigned.iter().enumerate() {
+            for item in doc.map_range(m, ..) {
                 let value = am::as_str(&item.value).map(str::to_owned);
                 // Unreadable values count as malformed where the task reads them.
                 r.assigned
                     .entry(item.key.to_string())
                     .or_default()
-                    .push(value.unwrap_or_default());
+                    .push((i, value.unwrap_or_default()));
             }
         }
         for (name, into) in [
@@ -915,10 +917,17 @@ pub(crate) fn read_task_entry_from(
     };
     match records {
         Some(r) => {
-            for (key, values) in r.assigned.range(packed::attempts_of(&id)) {
-                for v in values {
-                    push(key, Some(v.as_str()));
-                }
+            // In the order the document path takes them (object by object, each in key
+            // order), so that equal attempt ids (keys that differ only in how they spell a
+            // number) dedup to the same one.
+            let mut found: Vec<(usize, &str, &str)> = r
+                .assigned
+                .range(packed::attempts_of(&id))
+                .flat_map(|(k, vs)| vs.iter().map(move |(i, v)| (*i, k.as_str(), v.as_str())))
+                .collect();
+            found.sort_by_key(|(i, _, _)| *i);
+            for (_, key, value) in found {
+                push(key, Some(value));
             }
         }
         None => {

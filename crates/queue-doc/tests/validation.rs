@@ -676,3 +676,32 @@ fn records_taken_from_operations_read_as_the_document_does() {
     );
     check(&mut cache, &doc, "an assignment whose key names no attempt");
 }
+
+/// A whole read takes a task's assignments from every `assigned` map in the order a per-task
+/// read does: two keys that name the same attempt (one spells its number `01`), each in one
+/// of two concurrent maps, give the same attempt either way.
+#[test]
+fn a_whole_read_keeps_the_attempt_a_per_task_read_keeps() {
+    let mut a = v1_queue();
+    let task = v1_task(&mut a, 1);
+    let mut b = a.fork();
+    let assign = |n: u64, worker: u32| Assignment {
+        task: task.clone(),
+        attempt: AttemptId {
+            n,
+            claim: Claim::new(1, PeerId::new("ra")),
+        },
+        worker: WorkerId::new(me(), worker),
+        incarnation: 1,
+    };
+    // Each replica makes its own `assigned` map; b also spells attempt 1's key another way.
+    queue::record_assignments(&mut a, &[assign(1, 0)], 5).unwrap();
+    queue::record_assignments(&mut b, &[assign(2, 0)], 5).unwrap();
+    let other = format!(r#"{{"w":"{}","i":1,"a":6}}"#, WorkerId::new(me(), 1));
+    raw_record(&mut b, "assigned", &format!("{task}/01/1/ra"), &other);
+    a.merge(&mut b).unwrap();
+    let whole = QueueView::read(&a).unwrap();
+    let one = piecework_queue_doc::epoch::task_entry(&a, &task).unwrap();
+    assert_eq!(whole.task(&task), Some(&one));
+    assert_eq!(one.attempts.len(), 2);
+}
