@@ -837,7 +837,10 @@ impl Records {
         }
         for m in am::all_objects(doc, &ROOT, packed::SEEN, ObjType::Map) {
             for item in doc.map_range(&m, ..) {
-                let n = am::max_uint(doc, &m, item.key.as_ref());
+                let n = match item.conflict {
+                    false => am::as_uint(&item.value).unwrap_or(0),
+                    true => am::max_uint(doc, &m, item.key.as_ref()),
+                };
                 let e = r.seen.entry(item.key.to_string()).or_default();
                 *e = (*e).max(n);
             }
