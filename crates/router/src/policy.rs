@@ -16,9 +16,10 @@
 //!   until a member marks it available; then it waits the refusal backoff like a refused one.
 //! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
 //!   peer) is not routed.
-//! - `concurrency` caps tasks assigned or running at once, counting runs that outlived their
-//!   task's outcome while their pool is alive, and this router's attempts whose task a
-//!   rotation sealed elsewhere dropped (for a lease, then while pool heartbeats report them);
+//! - `concurrency` caps tasks assigned or running at once, counting, while their pool is alive,
+//!   runs that outlived their task's outcome and earlier runs of a task whose current attempts
+//!   ended, and this router's attempts whose task a rotation sealed elsewhere dropped (for a
+//!   lease, then while pool heartbeats report them);
 //!   `rate_interval` allows one assignment per interval.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -137,40 +138,41 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     };
     for t in view.with_open_attempts() {
         plan.visited += 1;
-        match t.state() {
-            TaskState::Assigned | TaskState::Running => {
-                let expires = t
-                    .current_attempts()
-                    .filter(|a| a.is_open())
-                    .map(|a| lease_end(t, a))
-                    .max();
-                match expires {
-                    Some(e) if now >= e => expired.push(t),
-                    Some(e) => {
-                        active += 1;
-                        plan.next_check = earliest(plan.next_check, e);
-                    }
-                    None => {}
-                }
-            }
-            TaskState::Succeeded | TaskState::Failed => {
-                // A run that outlived its task's outcome (routers on both sides of a partition
-                // both ran the task) still holds its worker: it counts against the concurrency
-                // limit until it ends or its pool's lease runs out. So does an open attempt
-                // whose start has not reached this router yet: its worker may have started it
-                // before learning the outcome.
-                let zombie = t
-                    .attempts
-                    .iter()
-                    .filter(|a| a.is_open())
-                    .any(|a| now < lease_end(t, a));
-                if zombie {
+        // The run a task's state shows: its current attempts, while it is assigned or running.
+        let shown = matches!(t.state(), TaskState::Assigned | TaskState::Running);
+        if shown {
+            let expires = t
+                .current_attempts()
+                .filter(|a| a.is_open())
+                .map(|a| lease_end(t, a))
+                .max();
+            match expires {
+                Some(e) if now >= e => expired.push(t),
+                Some(e) => {
                     active += 1;
+                    plan.next_check = earliest(plan.next_check, e);
                 }
+                None => {}
             }
-            // Pending: routed below. Waiting for its input: a member must mark it available.
-            TaskState::Pending | TaskState::InputUnavailable => {}
         }
+        // Runs its state does not show still hold their workers: each counts against the
+        // concurrency limit until it ends or its pool's lease runs out. These are the open
+        // attempts of a task that has an outcome (routers on both sides of a partition both
+        // ran the task, and one run outlived the outcome), and the open attempts below the
+        // current number of a task that is not final. Its current attempts may have ended
+        // while an earlier run goes on, and the task is pending again: the other side's router
+        // ran the task up to a higher number and those runs failed (simulator seed 212, where
+        // the router counted its own run nowhere and assigned another task beside it). So do
+        // such attempts whose start has not reached this router yet: their worker may have
+        // started them before learning of the outcome or of the higher number.
+        let last = t.last_n();
+        let unshown = t
+            .attempts
+            .iter()
+            .filter(|a| a.is_open() && !(shown && a.id.n == last))
+            .filter(|a| now < lease_end(t, a))
+            .count();
+        active = active.saturating_add(u32::try_from(unshown).unwrap_or(u32::MAX));
     }
     // This router's open attempts whose task left the view: a rotation sealed by another
     // router dropped the task as finished while a run of it that this router assigned goes on

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use automerge::transaction::Transactable;
 use automerge::{ActorId, Automerge, AutomergeError, ROOT, ReadDoc};
 use piecework_queue_doc::{
-    AttemptOutcome, Claim, MAX_TERM, PeerId, PoolBeat, QueueConfig, QueueId, QueueView, RouterBeat,
-    Submission, TaskId, TaskState, WorkerReport, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, MAX_TERM, PeerId, PoolBeat, QueueConfig, QueueId,
+    QueueView, RouterBeat, RunningReport, Submission, TaskId, TaskState, WorkerId, WorkerReport,
+    queue,
 };
 use piecework_router::{Action, Event, Rejection, Role, Router};
 
@@ -798,4 +799,107 @@ fn a_router_that_hears_a_lost_pool_again_holds_its_assignments_briefly() {
             break;
         }
     }
+}
+
+/// Story 13: Routers on both sides of a partition ran one task. On this router's side its run
+/// (attempt 1) goes on; on the other side a router at the same term ran the task twice
+/// (attempts 1 and 2), and both runs failed. After the heal the task's current attempts (number
+/// 2) have failed, so it is pending again, waiting out its retry delay, while this router's
+/// own run of it is still in flight: that run counts against the concurrency limit until it
+/// ends. Found by simulator seed 212 (7 nodes), where the router assigned another task beside
+/// it under a limit of 1.
+#[test]
+fn an_earlier_attempt_still_running_counts_against_the_limit() {
+    let mut c = Cluster::new_with(3, |doc| {
+        let config = match doc.get(ROOT, "config").unwrap() {
+            Some((_, id)) => id,
+            None => panic!("no config"),
+        };
+        doc.transact::<_, _, AutomergeError>(|tx| tx.put(&config, "concurrency", 1u64))
+            .unwrap();
+    });
+    c.elect_first(2);
+    let first = c.peers[2].submit(1);
+    let second = c.peers[2].submit(2);
+    let t = c.at(120);
+    c.sync(0, 2, t);
+    // Peer 1's pool (two workers) beats to the router, peer 2: the first task goes to one of
+    // its workers and starts there; the second waits for the limit.
+    let b1 = c.peers[1].pool_beat(2);
+    let t = c.at(150);
+    c.peers[2].router.handle_pool_beat(t, &b1);
+    c.tick(2, 200);
+    assert_eq!(c.peers[2].assigned.len(), 1, "{:?}", c.peers[2].assigned);
+    let mine = c.peers[2].assigned[0].clone();
+    assert_eq!(mine.task, first);
+    let doc = &mut c.peers[2].doc;
+    queue::record_start(doc, &first, &mine.attempt, &mine.worker, 1, 0).unwrap();
+    // Meanwhile, on peer 0's side of a partition, a router at the same term (a smaller claim)
+    // ran the first task twice on peer 0's worker; both runs failed.
+    let other = Claim::new(1, c.peers[0].id.clone());
+    for n in 1..=2 {
+        let a = Assignment {
+            task: first.clone(),
+            attempt: AttemptId {
+                n,
+                claim: other.clone(),
+            },
+            worker: WorkerId::new(c.peers[0].id.clone(), 0),
+            incarnation: 1,
+        };
+        let doc = &mut c.peers[0].doc;
+        queue::record_assignments(doc, std::slice::from_ref(&a), 0).unwrap();
+        queue::record_start(doc, &first, &a.attempt, &a.worker, 1, 0).unwrap();
+        let failed = AttemptOutcome::Failed;
+        queue::record_finish(doc, &first, &a.attempt, &a.worker, failed, Some("boom"), 0).unwrap();
+    }
+    // The partition heals.
+    let heal = c.at(300);
+    c.sync(0, 2, heal);
+    let view = c.peers[2].view();
+    let task = &view.tasks()[&first];
+    assert_eq!(
+        task.state(),
+        TaskState::Pending,
+        "its current attempts failed"
+    );
+    assert!(task.attempt(&mine.attempt).is_some_and(|a| a.is_open()));
+    // Peer 1's pool keeps beating, one worker running the router's attempt, the other idle:
+    // nothing more is routed while that run goes on.
+    let running = |p: &mut Peer| {
+        let mut beat = p.pool_beat(2);
+        beat.workers[usize::try_from(mine.worker.index).unwrap()].running = Some(RunningReport {
+            queue: QueueId::new(QUEUE),
+            task: first.clone(),
+            attempt: mine.attempt.clone(),
+        });
+        beat
+    };
+    for ms in (400..1_000).step_by(100) {
+        let now = c.at(ms);
+        let beat = running(&mut c.peers[1]);
+        c.peers[2].router.handle_pool_beat(now, &beat);
+        c.tick(2, ms);
+    }
+    assert_eq!(
+        c.peers[2].assigned.len(),
+        1,
+        "a second run beside the first, under a limit of 1: {:?}",
+        c.peers[2].assigned
+    );
+    // The run ends (it succeeds): the second task is routed.
+    let doc = &mut c.peers[2].doc;
+    let ok = AttemptOutcome::Succeeded;
+    queue::record_finish(doc, &first, &mine.attempt, &mine.worker, ok, None, 0).unwrap();
+    let (v, now) = (c.peers[2].view(), c.at(1_000));
+    c.peers[2].router.handle_view(now, v);
+    for ms in (1_000..1_300).step_by(100) {
+        let now = c.at(ms);
+        let beat = c.peers[1].pool_beat(2);
+        c.peers[2].router.handle_pool_beat(now, &beat);
+        c.tick(2, ms);
+    }
+    let assigned = &c.peers[2].assigned;
+    assert_eq!(assigned.len(), 2, "{assigned:?}");
+    assert_eq!(assigned[1].task, second);
 }
