@@ -279,6 +279,23 @@ mod regressions {
         passes(7743);
     }
 
+    /// Found at 7 nodes (40 tasks): across a partition, node3 (claim node3@3) and node5 (the
+    /// smaller node5@2) both routed one task of queue 1. node3's attempt 1 ran on node0; on
+    /// node5's side attempts 1 and 2 ran on node1 and failed. After the heal node3's view had
+    /// the task's current attempts (number 2) failed, so it was pending again, and node3's own
+    /// run of it was counted nowhere: node3 assigned another task to node0's second worker,
+    /// two runs under node3@3 with a concurrency limit of 1 (invariant 6). Routers now count
+    /// every open attempt a task's state does not show (router story 13).
+    #[test]
+    fn seed_212_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
+        let config = Config {
+            nodes: 7,
+            ..Config::default()
+        };
+        let r = run(212, &config);
+        assert!(r.passed() && r.lost == 0, "{}", describe(&r));
+    }
+
     /// node2 restarted alone in a partition, claimed the router at term 2 on its side and,
     /// right after the heal, routed a task it had just indexed to its own worker, which started
     /// it. node3, the greater claim at the same term, saw the attempt arrive on a pool it had
