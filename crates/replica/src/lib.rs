@@ -85,7 +85,7 @@ mod test_support;
 mod tests;
 
 pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
-pub use load::load_chunks;
+pub use load::{REPLAY_MIN_BYTES, load_chunks};
 pub use message::{DecodeError, Message};
 pub use replica::{
     Event, FETCH_TIMEOUT, HELD_FOR, MAX_DOC_BYTES, MAX_HELD, MAX_PENDING_LOADS, MAX_QUEUED_BYTES,
