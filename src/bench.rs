@@ -38,6 +38,10 @@ use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
 mod processes;
+mod routers;
+
+pub use routers::RouterChange;
+use routers::{Observer, Routers};
 
 /// The most tasks the Automerge floor is measured over (it stays quick).
 pub const FLOOR_MAX_TASKS: usize = 20_000;
@@ -322,6 +326,13 @@ pub struct Report {
     /// bench did not cause (a router that looked silent, e.g. on an overloaded machine), or
     /// claims that raced.
     pub unforced_takeovers: u64,
+    /// Claims won by a node within `takeover_after + settle` of its own restart while the
+    /// router it deposed was alive (see `router_changes`): a restarted node that did not wait
+    /// to hear the live router.
+    pub takeovers_by_restarted_node: u64,
+    /// Every router the nodes' views showed, in order, with when and by which node (the
+    /// first one included): what `unforced_takeovers` and `takeovers_by_restarted_node` count.
+    pub router_changes: Vec<RouterChange>,
     /// Every task submitted, in all phases.
     pub tasks: usize,
     /// Of those, the ones that succeeded, at the end.
@@ -665,6 +676,12 @@ pub async fn run(opts: &Options) -> anyhow::Result<Report> {
         },
         unforced_takeovers: (m.last_term.saturating_sub(m.first_term))
             .saturating_sub(opts.failovers as u64),
+        takeovers_by_restarted_node: m
+            .router_changes
+            .iter()
+            .filter(|c| c.by_restarted_node)
+            .count() as u64,
+        router_changes: m.router_changes,
         tasks: m.tasks,
         succeeded: m.succeeded,
         lost: m.tasks - m.succeeded,
@@ -700,12 +717,23 @@ struct Measured {
     queue_doc_bytes: Option<usize>,
     queue_doc_load_ms: Option<f64>,
     peak_rss: Vec<Option<f64>>,
+    router_changes: Vec<RouterChange>,
+}
+
+/// What the bench counts a takeover by a restarted node within: `takeover_after + settle`.
+fn restart_window(opts: &Options) -> Duration {
+    let c = opts.timings.config();
+    Duration::from_millis(c.takeover_after_ms + c.settle_ms)
 }
 
 /// The nodes in this process, each on its own runtime, driven through their handles.
 async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::Result<Measured> {
     let mut cluster = Cluster::start(opts, root).await?;
-    let first_term = cluster.router(0).await?.term;
+    let observers = (0..opts.nodes)
+        .map(|i| cluster.watch(i).map(Observer::View))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let routers = Routers::start(cluster.peers.clone(), observers);
+    let first_term = routers.settled(Duration::from_secs(60)).await?.term;
     display.say(format!(
         "started {} node(s) with {} workers each; queue {}",
         opts.nodes, opts.workers, cluster.queue
@@ -738,7 +766,8 @@ async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::R
 
     let mut failover = Vec::new();
     for round in 0..opts.failovers {
-        failover.push(failover_round(&mut cluster, opts, display, round, &mut all).await?);
+        failover
+            .push(failover_round(&mut cluster, &routers, opts, display, round, &mut all).await?);
     }
 
     display.say(format!("checks: waiting for all {} tasks", all.len()));
@@ -791,6 +820,7 @@ async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::R
         }
     }
     drop(rx);
+    let router_changes = routers.stop(restart_window(opts));
     drop(cluster);
 
     Ok(Measured {
@@ -807,6 +837,7 @@ async fn in_process(opts: &Options, display: &Display, root: &Path) -> anyhow::R
         queue_doc_bytes: largest.as_ref().map(|l| l.bytes.len()),
         queue_doc_load_ms,
         peak_rss: vec![],
+        router_changes,
     })
 }
 
@@ -821,7 +852,8 @@ async fn with_processes(
         "started {} node process(es) with {} workers each; queue {}",
         opts.nodes, opts.workers, procs.queue
     ));
-    let first_term = procs.router_term(0).await?;
+    let routers = procs.watch_routers()?;
+    let first_term = routers.settled(Duration::from_secs(60)).await?.term;
     let mut all: Vec<TaskId> = Vec::new();
     let tp = processes::throughput(&mut procs, opts, display).await?;
     all.extend(tp.ids.iter().cloned());
@@ -829,10 +861,13 @@ async fn with_processes(
     procs.sample_rss();
     let mut failover = Vec::new();
     for round in 0..opts.failovers {
-        failover.push(processes::failover_round(&mut procs, opts, display, round, &mut all).await?);
+        failover.push(
+            processes::failover_round(&mut procs, &routers, opts, display, round, &mut all).await?,
+        );
     }
     let (succeeded, duplicates, last_term, epoch) = processes::check(&procs, &all, display).await?;
     procs.sample_rss();
+    let router_changes = routers.stop(restart_window(opts));
     Ok(Measured {
         tp,
         to_start,
@@ -847,6 +882,7 @@ async fn with_processes(
         queue_doc_bytes: None,
         queue_doc_load_ms: None,
         peak_rss: procs.peak_rss(),
+        router_changes,
     })
 }
 
@@ -1364,33 +1400,46 @@ where
 }
 
 /// Waits until the trickle `acked` reports has its first task acknowledged (it flows before
-/// a kill).
-async fn flowing(acked: &mut watch::Receiver<Vec<TaskId>>) -> anyhow::Result<()> {
-    tokio::time::timeout(
+/// a kill). A trickle that stops first is reported with its own error.
+async fn flowing(
+    acked: &mut watch::Receiver<Vec<TaskId>>,
+    trickling: &mut tokio::task::JoinHandle<anyhow::Result<Vec<TaskId>>>,
+    via: usize,
+) -> anyhow::Result<()> {
+    let first = tokio::time::timeout(
         Duration::from_secs(30),
         acked.wait_for(|ids| !ids.is_empty()),
     )
     .await
-    .context("the trickle's first task was not acknowledged within 30 s")?
-    .context("the trickle stopped")?;
-    Ok(())
+    .with_context(|| {
+        format!("the trickle's first task through node {via} was not acknowledged within 30 s")
+    })?;
+    if first.is_ok() {
+        return Ok(());
+    }
+    // The trickle ended before its first acknowledgement: say why.
+    match trickling.await {
+        Ok(Err(e)) => Err(e.context(format!("the trickle through node {via} stopped"))),
+        Ok(Ok(_)) => bail!("the trickle through node {via} stopped before a task was acknowledged"),
+        Err(e) => bail!("the trickle through node {via} panicked: {e}"),
+    }
 }
 
 /// One failover: returns the milliseconds from the kill to the first attempt assigned under
 /// a greater claim.
 async fn failover_round(
     cluster: &mut Cluster,
+    routers: &Routers,
     opts: &Options,
     display: &Display,
     round: usize,
     all: &mut Vec<TaskId>,
 ) -> anyhow::Result<f64> {
     let n = opts.nodes;
-    let old = cluster.router(0).await?;
-    let victim = cluster
-        .peers
-        .iter()
-        .position(|p| p == &old.peer)
+    // Every node agrees on the router before it is killed.
+    let old = routers.settled(Duration::from_secs(60)).await?;
+    let victim = routers
+        .node_of(&old.peer)
         .context("the router is not one of the bench's nodes")?;
     let via = (victim + 1) % n;
     let via_handle = cluster.handle(via)?;
@@ -1410,31 +1459,43 @@ async fn failover_round(
         let (h, q) = (h.clone(), q.clone());
         async move { Ok(h.submit(&q, req).await?.task_id) }
     };
-    let trickling = tokio::spawn(trickle(submit, opts.kind, all.len(), stop_rx, acked_tx));
-    flowing(&mut acked).await?;
+    let mut trickling = tokio::spawn(trickle(submit, opts.kind, all.len(), stop_rx, acked_tx));
+    flowing(&mut acked, &mut trickling, via).await?;
 
     let node = cluster.nodes[victim]
         .take()
         .context("the router's node is not running")?;
     let closed = node.kill();
     let kill_wall = wall_ms();
+    routers.killed(victim);
 
     let mut rx = via_handle
         .watch_queue(&cluster.queue)
         .context("queue not open")?;
-    let assigned_at = wait_view(
+    let assigned_at = match wait_view(
         &mut rx,
         Duration::from_secs(60),
         "an attempt by a new router",
         |v| {
             entries(v)
                 .flat_map(|t| t.attempts.iter())
-                .filter(|a| a.id.claim > old)
+                .filter(|a| a.id.claim > old && a.assigned_at >= kill_wall)
                 .map(|a| a.assigned_at)
                 .min()
         },
     )
-    .await?;
+    .await
+    {
+        Ok(at) => at,
+        Err(e) => bail!(
+            "failover {}/{} did not complete: no router above node {victim}'s (term {}) \
+             assigned a task through node {via} after the kill ({e:#}); {}",
+            round + 1,
+            opts.failovers,
+            old.term,
+            routers.describe().await
+        ),
+    };
     let takeover_ms = assigned_at.saturating_sub(kill_wall) as f64;
     display.say(format!(
         "failover {}/{}: a new router assigned its first task {takeover_ms} ms after the kill",
@@ -1447,6 +1508,7 @@ async fn failover_round(
         .await
         .context("the killed node's store was not released within 60 s")?;
     let addr = via_handle.wait_listening().await;
+    let started_at = wall_ms();
     let restarted = spawn_isolated(
         Cluster::config(
             &cluster.root,
@@ -1472,6 +1534,7 @@ async fn failover_round(
             h.watch_queue(&cluster.queue).context("queue not open")?
         }
     };
+    routers.started(victim, started_at, Observer::View(rx.clone()));
     wait_view(
         &mut rx,
         Duration::from_secs(60),
@@ -1660,6 +1723,10 @@ pub fn print_report(r: &Report) {
     println!(
         "unforced takeovers       {}  (router terms beyond one per kill)",
         r.unforced_takeovers
+    );
+    println!(
+        "by a restarted node      {}  (claims won within takeover_after + settle of a restart)",
+        r.takeovers_by_restarted_node
     );
     println!(
         "tasks                    {} submitted, {} succeeded, {} lost, {} duplicates",

@@ -42,6 +42,8 @@ async fn a_small_bench_with_a_failover_loses_nothing() {
         "{json}"
     );
     assert!(r.failover_ms.is_some(), "{json}");
+    // The restarted node waited to hear the live router instead of claiming.
+    assert_eq!(r.takeovers_by_restarted_node, 0, "{json}");
     assert!(
         r.submit_to_start_ms.is_some() && r.submit_to_done_ms.is_some(),
         "{json}"
@@ -79,6 +81,7 @@ async fn a_bench_at_the_fast_timings_fails_over_and_loses_nothing() {
         "{json}"
     );
     assert!(r.failover_ms.is_some(), "{json}");
+    assert_eq!(r.takeovers_by_restarted_node, 0, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["timings"], "fast", "{json}");
     assert_eq!(v["failover_bound_ms"], 150 + 25 + 50 + 300, "{json}");
@@ -145,6 +148,7 @@ async fn a_bench_of_node_processes_with_a_sigkill_loses_nothing() {
         "{json}"
     );
     assert!(r.failover_ms.is_some(), "{json}");
+    assert_eq!(r.takeovers_by_restarted_node, 0, "{json}");
     assert!(r.tasks > 300 + 5, "{json}");
     assert_eq!(r.succeeded, r.tasks, "every task done: {json}");
     assert_eq!(r.lost, 0, "{json}");

@@ -14,6 +14,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::{oneshot, watch};
 
+use super::routers::{Observer, Routers};
 use super::{Display, Options, Throughput, deadline_for, submit_http, wall_ms};
 use crate::client::Client;
 
@@ -232,11 +233,6 @@ impl Procs {
         .await
     }
 
-    /// The router's term as node `i` sees it, once it sees one.
-    pub(super) async fn router_term(&self, i: usize) -> anyhow::Result<u64> {
-        Ok(self.router(i, None).await?.term)
-    }
-
     /// Tasks of the queue that ended, as node `i` counts them over the queue's life.
     async fn ended(&self, i: usize) -> anyhow::Result<usize> {
         let c = self.queue_status(i).await?.tasks;
@@ -258,11 +254,16 @@ impl Procs {
         self.peak_rss.clone()
     }
 
-    /// The node whose peer id is `peer`.
-    fn index_of(&self, peer: &str) -> Option<usize> {
-        self.nodes
-            .iter()
-            .position(|n| n.as_ref().is_some_and(|p| p.peer == peer))
+    /// A watch on every node's router (see [`Routers`]).
+    pub(super) fn watch_routers(&self) -> anyhow::Result<Routers> {
+        let mut peers = Vec::new();
+        let mut observers = Vec::new();
+        for i in 0..self.nodes.len() {
+            let p = self.proc(i)?;
+            peers.push(piecework_queue_doc::PeerId::new(p.peer.clone()));
+            observers.push(Observer::Http(p.client.clone(), self.queue.clone()));
+        }
+        Ok(Routers::start(peers, observers))
     }
 }
 
@@ -381,18 +382,17 @@ pub(super) async fn latency(
 /// first attempt assigned under a greater claim, as the trickle's tasks record it.
 pub(super) async fn failover_round(
     procs: &mut Procs,
+    routers: &Routers,
     opts: &Options,
     display: &Display,
     round: usize,
     all: &mut Vec<TaskId>,
 ) -> anyhow::Result<f64> {
     let n = opts.nodes;
-    let observer = (0..n)
-        .find(|&i| procs.nodes[i].is_some())
-        .context("no node left")?;
-    let old = procs.router(observer, None).await?;
-    let victim = procs
-        .index_of(old.peer.as_str())
+    // Every node agrees on the router before it is killed.
+    let old = routers.settled(Duration::from_secs(60)).await?;
+    let victim = routers
+        .node_of(&old.peer)
         .context("the router is not one of the bench's nodes")?;
     let via = (victim + 1) % n;
     let c = procs.client(via)?;
@@ -409,14 +409,14 @@ pub(super) async fn failover_round(
         let (c, q) = (c2.clone(), q.clone());
         async move { Ok(c.submit(&q, &req).await?.task_id) }
     };
-    let trickling = tokio::spawn(super::trickle(
+    let mut trickling = tokio::spawn(super::trickle(
         submit,
         opts.kind,
         all.len(),
         stop_rx,
         acked_tx,
     ));
-    super::flowing(&mut acked).await?;
+    super::flowing(&mut acked, &mut trickling, via).await?;
 
     procs.sample_rss();
     let mut killed = procs.nodes[victim]
@@ -424,10 +424,11 @@ pub(super) async fn failover_round(
         .context("the router's node is not running")?;
     kill_group(&killed.child);
     let kill_wall = wall_ms();
+    routers.killed(victim);
     killed.child.wait().await.context("the killed process")?;
 
     // The trickle's tasks, newest first, until one shows an attempt of a new router.
-    let assigned_at = poll(
+    let assigned_at = match poll(
         Duration::from_secs(60),
         "an attempt by a new router",
         || {
@@ -441,7 +442,7 @@ pub(super) async fn failover_round(
                     if let Some(at) = s
                         .attempts
                         .iter()
-                        .filter(|a| a.id.claim > old)
+                        .filter(|a| a.id.claim > old && a.assigned_at >= kill_wall)
                         .map(|a| a.assigned_at)
                         .min()
                     {
@@ -452,7 +453,18 @@ pub(super) async fn failover_round(
             }
         },
     )
-    .await?;
+    .await
+    {
+        Ok(at) => at,
+        Err(e) => bail!(
+            "failover {}/{} did not complete: no router above node {victim}'s (term {}) \
+             assigned a task through node {via} after the kill ({e:#}); {}",
+            round + 1,
+            opts.failovers,
+            old.term,
+            routers.describe().await
+        ),
+    };
     let takeover_ms = assigned_at.saturating_sub(kill_wall) as f64;
     display.say(format!(
         "failover {}/{}: a new router assigned its first task {takeover_ms} ms after the kill",
@@ -461,7 +473,13 @@ pub(super) async fn failover_round(
     ));
 
     let bootstrap = procs.proc(via)?.addr.clone();
+    let started_at = wall_ms();
     let restarted = procs.spawn(victim, Some(bootstrap)).await?;
+    routers.started(
+        victim,
+        started_at,
+        Observer::Http(restarted.client.clone(), procs.queue.clone()),
+    );
     procs.nodes[victim] = Some(restarted);
     procs.router(victim, Some(&old)).await?;
     display.say(format!(
