@@ -65,6 +65,12 @@ enum Command {
         /// queue's covers reach (256) needs a member that kept the documents between.
         #[arg(long)]
         keep_sealed_epochs: Option<usize>,
+        /// On SIGTERM or Ctrl-C, how long (in seconds) the tasks running here may go on
+        /// before they are recorded interrupted and run again elsewhere. The node stops
+        /// taking work and hands its router role over at once, then exits 0 once every change
+        /// is on disk. A second signal exits at once.
+        #[arg(long, default_value_t = 10.0)]
+        stop_grace: f64,
     },
     /// Create or join queues.
     Queue {
@@ -259,7 +265,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_live,
             keep_task_docs,
             keep_sealed_epochs,
+            stop_grace,
         } => {
+            if !(stop_grace.is_finite() && (0.0..=3600.0).contains(&stop_grace)) {
+                bail!("--stop-grace must be between 0 and 3600 seconds, not {stop_grace}");
+            }
             let tuning = Tuning {
                 workers,
                 rotate_min_live,
@@ -267,6 +277,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_live,
                 keep_task_docs,
                 keep_sealed_epochs,
+                stop_grace: Duration::from_secs_f64(stop_grace),
             };
             run_node(data_dir, listen, bootstrap, http, tuning).await
         }
@@ -501,6 +512,28 @@ struct Tuning {
     max_live: Option<usize>,
     keep_task_docs: Option<usize>,
     keep_sealed_epochs: Option<usize>,
+    stop_grace: Duration,
+}
+
+/// Resolves at the first SIGTERM or SIGINT (Ctrl-C).
+async fn stop_signal() -> anyhow::Result<&'static str> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("cannot watch for SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot watch for SIGINT")?;
+        tokio::select! {
+            _ = term.recv() => Ok("SIGTERM"),
+            _ = int.recv() => Ok("SIGINT"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c()
+            .await
+            .context("cannot watch for Ctrl-C")?;
+        Ok("Ctrl-C")
+    }
 }
 
 async fn run_node(
@@ -517,6 +550,7 @@ async fn run_node(
         max_live,
         keep_task_docs,
         keep_sealed_epochs,
+        stop_grace,
     } = tuning;
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
     if let Some(k) = archive_keep {
@@ -561,14 +595,37 @@ async fn run_node(
         println!("listening on: {a}");
     }
     println!("http api: http://{http_addr}");
-    let server = tokio::spawn(node::http::serve(handle, listener));
-    tokio::select! {
+    let server = tokio::spawn(node::http::serve(handle.clone(), listener));
+    let signal = tokio::select! {
         r = server => {
             r.context("the HTTP server task failed")?.context("the HTTP server stopped")?;
+            return Ok(());
         }
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("stopping");
+        s = stop_signal() => s?,
+    };
+    eprintln!(
+        "{signal}: stopping (runs get {:.1} s to end; a second signal exits at once)",
+        stop_grace.as_secs_f64()
+    );
+    let report = tokio::select! {
+        r = handle.shutdown(stop_grace) => r.context("the node could not stop cleanly")?,
+        s = stop_signal() => bail!("{}: exiting without waiting for the stop", s?),
+    };
+    for (queue, to) in &report.handed_over {
+        match to {
+            Some(peer) => eprintln!("handed the router of {queue} over to {peer}"),
+            None => eprintln!("was the router of {queue}, with no member to hand it over to"),
         }
+    }
+    eprintln!(
+        "stopped: {} run(s) finished, {} interrupted",
+        report.runs_finished, report.runs_interrupted
+    );
+    if report.unsaved_documents > 0 {
+        bail!(
+            "{} document(s) could not be written to disk before stopping (see the errors above)",
+            report.unsaved_documents
+        );
     }
     Ok(())
 }

@@ -138,3 +138,80 @@ async fn three_node_processes_keep_running_tasks_after_the_router_is_sigkilled()
         "status shows the new term: {text}"
     );
 }
+
+/// A planned restart: SIGTERM to the active router's process. The node stops taking work,
+/// hands its router role over at once, lets its running handlers finish and exits 0; the next
+/// router routes within `heartbeat + settle + 300 ms` of the signal (not `takeover_after` of
+/// silence later), and no task runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_to_the_routers_process_hands_over_at_once_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = spawn_node(&dir.path().join("a"), None);
+    let second = spawn_node(&dir.path().join("b"), Some(&first));
+    let third = spawn_node(&dir.path().join("c"), Some(&first));
+    let mut nodes = vec![Some(first), Some(second), Some(third)];
+    let config = support::fast_config();
+    let c0 = nodes[0].as_ref().unwrap().client();
+    let queue = c0
+        .create_queue("planned", Some(config.clone()))
+        .await
+        .unwrap();
+    for n in nodes.iter().skip(1).flatten() {
+        n.client().join_queue(&queue).await.unwrap();
+    }
+    // A first task tells us the router is routing.
+    let warm = support::submit_sleep(nodes[1].as_ref().unwrap(), &queue, 10).await;
+    let all: Vec<String> = urls(&nodes).into_iter().flatten().collect();
+    support::wait_final(&all, &all[1], &warm).await;
+    let router = c0.status().await.unwrap().queues[0].router.clone().unwrap();
+    let victim = nodes
+        .iter()
+        .position(|n| n.as_ref().is_some_and(|n| n.peer == router.peer.as_str()))
+        .unwrap();
+    let via = (victim + 1) % 3;
+    // Enough work that tasks wait when the signal comes: the router's own workers run some,
+    // which must end within the grace time.
+    let mut tasks = vec![warm];
+    for _ in 0..12 {
+        tasks.push(support::submit_sleep(nodes[via].as_ref().unwrap(), &queue, 300).await);
+    }
+    let signalled = wall_ms();
+    let node = nodes[victim].take().unwrap();
+    let exit = tokio::task::block_in_place(|| node.terminate());
+    assert!(exit.success(), "the node exits 0 after SIGTERM: {exit:?}");
+
+    // The next router's first assignment after the signal.
+    let c = nodes[via].as_ref().unwrap().client();
+    let all: Vec<String> = urls(&nodes).into_iter().flatten().collect();
+    let mut first_new = u64::MAX;
+    for id in &tasks {
+        let s = support::wait_final(&all, &c_url(&nodes, via), id).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{id}: {s:#?}");
+        let started = s.attempts.iter().filter(|a| a.started.is_some()).count();
+        assert_eq!(started, 1, "{id} ran more than once: {:#?}", s.attempts);
+        for a in s.attempts.iter().filter(|a| a.id.claim > router) {
+            first_new = first_new.min(a.assigned_at);
+        }
+    }
+    let took = first_new.saturating_sub(signalled);
+    let bound = config.heartbeat_ms + config.settle_ms + 300;
+    eprintln!("the next router routed {took} ms after SIGTERM (bound {bound} ms)");
+    assert!(
+        first_new != u64::MAX && took <= bound,
+        "the next router routed {took} ms after the signal (bound {bound} ms)"
+    );
+    let after = c.status().await.unwrap().queues[0].router.clone().unwrap();
+    assert!(after > router && after.peer != router.peer);
+    assert_eq!(after.term, router.term + 1, "one claim, no race");
+}
+
+fn c_url(nodes: &[Option<NodeProcess>], i: usize) -> String {
+    nodes[i].as_ref().unwrap().http.clone()
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}

@@ -99,6 +99,27 @@ impl NodeProcess {
         drop(self);
     }
 
+    /// Sends the process SIGTERM (a planned stop) and waits, up to [`GENEROUS`], for it to
+    /// exit; returns how it exited.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "SIGTERM could not be sent");
+        let deadline = std::time::Instant::now() + GENEROUS;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the child can be waited for") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node did not exit within {GENEROUS:?} of SIGTERM"
+            );
+            std::thread::sleep(POLL_PAUSE);
+        }
+    }
+
     /// A client of its HTTP API.
     pub fn client(&self) -> Client {
         Client::new(&self.http).expect("a client")

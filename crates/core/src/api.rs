@@ -5,8 +5,8 @@ use piecework_queue_doc::task::Run;
 use std::time::Duration;
 
 use piecework_queue_doc::{
-    Attempt, Claim, QueueConfig, QueueId, RunningReport, StateCounts, TaskId, TaskState, queue,
-    task,
+    Attempt, Claim, PeerId, QueueConfig, QueueId, RunningReport, StateCounts, TaskId, TaskState,
+    queue, task,
 };
 use serde::{Deserialize, Serialize};
 
@@ -232,6 +232,9 @@ pub enum QueueError {
     /// The node is stopping.
     #[error("the node is stopping")]
     Stopped,
+    /// The node's shell is gone, for this reason (a stop, or a failure it reported).
+    #[error("the node has stopped: {0}")]
+    Ended(String),
 }
 
 /// Submitting a task failed.
@@ -275,6 +278,9 @@ pub enum SubmitError {
     /// The node is stopping.
     #[error("the node is stopping")]
     Stopped,
+    /// The node's shell is gone, for this reason (a stop, or a failure it reported).
+    #[error("the node has stopped: {0}")]
+    Ended(String),
 }
 
 /// Looking up a task failed.
@@ -304,4 +310,22 @@ pub enum TaskError {
     /// The node is stopping.
     #[error("the node is stopping")]
     Stopped,
+    /// The node's shell is gone, for this reason (a stop, or a failure it reported).
+    #[error("the node has stopped: {0}")]
+    Ended(String),
+}
+
+/// What a node's stop ([`crate::Command::Stop`]) did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopReport {
+    /// Per queue this node was the active router of: the member it handed the role to (none:
+    /// no member was heard from, and the others take over after `takeover_after`).
+    pub handed_over: Vec<(QueueId, Option<PeerId>)>,
+    /// Runs that ended within the grace time.
+    pub runs_finished: usize,
+    /// Runs still going when the grace time ran out: recorded interrupted (their tasks run
+    /// again elsewhere).
+    pub runs_interrupted: usize,
+    /// Documents whose last changes could not be written (a failing disk): 0 on a clean stop.
+    pub unsaved_documents: usize,
 }

@@ -79,7 +79,7 @@ use piecework_replica::DocId;
 
 pub use node::{Core, topic_for};
 pub use piecework_router::{Event as RouterEvent, Role};
-pub use wire::Wire;
+pub use wire::{Ask, Wire};
 
 /// How often a node dials members of its queues it is not connected to.
 pub const DIAL_EVERY: Duration = Duration::from_secs(2);
@@ -119,6 +119,9 @@ pub const LOAD_ATTEMPTS: u32 = 4;
 pub const IDLE_EVICT: Duration = Duration::from_secs(5);
 /// The most workers one node runs.
 pub const MAX_WORKERS: u32 = 256;
+/// How long a stopping node ([`Command::Stop`]) waits, after its grace time, for its last
+/// writes to reach the disk before it answers with what is still unsaved.
+pub const STOP_FLUSH_WAIT: Duration = Duration::from_secs(5);
 
 /// Time as the core sees it: the node's monotonic clock for every timer, and the wall clock for
 /// the timestamps written into documents (unix milliseconds). Remote clocks are never compared.
@@ -178,6 +181,12 @@ pub struct Config {
     /// The documents retired before this start and not deleted yet, oldest first, as the
     /// store recorded them from [`Io::Retire`].
     pub retired: Vec<(DocId, Retired)>,
+    /// The epoch document each queue was on when this node last stopped, as the store
+    /// recorded them from [`Io::RememberEpoch`]. A reopened queue resumes there once that
+    /// document is read back, instead of walking the chain of sealed epochs from the queue's
+    /// first document: a restart then reads what changed while the node was down, not the
+    /// queue's history.
+    pub resume: Vec<(QueueId, DocId)>,
     /// How long the replica waits before passing a peer's changes on to a third, lower and
     /// higher peer id of the pair (`None`: `piecework_replica::RELAY_AFTER` and
     /// `RELAY_AFTER_HIGHER`). The simulator varies it to explore other timings.
@@ -250,6 +259,7 @@ impl Config {
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
             retired: Vec::new(),
+            resume: Vec::new(),
             relay_waits: None,
         }
     }
@@ -272,6 +282,13 @@ impl Config {
     /// `Config::retired`).
     pub fn with_retired(mut self, retired: Vec<(DocId, Retired)>) -> Self {
         self.retired = retired;
+        self
+    }
+
+    /// The same settings, resuming each queue at the epoch document the store remembers (see
+    /// `Config::resume`).
+    pub fn with_resume(mut self, resume: Vec<(QueueId, DocId)>) -> Self {
+        self.resume = resume;
         self
     }
 
@@ -378,6 +395,17 @@ pub enum Command {
         /// The queue.
         queue: QueueId,
     },
+    /// Stop for a planned restart or shutdown: [`Reply::Stopped`] once done. At once the
+    /// pool starts nothing new (assignments are refused, its heartbeats say it is stopping),
+    /// every router stops claiming and routing, and an active one hands its role to a member
+    /// that claims without waiting `takeover_after`. Runs in progress get `grace` to end;
+    /// those still running then are recorded interrupted. The reply comes once every change
+    /// is on disk, or [`STOP_FLUSH_WAIT`] after the grace if writes keep failing. Commands
+    /// that write (submits, joins, pauses) are answered "stopping" from the first moment.
+    Stop {
+        /// How long runs in progress may go on.
+        grace: Duration,
+    },
 }
 
 /// The answer to a [`Command`].
@@ -400,6 +428,8 @@ pub enum Reply {
     Status(Status),
     /// To [`Command::QueueDocument`]: the epoch number and the saved document.
     Document(Result<(u64, Vec<u8>), api::QueueError>),
+    /// To [`Command::Stop`].
+    Stopped(api::StopReport),
 }
 
 /// What [`Command::Status`] reports.
@@ -751,6 +781,14 @@ pub enum Io {
         id: QueueId,
         /// Its name.
         name: String,
+    },
+    /// Remember the epoch document a queue is on now, so that a restart resumes there
+    /// ([`Config::resume`]). No answer; a later one replaces it.
+    RememberEpoch {
+        /// The queue.
+        queue: QueueId,
+        /// Its current epoch document.
+        doc: DocId,
     },
 }
 

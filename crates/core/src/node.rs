@@ -21,6 +21,7 @@ use crate::EpochEvent;
 use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
 use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
+use crate::wire::Ask;
 use crate::{
     BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT,
     Io, LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT,
@@ -78,6 +79,9 @@ enum DocWaiter {
     Start { run: Run, since: Instant },
     /// An epoch document of a queue (a successor, or a successor that lost a double seal).
     Epoch { queue: QueueId },
+    /// The epoch document a reopened queue was on when this node stopped
+    /// ([`Config::resume`]): the queue moves there once it is read back.
+    Resume { queue: QueueId },
     /// A task whose input was unavailable: if this node has its document, mark it available.
     Revive {
         queue: QueueId,
@@ -190,6 +194,41 @@ fn fork_of(own: &[Link], target: &[Link]) -> Option<DocId> {
         .and_then(|l| DocId::parse(&l.doc))
 }
 
+/// A stop in progress ([`Command::Stop`]).
+#[derive(Debug)]
+struct Stopping {
+    /// The stop commands to answer (a second one is answered with the first).
+    cmds: Vec<CommandId>,
+    /// Runs still going then are interrupted.
+    grace_until: Instant,
+    /// The answer goes out then at the latest, with what is still unsaved.
+    flush_until: Instant,
+    /// Runs in flight when the stop began.
+    runs_at_stop: usize,
+    /// Once every run ended and its records were written: each document then not on disk,
+    /// and the version it must reach (what peers send meanwhile is not waited for).
+    flush: Option<Vec<(DocId, u64)>>,
+    report: api::StopReport,
+    /// The answer went out: the node does nothing more but wait for its driver to end it.
+    answered: bool,
+}
+
+/// A status request this node could answer from nothing it holds, asked of the connected
+/// members ([`Ask::Status`]).
+#[derive(Debug)]
+struct Asking {
+    /// The requests to answer.
+    cmds: Vec<CommandId>,
+    /// The members asked that have not answered yet.
+    waiting: BTreeSet<PeerId>,
+    /// Answered "not found" then, whoever is left.
+    deadline: Instant,
+}
+
+/// Archive lookups at most in flight for members' questions ([`Ask::Status`]); beyond this a
+/// question is answered "unknown".
+const MAX_PEER_LOOKUPS: usize = 1_024;
+
 #[derive(Debug)]
 struct TaskWaiter {
     cmd: CommandId,
@@ -264,6 +303,10 @@ struct Queue {
     deferred: Vec<(u64, RouterAction)>,
     /// The document `view` was read from: `doc` but between a move and the next refresh.
     view_doc: DocId,
+    /// The epoch document this reopened queue resumes at ([`Config::resume`]), while it is
+    /// read back: the queue follows no chain until then, or it would fetch every epoch since
+    /// its first document.
+    resuming: Option<DocId>,
 }
 
 /// One node's decisions. See the crate docs for how to drive it.
@@ -368,9 +411,19 @@ pub struct Core {
     recent_order: VecDeque<TaskId>,
     /// Status requests waiting for an archive lookup, by task: counted in [`MAX_WAITERS`].
     lookups: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
+    /// Status requests asked of the members, by task: counted in [`MAX_WAITERS`].
+    asks: BTreeMap<TaskId, Asking>,
+    /// Members' questions waiting for an archive lookup, by task: at most
+    /// [`MAX_PEER_LOOKUPS`].
+    peer_lookups: BTreeMap<TaskId, BTreeSet<PeerId>>,
     next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
+    /// Where each queue this node reopens resumes ([`Config::resume`]): taken when the queue
+    /// is reopened. At most one per queue the store remembers.
+    resume: BTreeMap<QueueId, DocId>,
+    /// A stop in progress, or done ([`Command::Stop`]).
+    stopping: Option<Stopping>,
     transmit: VecDeque<(PeerId, Vec<u8>)>,
     io: VecDeque<Io>,
     replies: VecDeque<(CommandId, Reply)>,
@@ -388,6 +441,7 @@ impl Core {
             config.keep_sealed_epochs,
             std::mem::take(&mut config.retired),
         );
+        let resume = std::mem::take(&mut config.resume).into_iter().collect();
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let mut actor = [0u8; 16];
         rng.fill_bytes(&mut actor);
@@ -453,8 +507,12 @@ impl Core {
             recent_archived: BTreeMap::new(),
             recent_order: VecDeque::new(),
             lookups: BTreeMap::new(),
+            asks: BTreeMap::new(),
+            peer_lookups: BTreeMap::new(),
             next_run: 0,
             seen: BTreeMap::new(),
+            resume,
+            stopping: None,
             transmit: VecDeque::new(),
             io: VecDeque::new(),
             replies: VecDeque::new(),
@@ -614,6 +672,11 @@ impl Core {
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
         self.submits_dirty = true;
         self.connected.insert(peer.clone());
+        for q in self.queues.values_mut() {
+            if q.view.members.contains_key(&peer) {
+                q.router.handle_member_connected(now.mono);
+            }
+        }
         self.replica.handle_connected(peer);
         for q in self.queues.values_mut() {
             if q.asked_behind.take().is_some() {
@@ -652,6 +715,14 @@ impl Core {
         self.submits_dirty = true;
         self.connected.remove(peer);
         self.replica.handle_disconnected(peer);
+        // Its answers will not come.
+        let tasks: Vec<TaskId> = self.asks.keys().cloned().collect();
+        for task in tasks {
+            self.not_answered(&task, peer);
+        }
+        for peers in self.peer_lookups.values_mut() {
+            peers.remove(peer);
+        }
         self.turn(now);
     }
 
@@ -670,6 +741,17 @@ impl Core {
     /// A frame from `peer`'s sync stream (the transport authenticated the peer).
     pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
         self.submits_dirty = true;
+        if Ask::is_ask(frame) {
+            match Ask::decode(frame) {
+                Some(ask) => self.handle_ask(peer, ask),
+                None => self.events.push_back(Event::Rejected {
+                    peer: peer.clone(),
+                    reason: "undecodable or oversized status question".into(),
+                }),
+            }
+            self.turn(now);
+            return;
+        }
         match Message::decode(frame) {
             Ok(msg) => self.replica.handle_message(peer, msg, now.mono),
             Err(e) => self.events.push_back(Event::Rejected {
@@ -943,6 +1025,15 @@ impl Core {
         if let Some(d) = self.submit_deadline {
             earliest(d);
         }
+        if let Some(d) = self.asks.values().map(|a| a.deadline).min() {
+            earliest(d);
+        }
+        if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
+            if !self.runs.is_empty() {
+                earliest(s.grace_until);
+            }
+            earliest(s.flush_until);
+        }
         if let Some(d) = self.carry_again {
             earliest(d);
         }
@@ -969,7 +1060,8 @@ impl Core {
                     DocWaiter::Start { .. }
                     | DocWaiter::Revive { .. }
                     | DocWaiter::Write
-                    | DocWaiter::Epoch { .. } => {}
+                    | DocWaiter::Epoch { .. }
+                    | DocWaiter::Resume { .. } => {}
                 }
             }
         }
@@ -1045,6 +1137,7 @@ impl Core {
             }
         }
         self.expire_frozen(now);
+        self.interrupt_at_grace(now);
         while let Some((at, doc)) = self.load_retries.first().cloned() {
             if at > now.mono {
                 break;
@@ -1097,6 +1190,7 @@ impl Core {
         self.check_task_waiters(now);
         self.expire_doc_waiters(now);
         self.ask_joins_again(now);
+        self.answer_stop(now);
         if now.mono >= self.next_dial {
             self.dial_members();
             self.next_dial = now.mono + DIAL_EVERY;
@@ -1168,6 +1262,7 @@ impl Core {
             + self.join_retries.len()
             + self.task_waiters.len()
             + self.lookups.values().map(Vec::len).sum::<usize>()
+            + self.asks.values().map(|a| a.cmds.len()).sum::<usize>()
     }
 
     /// A document this node waited for is loaded.
@@ -1191,6 +1286,7 @@ impl Core {
                 DocWaiter::Start { run, .. } => self.start_run(run),
                 DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
                 DocWaiter::Write => {}
+                DocWaiter::Resume { queue } => self.resume_at(now, &queue, doc),
                 DocWaiter::Epoch { queue } => {
                     if let Some(q) = self.queues.get_mut(&queue) {
                         q.fetching.remove(doc);
@@ -1241,10 +1337,9 @@ impl Core {
                     self.replies
                         .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id)))));
                 }
-                DocWaiter::Status { cmd, task, .. } => {
-                    self.replies
-                        .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task))))));
-                }
+                // No member has a document for it (an inline task has none): the members may
+                // still know what became of it.
+                DocWaiter::Status { cmd, task, .. } => self.ask_members(now, cmd, task),
                 DocWaiter::Start { run, since } => {
                     let timed_out = now.mono.saturating_duration_since(since)
                         >= piecework_replica::FETCH_TIMEOUT;
@@ -1259,6 +1354,14 @@ impl Core {
                 }
                 // Not here either: another member may have it.
                 DocWaiter::Revive { .. } => {}
+                // Never saved here (the node stopped first): the queue follows its chain
+                // from where it is.
+                DocWaiter::Resume { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.resuming = None;
+                        self.stale.insert(queue);
+                    }
+                }
                 DocWaiter::Write => {
                     if self.task_writes.remove(doc).is_some() {
                         tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
@@ -1311,6 +1414,20 @@ impl Core {
     }
 
     fn expire_doc_waiters(&mut self, now: Time) {
+        let late: Vec<TaskId> = self
+            .asks
+            .iter()
+            .filter(|(_, a)| now.mono >= a.deadline)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task in late {
+            if let Some(a) = self.asks.remove(&task) {
+                for cmd in a.cmds {
+                    let r = Err(TaskError::NotFound(task.clone()));
+                    self.replies.push_back((cmd, Reply::Task(Box::new(r))));
+                }
+            }
+        }
         let expired = |w: &DocWaiter| match w {
             DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
                 now.mono >= *deadline
@@ -1318,6 +1435,7 @@ impl Core {
             DocWaiter::Start { .. }
             | DocWaiter::Revive { .. }
             | DocWaiter::Epoch { .. }
+            | DocWaiter::Resume { .. }
             | DocWaiter::Write => false,
         };
         let mut gone = vec![];
@@ -1343,6 +1461,7 @@ impl Core {
                 DocWaiter::Start { .. }
                 | DocWaiter::Revive { .. }
                 | DocWaiter::Epoch { .. }
+                | DocWaiter::Resume { .. }
                 | DocWaiter::Write => {}
             }
         }
@@ -1451,6 +1570,21 @@ impl Core {
     // ----- commands -----
 
     fn command(&mut self, now: Time, cmd: CommandId, command: Command) {
+        if self.stopping.is_some() {
+            // A stopping node takes no new work and writes nothing new.
+            let refused = match &command {
+                Command::CreateQueue { .. } => Some(Reply::Created(Err(QueueError::Stopped))),
+                Command::JoinQueue { .. } => Some(Reply::Joined(Err(QueueError::Stopped))),
+                Command::SetPaused { .. } => Some(Reply::Paused(Err(QueueError::Stopped))),
+                Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
+                Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
+                _ => None,
+            };
+            if let Some(r) = refused {
+                self.replies.push_back((cmd, r));
+                return;
+            }
+        }
         match command {
             Command::CreateQueue { name, config } => {
                 let r = self.create_queue(now, &name, &config);
@@ -1495,6 +1629,7 @@ impl Core {
                 };
                 self.replies.push_back((cmd, Reply::Paused(r)));
             }
+            Command::Stop { grace } => self.stop(now, cmd, grace),
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
             Command::SubmitMany { queue, tasks } => self.submit_many(now, cmd, queue, tasks),
             Command::TaskStatus { task, wait } => {
@@ -1539,6 +1674,7 @@ impl Core {
                     Role::Follower => "follower",
                     Role::Claiming { .. } => "claiming",
                     Role::Active { .. } => "active",
+                    Role::Stopped { .. } => "stopped",
                 };
                 api::QueueStatus {
                     id: id.clone(),
@@ -1652,6 +1788,7 @@ impl Core {
         });
         self.topics.insert(topic.clone(), id.clone());
         self.epoch_docs.insert(doc.clone(), id.clone());
+        let root = doc.clone();
         self.queues.insert(
             id.clone(),
             Queue {
@@ -1673,10 +1810,32 @@ impl Core {
                 primed: None,
                 frozen: false,
                 deferred: Vec::new(),
+                resuming: None,
             },
         );
+        // Reopened after a restart: back to the epoch this node was on, read from its disk,
+        // rather than through every sealed epoch since the queue's first document.
+        if let Some(at) = self
+            .resume
+            .remove(&id)
+            .filter(|d| d.as_str() != id.as_str())
+        {
+            self.replica.set_scope(&at, epoch_scope(&root));
+            if let Some(q) = self.queues.get_mut(&id) {
+                q.resuming = Some(at.clone());
+            }
+            self.wait_for(now, &at, DocWaiter::Resume { queue: id.clone() });
+        }
         self.refresh(now, &id);
-        if let Some(q) = self.queues.get(&id) {
+        if let Some(q) = self.queues.get_mut(&id) {
+            // A member reached before the queue was opened: the silence counts from now.
+            if self
+                .connected
+                .iter()
+                .any(|p| q.view.members.contains_key(p))
+            {
+                q.router.handle_member_connected(now.mono);
+            }
             let beat = Duration::from_millis(q.view.config.pool_heartbeat_ms);
             if beat < self.pool.config().heartbeat {
                 self.pool.set_heartbeat(beat);
@@ -1989,6 +2148,159 @@ impl Core {
         self.status_from_doc(now, cmd, task, wait_until);
     }
 
+    /// Asks the connected members about a task this node has no record of (not in a view, not
+    /// archived, no document found): one of them may have seen it finish (an inline task that
+    /// ran while this node was down or cut off, in epochs it skipped). Answered "not found"
+    /// when every member asked said it knows nothing, or after [`FIND_TIMEOUT`].
+    fn ask_members(&mut self, now: Time, cmd: CommandId, task: TaskId) {
+        if let Some(a) = self.asks.get_mut(&task) {
+            a.cmds.push(cmd);
+            return;
+        }
+        let members: BTreeSet<PeerId> = self
+            .connected
+            .iter()
+            .filter(|p| {
+                self.queues
+                    .values()
+                    .any(|q| q.view.members.contains_key(*p))
+            })
+            .cloned()
+            .collect();
+        if members.is_empty() {
+            let r = Err(TaskError::NotFound(task));
+            self.replies.push_back((cmd, Reply::Task(Box::new(r))));
+            return;
+        }
+        let frame = Ask::Status { task: task.clone() }.encode();
+        for p in &members {
+            self.transmit.push_back((p.clone(), frame.clone()));
+        }
+        self.asks.insert(
+            task,
+            Asking {
+                cmds: vec![cmd],
+                waiting: members,
+                deadline: now.mono + FIND_TIMEOUT,
+            },
+        );
+    }
+
+    /// A member asked about a task, or answered this node's question.
+    fn handle_ask(&mut self, peer: &PeerId, ask: Ask) {
+        match ask {
+            Ask::Status { task } => {
+                if let Some(known) = self.known_status(peer, &task) {
+                    self.answer_ask(peer, &task, known);
+                    return;
+                }
+                // Perhaps archived here: look, and answer then.
+                let looking =
+                    self.lookups.contains_key(&task) || self.peer_lookups.contains_key(&task);
+                if !looking && self.peer_lookups.len() >= MAX_PEER_LOOKUPS {
+                    self.answer_ask(peer, &task, None);
+                    return;
+                }
+                self.peer_lookups
+                    .entry(task.clone())
+                    .or_default()
+                    .insert(peer.clone());
+                if !looking {
+                    self.io.push_back(Io::Lookup { task });
+                }
+            }
+            Ask::Answer { task, status } => {
+                let asked = self
+                    .asks
+                    .get_mut(&task)
+                    .is_some_and(|a| a.waiting.remove(peer));
+                if !asked {
+                    return; // not asked, or answered already
+                }
+                // Only a status of a task of a queue this node joined is taken.
+                let found = status.and_then(|json| {
+                    let s: api::TaskStatus = serde_json::from_value(json).ok()?;
+                    (s.id == task && self.queues.contains_key(&s.queue)).then_some(s)
+                });
+                match found {
+                    Some(s) => {
+                        let a = self.asks.remove(&task).map_or_else(Vec::new, |a| a.cmds);
+                        // Learned: a final status is archived here, so that this node answers
+                        // for the task from now on, even with no member connected.
+                        if s.state.is_final()
+                            && let Ok(json) = serde_json::to_vec(&s)
+                        {
+                            self.to_archive.push((task.clone(), json));
+                        }
+                        for cmd in a {
+                            self.replies
+                                .push_back((cmd, Reply::Task(Box::new(Ok(s.clone())))));
+                        }
+                    }
+                    None => self.not_answered(&task, peer),
+                }
+            }
+        }
+    }
+
+    /// `peer` will not tell anything of `task` (it knows nothing, or it is gone): once no
+    /// member asked is left, the requests are answered "not found".
+    fn not_answered(&mut self, task: &TaskId, peer: &PeerId) {
+        let Some(a) = self.asks.get_mut(task) else {
+            return;
+        };
+        a.waiting.remove(peer);
+        if a.waiting.is_empty()
+            && let Some(a) = self.asks.remove(task)
+        {
+            for cmd in a.cmds {
+                let r = Err(TaskError::NotFound(task.clone()));
+                self.replies.push_back((cmd, Reply::Task(Box::new(r))));
+            }
+        }
+    }
+
+    /// What this node can tell `peer` of `task` without waiting: `Some(answer)` (which may be
+    /// "nothing"), or `None` if its archive must be looked at first.
+    fn known_status(&self, peer: &PeerId, task: &TaskId) -> Option<Option<serde_json::Value>> {
+        let member = |q: &QueueId| {
+            self.queues
+                .get(q)
+                .is_some_and(|q| q.view.members.contains_key(peer))
+        };
+        if let Ok(s) = self.status_of(task) {
+            return Some(
+                member(&s.queue)
+                    .then(|| serde_json::to_value(&s).ok())
+                    .flatten(),
+            );
+        }
+        if let Some(json) = self.recent_archived.get(task) {
+            return Some(self.shareable(peer, json));
+        }
+        None
+    }
+
+    /// An archived status, for `peer` if it is a member of the task's queue.
+    fn shareable(&self, peer: &PeerId, json: &[u8]) -> Option<serde_json::Value> {
+        let s: api::TaskStatus = serde_json::from_slice(json).ok()?;
+        self.queues
+            .get(&s.queue)
+            .is_some_and(|q| q.view.members.contains_key(peer))
+            .then(|| serde_json::to_value(&s).ok())
+            .flatten()
+    }
+
+    /// Sends `peer` this node's answer about `task`.
+    fn answer_ask(&mut self, peer: &PeerId, task: &TaskId, status: Option<serde_json::Value>) {
+        let frame = Ask::Answer {
+            task: task.clone(),
+            status,
+        }
+        .encode();
+        self.transmit.push_back((peer.clone(), frame));
+    }
+
     /// Answers a status request once the task's document is here with content.
     fn status_from_doc(
         &mut self,
@@ -2018,6 +2330,12 @@ impl Core {
     /// The archive's answer for a task (see [`Io::Lookup`]): its final status, or `None` if
     /// it is not archived here, in which case the requests look for its task document.
     pub fn handle_archived(&mut self, now: Time, task: TaskId, status: Option<Vec<u8>>) {
+        for peer in self.peer_lookups.remove(&task).unwrap_or_default() {
+            let answer = status
+                .as_deref()
+                .and_then(|json| self.shareable(&peer, json));
+            self.answer_ask(&peer, &task, answer);
+        }
         let waiting = self.lookups.remove(&task).unwrap_or_default();
         for (cmd, wait_until) in waiting {
             match &status {
@@ -2439,6 +2757,9 @@ impl Core {
         let Some(q) = self.queues.get(id) else {
             return false;
         };
+        if q.resuming.is_some() {
+            return false;
+        }
         let cur = q.doc.clone();
         // Every epoch document of the queue this node has heard of and not yet placed.
         let mut names: BTreeSet<DocId> = BTreeSet::new();
@@ -2628,7 +2949,7 @@ impl Core {
             return false;
         }
         if switched {
-            self.switch_epoch(now, id, to.clone(), epoch_no, cache);
+            self.switch_epoch(now, id, to.clone(), epoch_no, cache, false);
             // Before the view moves: what the old view showed is in the new document as soon
             // as it is shown.
             self.carry_whole = true;
@@ -2672,6 +2993,153 @@ impl Core {
         switched
     }
 
+    /// Begins a stop ([`Command::Stop`]): the pool starts nothing new, every router stops
+    /// (an active one hands its role over), and starts waiting for a task's document are
+    /// refused. The answer comes from [`Core::answer_stop`].
+    fn stop(&mut self, now: Time, cmd: CommandId, grace: Duration) {
+        if let Some(s) = &mut self.stopping {
+            if s.answered {
+                self.replies
+                    .push_back((cmd, Reply::Stopped(s.report.clone())));
+            } else {
+                s.cmds.push(cmd);
+            }
+            return;
+        }
+        self.pool.drain(now.mono);
+        let mut handed_over = Vec::new();
+        for (id, q) in &mut self.queues {
+            let active = q.router.is_active();
+            q.router.stop(now.mono);
+            // Held while frozen, and never to be carried out now.
+            q.deferred.clear();
+            if active && let Role::Stopped { handing } = q.router.role() {
+                handed_over.push((id.clone(), handing.as_ref().map(|(_, to)| to.clone())));
+            }
+        }
+        // Starts waiting for their task's document will not run here: refused, so that the
+        // router routes them elsewhere at once.
+        let mut refused = Vec::new();
+        for ws in self.doc_waiters.values_mut() {
+            ws.retain(|w| match w {
+                DocWaiter::Start { run, .. } => {
+                    refused.push(run.worker.index);
+                    false
+                }
+                _ => true,
+            });
+        }
+        self.doc_waiters.retain(|_, ws| !ws.is_empty());
+        for index in refused {
+            self.pool
+                .handle_start_failed(index, "the worker's node is stopping".into());
+        }
+        // At most as long as any wait (an hour): no deadline overflows the clock.
+        let grace_until = now.mono + grace.min(MAX_WAIT);
+        self.stopping = Some(Stopping {
+            cmds: vec![cmd],
+            grace_until,
+            flush_until: grace_until + crate::STOP_FLUSH_WAIT,
+            runs_at_stop: self.runs.len(),
+            flush: None,
+            report: api::StopReport {
+                handed_over,
+                ..api::StopReport::default()
+            },
+            answered: false,
+        });
+    }
+
+    /// A stopping node's grace time is over: the runs still going are recorded interrupted
+    /// (their handlers are abandoned; a later end is ignored), so that their tasks are routed
+    /// again at once rather than after their lease.
+    fn interrupt_at_grace(&mut self, now: Time) {
+        let Some(s) = self.stopping.as_mut() else {
+            return;
+        };
+        if s.answered || now.mono < s.grace_until || self.runs.is_empty() {
+            return;
+        }
+        let runs = std::mem::take(&mut self.runs);
+        s.report.runs_interrupted += runs.len();
+        for Running { run, .. } in runs.into_values() {
+            self.outputs
+                .remove(&(run.task.clone(), run.attempt.clone()));
+            self.pool.interrupt(
+                run.worker.index,
+                "the worker's node stopped before the run ended".into(),
+            );
+        }
+    }
+
+    /// Answers a stop once it is done: no run in flight, every start and end written, every
+    /// router's hand-over taken up (or the grace time over), and every change on disk; or at
+    /// its flush deadline, with what is still unsaved.
+    fn answer_stop(&mut self, now: Time) {
+        let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) else {
+            return;
+        };
+        let handing = self
+            .queues
+            .values()
+            .any(|q| matches!(q.router.role(), Role::Stopped { handing: Some(_) }));
+        let written = self.runs.is_empty()
+            && self.starting.is_empty()
+            && self.attempt_writes.values().all(Vec::is_empty)
+            && self.task_writes.is_empty()
+            && self.to_archive.is_empty();
+        let flush = match (&s.flush, written) {
+            (Some(f), _) => Some(f.clone()),
+            (None, true) => Some(self.saves.unsaved()),
+            (None, false) => None,
+        };
+        let unsaved = |f: &[(DocId, u64)]| {
+            f.iter()
+                .filter(|(doc, v)| !self.saves.is_durable(doc, *v))
+                .count()
+        };
+        let saved = flush.as_ref().is_some_and(|f| unsaved(f) == 0);
+        let done = saved && (!handing || now.mono >= s.grace_until);
+        let late = now.mono >= s.flush_until;
+        let left = match &flush {
+            Some(f) => unsaved(f),
+            None => self.saves.unsaved().len(),
+        };
+        let Some(s) = self.stopping.as_mut() else {
+            return;
+        };
+        s.flush = flush;
+        if !done && !late {
+            return;
+        }
+        let unsaved = left;
+        s.answered = true;
+        s.report.runs_finished = s.runs_at_stop.saturating_sub(s.report.runs_interrupted);
+        s.report.unsaved_documents = unsaved;
+        for cmd in std::mem::take(&mut s.cmds) {
+            self.replies
+                .push_back((cmd, Reply::Stopped(s.report.clone())));
+        }
+    }
+
+    /// A reopened queue's remembered epoch document ([`Config::resume`]) is here: the queue
+    /// moves to it, as a follower moves to a successor, if it is still on its first document
+    /// and `doc` is an epoch of it. From there it follows the chain as any member behind it
+    /// does: what it reads is what the chain did while this node was down.
+    fn resume_at(&mut self, now: Time, id: &QueueId, doc: &DocId) {
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        q.resuming = None;
+        self.stale.insert(id.clone());
+        if q.doc != q.root {
+            return;
+        }
+        if let Some(Ok(epoch_no)) = self.epoch_here(id, doc) {
+            self.switch_epoch(now, id, doc.clone(), epoch_no, None, true);
+        }
+    }
+
     /// Whether epoch document `doc` of queue `id` is to be fetched: it is not here, and was
     /// not found when last asked for.
     fn to_fetch(&self, id: &QueueId, doc: &DocId) -> bool {
@@ -2712,7 +3180,9 @@ impl Core {
     /// Makes `to` the queue's current document; the one it leaves is kept as a sealed epoch
     /// whose late writes are carried into `to`.
     /// Moves the queue to document `to`; `cache`, if given, holds `to`'s view read earlier
-    /// (the sealer's, read off its thread), else the next refresh reads `to` whole.
+    /// (the sealer's, read off its thread), else the next refresh reads `to` whole. `resumed`:
+    /// a restart back to the document this node was on ([`Config::resume`]), which passes
+    /// over the documents between without needing them.
     fn switch_epoch(
         &mut self,
         now: Time,
@@ -2720,6 +3190,7 @@ impl Core {
         to: DocId,
         epoch_no: u64,
         cache: Option<ViewCache>,
+        resumed: bool,
     ) {
         let prev = self.replica.get(&to).and_then(epoch::read_prev);
         let lineage: BTreeSet<String> = self
@@ -2745,6 +3216,7 @@ impl Core {
         // everywhere (`keep_sealed_epochs`) while this node was away. It moves past them.
         let missing = to_lineage
             .iter()
+            .filter(|_| !resumed)
             .filter(|l| l.doc != to.as_str() && !from_lineage.iter().any(|f| f.doc == l.doc))
             .filter_map(|l| DocId::parse(&l.doc))
             .filter(|d| self.queues.get(id).is_some_and(|q| *d != q.doc))
@@ -2872,6 +3344,10 @@ impl Core {
         if sideways {
             self.keep_ends(id, &to);
         }
+        self.io.push_back(Io::RememberEpoch {
+            queue: id.clone(),
+            doc: to.clone(),
+        });
         self.epoch_docs.insert(to, id.clone());
         self.stale.insert(id.clone());
         self.events.push_back(Event::Epoch {
@@ -3628,7 +4104,7 @@ impl Core {
                 dropped: rotated.dropped,
             },
         });
-        self.switch_epoch(now, id, succ_id, r.epoch, Some(cache));
+        self.switch_epoch(now, id, succ_id, r.epoch, Some(cache), false);
         // The successor holds what the last catch-up carried: the rest is carried now.
         if let Some(s) = self
             .queues
@@ -3997,6 +4473,11 @@ impl Core {
     /// the driver to run the handler.
     fn start_with(&mut self, run: Run, input: serde_json::Value) {
         let index = run.worker.index;
+        if self.stopping.is_some() {
+            self.pool
+                .handle_start_failed(index, "the worker's node is stopping".into());
+            return;
+        }
         if !self.queues.contains_key(&run.queue) {
             self.pool
                 .handle_start_failed(index, "this node left the task's queue".into());

@@ -125,6 +125,16 @@ impl Saves {
             .is_none_or(|d| d.in_flight.is_none() && d.durable >= d.version)
     }
 
+    /// Each document with changes not on disk yet, and its version now: the versions a stop
+    /// waits to see durable (changes that arrive later are not waited for).
+    pub(crate) fn unsaved(&self) -> Vec<(DocId, u64)> {
+        self.docs
+            .iter()
+            .filter(|(_, d)| d.durable < d.version)
+            .map(|(doc, d)| (doc.clone(), d.version))
+            .collect()
+    }
+
     /// The document left memory: forget its entry (only if clean).
     pub(crate) fn forget(&mut self, doc: &DocId) {
         if self.is_clean(doc) {

@@ -66,7 +66,9 @@ impl From<QueueError> for ApiError {
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             // Busy or stopping: a client may try again (here later, or another node).
-            QueueError::Busy(_) | QueueError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            QueueError::Busy(_) | QueueError::Stopped | QueueError::Ended(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
@@ -78,9 +80,10 @@ impl From<SubmitError> for ApiError {
         let code = match e {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SubmitError::Busy(_) | SubmitError::Full { .. } | SubmitError::Stopped => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            SubmitError::Busy(_)
+            | SubmitError::Full { .. }
+            | SubmitError::Stopped
+            | SubmitError::Ended(_) => StatusCode::SERVICE_UNAVAILABLE,
             SubmitError::TooMany(_) => StatusCode::PAYLOAD_TOO_LARGE,
             SubmitError::NotDurable(_) => StatusCode::INSUFFICIENT_STORAGE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -98,7 +101,9 @@ impl From<TaskError> for ApiError {
             }
             TaskError::NotATask(..) => StatusCode::UNPROCESSABLE_ENTITY,
             TaskError::Timeout(..) => StatusCode::REQUEST_TIMEOUT,
-            TaskError::Busy(_) | TaskError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
+            TaskError::Busy(_) | TaskError::Stopped | TaskError::Ended(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         };
         ApiError(code, e.to_string())
     }

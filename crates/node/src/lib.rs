@@ -192,6 +192,15 @@ pub fn short_peer(peer: &PeerId) -> String {
     s[s.len().saturating_sub(6)..].to_owned()
 }
 
+/// The text of a panic's payload.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -210,6 +219,8 @@ pub(crate) struct Shared {
     pub(crate) listen: RwLock<Vec<Multiaddr>>,
     pub(crate) views: RwLock<HashMap<QueueId, watch::Receiver<Arc<QueueView>>>>,
     pub(crate) commands: mpsc::Sender<shell::Request>,
+    /// Why the shell ended, once it has (a stop, or the failure that ended it).
+    pub(crate) ended: RwLock<Option<String>>,
 }
 
 impl Shared {
@@ -284,6 +295,7 @@ impl Node {
             listen: RwLock::new(vec![]),
             views: RwLock::new(HashMap::new()),
             commands,
+            ended: RwLock::new(None),
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
         let t0 = piecework_core::Time {
@@ -315,17 +327,48 @@ impl Node {
                 Some((piecework_replica::DocId::parse(&doc)?, kind))
             })
             .collect();
+        let queues = shared.store.queues().await?;
+        let mut resume = Vec::new();
+        for (id, _) in &queues {
+            if let Some(doc) = shared
+                .store
+                .epoch(id)
+                .await?
+                .and_then(|d| piecework_replica::DocId::parse(&d))
+            {
+                resume.push((QueueId::new(id.clone()), doc));
+            }
+        }
         core_config = core_config
             .with_disk_retention(config.keep_task_docs, config.keep_sealed_epochs)
-            .with_retired(retired);
+            .with_retired(retired)
+            .with_resume(resume);
         let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
-        tokio::spawn(tracing::Instrument::instrument(
+        let running = tokio::spawn(tracing::Instrument::instrument(
             shell.run(command_rx, net.events, net.gossip),
+            span.clone(),
+        ));
+        // Whatever ends the shell is recorded and logged: a handle then answers with it,
+        // never with a bare "channel closed".
+        let ended_by = shared.clone();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let why = match running.await {
+                    Ok(why) => why,
+                    Err(e) if e.is_panic() => {
+                        let why = format!("its shell panicked: {}", panic_text(e.into_panic()));
+                        tracing::error!("the node stopped: {why}");
+                        why
+                    }
+                    Err(_) => "its runtime was shut down".to_owned(),
+                };
+                *ended_by.ended.write().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            },
             span,
         ));
         let handle = NodeHandle { shared };
-        for (id, name) in handle.shared.store.queues().await? {
+        for (id, name) in queues {
             let id = QueueId::new(id);
             // From disk first; from peers if the queue document never reached the disk.
             if let Err(e) = handle.open_queue(&id, true).await {
@@ -395,6 +438,30 @@ impl NodeHandle {
         rx.await.ok()
     }
 
+    /// Why the node's shell ended, for the error of a request it can no longer answer.
+    fn ended(&self) -> String {
+        self.shared
+            .ended
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "its shell is gone".to_owned())
+    }
+
+    /// Stops the node for a planned restart or shutdown, and returns what it did. At once it
+    /// starts no new run, refuses assignments (their routers route them elsewhere) and stops
+    /// claiming; the router of each queue it routes hands its role to another member, which
+    /// claims without waiting `takeover_after`. Runs in progress get `grace` to end; those
+    /// still running then are recorded interrupted and run again elsewhere. Once every change
+    /// is on disk the node's shell ends: requests to it then fail with
+    /// [`QueueError::Ended`] and the like. Drop every handle to release the data directory.
+    pub async fn shutdown(&self, grace: Duration) -> Result<api::StopReport, QueueError> {
+        match self.ask(Command::Stop { grace }).await {
+            Some(Reply::Stopped(report)) => Ok(report),
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
     /// Creates a queue with this node as its first member; returns its id.
     pub async fn create_queue(
         &self,
@@ -407,7 +474,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::Created(r)) => r,
-            _ => Err(QueueError::Stopped),
+            _ => Err(QueueError::Ended(self.ended())),
         }
     }
 
@@ -428,7 +495,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::Joined(r)) => r,
-            _ => Err(QueueError::Stopped),
+            _ => Err(QueueError::Ended(self.ended())),
         }
     }
 
@@ -440,7 +507,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::Paused(r)) => r,
-            _ => Err(QueueError::Stopped),
+            _ => Err(QueueError::Ended(self.ended())),
         }
     }
 
@@ -460,7 +527,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::Submitted(r)) => r,
-            _ => Err(SubmitError::Stopped),
+            _ => Err(SubmitError::Ended(self.ended())),
         }
     }
 
@@ -481,7 +548,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::SubmittedMany(r)) => r,
-            _ => Err(SubmitError::Stopped),
+            _ => Err(SubmitError::Ended(self.ended())),
         }
     }
 
@@ -511,7 +578,7 @@ impl NodeHandle {
         };
         match self.ask(command).await {
             Some(Reply::Task(r)) => *r,
-            _ => Err(TaskError::Stopped),
+            _ => Err(TaskError::Ended(self.ended())),
         }
     }
 
@@ -525,7 +592,7 @@ impl NodeHandle {
             .await
         {
             Some(Reply::Document(r)) => r,
-            _ => Err(QueueError::Stopped),
+            _ => Err(QueueError::Ended(self.ended())),
         }
     }
 
@@ -536,9 +603,9 @@ impl NodeHandle {
             .net
             .info()
             .await
-            .map_err(|_| QueueError::Stopped)?;
+            .map_err(|_| QueueError::Ended(self.ended()))?;
         let Some(Reply::Status(status)) = self.ask(Command::Status).await else {
-            return Err(QueueError::Stopped);
+            return Err(QueueError::Ended(self.ended()));
         };
         Ok(api::NodeStatus {
             peer_id: self.shared.peer.to_string(),

@@ -76,12 +76,26 @@ pub(crate) struct Shell {
         HashMap<piecework_queue_doc::QueueId, watch::Sender<Arc<piecework_queue_doc::QueueView>>>,
     /// What the log line of a claim reports (see [`Pace`]).
     pace: Pace,
+    /// A stop ([`Command::Stop`]) was answered: the loop ends.
+    stopped: bool,
 }
 
 /// A turn at least this long is logged (at info): at the fastest timings the docs recommend,
 /// a takeover follows 150 ms of silence. (Three nodes at full load at those timings: follower
 /// turns up to 85 ms, docs/benchmarks.md.)
 const LONG_TURN: Duration = Duration::from_millis(100);
+
+/// An input whose handling takes at least this long is logged (at info), with what it was:
+/// heartbeats wait behind it.
+const LONG_INPUT: Duration = Duration::from_millis(100);
+
+/// Logs an input that took [`LONG_INPUT`] or more since `started`.
+fn long_input(started: Instant, what: impl FnOnce() -> String) {
+    let took = started.elapsed();
+    if took >= LONG_INPUT {
+        tracing::info!(ms = took.as_millis(), input = what(), "long input");
+    }
+}
 
 /// How the shell's loop kept up, for the log line a router claim writes: a follower that
 /// claims while a router lives was either not hearing it or not running.
@@ -284,6 +298,7 @@ impl Shell {
             compactor: spawn_compactor(),
             epochs: spawn_epoch_thread(),
             pace: Pace::default(),
+            stopped: false,
         }
     }
 
@@ -292,9 +307,12 @@ impl Shell {
         mut commands: mpsc::Receiver<Request>,
         mut net_events: mpsc::Receiver<net::Event>,
         mut gossip: mpsc::Receiver<net::Event>,
-    ) {
+    ) -> String {
         self.drain();
-        loop {
+        let why = loop {
+            if self.stopped {
+                break "it was stopped (a planned stop: every change is on disk)".to_owned();
+            }
             let deadline = self.core.poll_timeout();
             let sleep = async {
                 match deadline {
@@ -306,22 +324,25 @@ impl Shell {
             let woken = tokio::select! {
                 biased;
                 // Gossip first: a heartbeat must not wait behind a backlog of sync messages.
-                ev = gossip.recv() => ev.map(Wake::Net),
-                input = self.inputs.recv() => input.map(Wake::Input),
-                ev = net_events.recv() => ev.map(Wake::Net),
-                req = commands.recv() => req.map(Wake::Request),
-                () = sleep => Some(Wake::Timer),
+                ev = gossip.recv() => ev.map(Wake::Net).ok_or("its network's gossip channel closed"),
+                input = self.inputs.recv() => input.map(Wake::Input).ok_or("its input queue closed"),
+                ev = net_events.recv() => ev.map(Wake::Net).ok_or("its network event loop ended"),
+                req = commands.recv() => req.map(Wake::Request).ok_or("every handle to it was dropped"),
+                () = sleep => Ok(Wake::Timer),
             };
             // The turn counts from here: handling its first input is part of it.
             let woke = Instant::now();
             // Beats due go out before anything else is done.
             self.beat();
             match woken {
-                None => break,
-                Some(Wake::Net(e)) => self.handle_net(e),
-                Some(Wake::Input(i)) => self.handle_input(i),
-                Some(Wake::Request(r)) => self.handle_request(r),
-                Some(Wake::Timer) => {
+                Err(why) => {
+                    tracing::error!("the node's shell stops: {why}");
+                    break why.to_owned();
+                }
+                Ok(Wake::Net(e)) => self.handle_net(e),
+                Ok(Wake::Input(i)) => self.handle_input(i),
+                Ok(Wake::Request(r)) => self.handle_request(r),
+                Ok(Wake::Timer) => {
                     self.pace.woke_late = deadline.map_or(Duration::ZERO, |d| d.elapsed());
                 }
             }
@@ -385,8 +406,9 @@ impl Shell {
                     "long turn"
                 );
             }
-        }
-        tracing::debug!("node shell stopped");
+        };
+        tracing::info!("node shell stopped: {why}");
+        why
     }
 
     /// Publishes the heartbeats that are due, between the parts of a turn
@@ -406,6 +428,24 @@ impl Shell {
     }
 
     fn handle_input(&mut self, input: Input) {
+        let started = Instant::now();
+        let what = match &input {
+            Input::Loaded { doc, chunks } => format!(
+                "load of {doc} ({} bytes)",
+                chunks
+                    .as_ref()
+                    .map_or(0, |c| c.iter().map(Vec::len).sum::<usize>())
+            ),
+            Input::Saved { .. } => "a save's answer".to_owned(),
+            Input::RunEnded { .. } => "a run's end".to_owned(),
+            Input::Archived { .. } => "an archive lookup".to_owned(),
+            Input::Rotated(_) => "an epoch job's answer".to_owned(),
+        };
+        self.handle_input_now(input);
+        long_input(started, || what);
+    }
+
+    fn handle_input_now(&mut self, input: Input) {
         match input {
             Input::Loaded { doc, chunks } => self.core.handle_loaded(now(), &doc, chunks),
             Input::Saved { id, result } => self.core.handle_saved(now(), id, result),
@@ -416,6 +456,24 @@ impl Shell {
     }
 
     fn handle_net(&mut self, ev: net::Event) {
+        let started = Instant::now();
+        let what = match &ev {
+            net::Event::SyncMessage { peer, data } => Some(format!(
+                "a sync frame of {} bytes from {peer} about {}",
+                data.len(),
+                piecework_replica::Message::peek_doc(data)
+                    .map_or_else(|| "no document".to_owned(), |d| d.to_string())
+            )),
+            net::Event::SyncOpened(peer) => Some(format!("a sync stream opened with {peer}")),
+            _ => None,
+        };
+        self.handle_net_now(ev);
+        if let Some(what) = what {
+            long_input(started, || what);
+        }
+    }
+
+    fn handle_net_now(&mut self, ev: net::Event) {
         let t = now();
         match ev {
             net::Event::Listening(addr) => {
@@ -514,6 +572,10 @@ impl Shell {
             }
             while let Some((id, reply)) = self.core.poll_reply() {
                 any = true;
+                if let Reply::Stopped(report) = &reply {
+                    tracing::info!(?report, "stopped");
+                    self.stopped = true;
+                }
                 if let Some(tx) = self.pending.remove(&id) {
                     let _ = tx.send(reply);
                 }
@@ -670,6 +732,14 @@ impl Shell {
                     match store.delete_doc(doc.as_str()).await {
                         Ok(()) => tracing::debug!(%doc, "deleted a retired document"),
                         Err(e) => tracing::error!(%doc, "cannot delete a retired document: {e}"),
+                    }
+                });
+            }
+            Io::RememberEpoch { queue, doc } => {
+                let store = self.shared.store.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.set_epoch(queue.as_str(), doc.as_str()).await {
+                        tracing::error!(%queue, "cannot remember the queue's epoch: {e}");
                     }
                 });
             }

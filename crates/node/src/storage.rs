@@ -272,6 +272,20 @@ impl Store {
         self.write(Write::Meta(key.to_owned(), value)).await
     }
 
+    /// Remembers the epoch document a queue is on (see `piecework_core::Io::RememberEpoch`).
+    pub async fn set_epoch(&self, queue: &str, doc: &str) -> Result<(), StorageError> {
+        self.set_meta(&epoch_key(queue), doc.as_bytes().to_vec())
+            .await
+    }
+
+    /// The epoch document a queue was last remembered on, if any.
+    pub async fn epoch(&self, queue: &str) -> Result<Option<String>, StorageError> {
+        Ok(self
+            .meta(&epoch_key(queue))
+            .await?
+            .and_then(|b| String::from_utf8(b).ok()))
+    }
+
     /// Remembers a joined queue (id → name) durably.
     pub async fn add_queue(&self, id: &str, name: &str) -> Result<(), StorageError> {
         self.write(Write::Queue(id.to_owned(), name.to_owned()))
@@ -486,6 +500,11 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
         }
     }
     tx.commit().map_err(redb_err)
+}
+
+/// The metadata key under which a queue's current epoch document is remembered.
+fn epoch_key(queue: &str) -> String {
+    format!("epoch/{queue}")
 }
 
 #[cfg(test)]

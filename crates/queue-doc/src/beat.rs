@@ -20,6 +20,11 @@ pub struct RouterBeat {
     /// learns it here. Absent before epochs existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<crate::epoch::Latest>,
+    /// The member the sender hands the router role to: the sender is stopping (a planned
+    /// restart) and that member claims at once instead of waiting `takeover_after`. Absent in
+    /// every other heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<PeerId>,
 }
 
 /// What one worker of a pool is doing.
@@ -57,4 +62,7 @@ pub struct PoolBeat {
     /// ([`crate::epoch`]): peers on another branch of a double seal learn of it here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<crate::epoch::Latest>,
+    /// The pool's node is stopping: it starts nothing new, and routers assign it nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }

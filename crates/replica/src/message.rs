@@ -64,8 +64,9 @@ impl Message {
         out
     }
 
-    /// Decodes a message from the network.
-    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+    /// The type byte, the document and the sync data of an encoded message, without copying
+    /// the data.
+    fn split(bytes: &[u8]) -> Result<(u8, DocId, &[u8]), DecodeError> {
         let [ty, len, rest @ ..] = bytes else {
             return Err(DecodeError::Truncated);
         };
@@ -78,6 +79,17 @@ impl Message {
             .ok()
             .and_then(DocId::parse)
             .ok_or(DecodeError::BadDocId)?;
+        Ok((*ty, doc, data))
+    }
+
+    /// The document an encoded message is about, read from its header alone (for logs).
+    pub fn peek_doc(bytes: &[u8]) -> Option<DocId> {
+        Message::split(bytes).ok().map(|(_, doc, _)| doc)
+    }
+
+    /// Decodes a message from the network.
+    pub fn decode(bytes: &[u8]) -> Result<Message, DecodeError> {
+        let (ty, doc, data) = Message::split(bytes)?;
         Ok(match ty {
             1 => Message::Sync {
                 doc,
@@ -85,7 +97,7 @@ impl Message {
             },
             2 => Message::Request { doc },
             3 => Message::Unavailable { doc },
-            t => return Err(DecodeError::UnknownType(*t)),
+            t => return Err(DecodeError::UnknownType(t)),
         })
     }
 }

@@ -114,6 +114,18 @@ pub enum Event {
         /// The greatest known claim.
         known: Claim,
     },
+    /// The node is stopping ([`Router::stop`]): the router neither claims nor routes any more.
+    Stopped {
+        /// The active router's claim it hands over, if it was active.
+        claim: Option<Claim>,
+        /// The member it hands the role to, if any (the one that claims at once).
+        to: Option<PeerId>,
+    },
+    /// The active router's heartbeat handed the role to this node: it claims at once.
+    HandedOver {
+        /// The claim of the router that is stopping.
+        from: Claim,
+    },
 }
 
 /// Why a heartbeat was ignored.
@@ -151,6 +163,13 @@ pub enum Role {
         /// No assignment before this instant (one pool heartbeat after becoming active).
         route_from: Instant,
     },
+    /// The node is stopping: no claim and no assignment any more. An active router that
+    /// stopped goes on beating under its claim, naming the member it hands over to
+    /// ([`RouterBeat::handover`]), until a view shows another effective claim.
+    Stopped {
+        /// The claim handed over and the member it goes to, while handing over.
+        handing: Option<(Claim, PeerId)>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -166,8 +185,13 @@ pub struct Router {
     me: PeerId,
     role: Role,
     view: Option<Arc<QueueView>>,
-    /// When the effective router last showed life (heartbeat, or a new claim appearing).
+    /// When the effective router last showed life (heartbeat, or a new claim appearing), or
+    /// when this router first reached a member of the queue after it started, whichever is
+    /// later: the follower's silence counts from then.
     heard_at: Instant,
+    /// A member of the queue has been reached since this router started
+    /// ([`Router::handle_member_connected`]).
+    met_member: bool,
     /// The greatest claim heard in a heartbeat, and its last counter.
     best_beat: Option<(Claim, u64)>,
     started_at: Instant,
@@ -190,6 +214,8 @@ pub struct Router {
     /// The last claim attempt found the known term at [`MAX_TERM`]: the next one waits a full
     /// `takeover_after`, even with no router named.
     exhausted: bool,
+    /// The active router handed its role to this node (a heartbeat named it): claim at once.
+    handed: bool,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
 }
@@ -213,6 +239,7 @@ impl Router {
             role: Role::Follower,
             view: None,
             heard_at: now,
+            met_member: false,
             best_beat: None,
             started_at: now,
             next_beat: now,
@@ -226,6 +253,7 @@ impl Router {
             awaiting_view: false,
             next_check: None,
             exhausted: false,
+            handed: false,
             actions: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -292,7 +320,25 @@ impl Router {
                     winner: after,
                 });
             }
+            // The successor's claim is in: nothing left to hand over.
+            Role::Stopped {
+                handing: Some((claim, _)),
+            } if after.as_ref() != Some(claim) => {
+                self.role = Role::Stopped { handing: None };
+            }
             _ => {}
+        }
+    }
+
+    /// This node reached a member of the queue (a sync stream to it opened). The first time
+    /// after the router started, the follower's silence starts over: a node that starts (or
+    /// restarts) and only then finds its peers gives the live router's heartbeats time to reach
+    /// it before it claims, however long its start took. A node that reaches no member still
+    /// claims `takeover_after` after it started, so an isolated node serves its own side.
+    pub fn handle_member_connected(&mut self, now: Instant) {
+        if !self.met_member {
+            self.met_member = true;
+            self.heard_at = self.heard_at.max(now);
         }
     }
 
@@ -317,6 +363,16 @@ impl Router {
         self.best_beat = Some((beat.claim.clone(), beat.counter));
         if self.effective().is_none_or(|e| beat.claim >= *e) {
             self.heard_at = now;
+            if beat.handover.as_ref() == Some(&self.me)
+                && self.role == Role::Follower
+                && !self.handed
+            {
+                // A planned stop: the router names this node its successor.
+                self.handed = true;
+                self.events.push_back(Event::HandedOver {
+                    from: beat.claim.clone(),
+                });
+            }
         }
         match &self.role {
             Role::Active { claim, .. } if beat.claim > *claim => {
@@ -382,7 +438,8 @@ impl Router {
             Role::Follower => {
                 let silent =
                     now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
-                if (view.router.is_none() && !self.exhausted) || silent {
+                if (view.router.is_none() && !self.exhausted) || silent || self.handed {
+                    self.handed = false;
                     let known = view
                         .router
                         .iter()
@@ -439,7 +496,7 @@ impl Router {
                 }
             }
             Role::Claiming { .. } => {}
-            Role::Active { .. } => {}
+            Role::Active { .. } | Role::Stopped { .. } => {}
         }
         if let Some(beat) = self.poll_beat(now) {
             self.actions.push_back(Action::Beat(beat));
@@ -457,8 +514,12 @@ impl Router {
     /// [`Action::Beat`]. A driver whose turns can be long also asks for it on its own (before a
     /// turn's inputs are applied), so that the beats keep their rhythm whatever the turn does.
     pub fn poll_beat(&mut self, now: Instant) -> Option<RouterBeat> {
-        let Role::Active { claim, .. } = &self.role else {
-            return None;
+        let (claim, handover) = match &self.role {
+            Role::Active { claim, .. } => (claim, None),
+            Role::Stopped {
+                handing: Some((claim, to)),
+            } => (claim, Some(to.clone())),
+            _ => return None,
         };
         let every = self.view.as_ref()?.config.heartbeat_ms;
         if now < self.next_beat {
@@ -471,7 +532,52 @@ impl Router {
             claim: claim.clone(),
             counter: self.beat_counter,
             epoch: None,
+            handover,
         })
+    }
+
+    /// The node is stopping (a planned restart): from now on the router neither claims nor
+    /// routes. If it is the active router, it hands the role over: its next heartbeats
+    /// ([`Router::poll_beat`], due at once) name a successor, which claims without waiting
+    /// `takeover_after`, and it beats until a view shows another effective claim. The
+    /// successor is the member whose pool was heard last (within three pool heartbeats and
+    /// not stopping itself), the smaller peer id on a tie; with none, nobody is named and
+    /// the others take over after `takeover_after` as after a crash. Assignments already
+    /// made keep their claim: workers run them.
+    pub fn stop(&mut self, now: Instant) {
+        if matches!(self.role, Role::Stopped { .. }) {
+            return;
+        }
+        let handing = match &self.role {
+            Role::Active { claim, .. } => self.successor(now).map(|to| (claim.clone(), to)),
+            _ => None,
+        };
+        self.next_beat = now;
+        self.next_check = None;
+        self.handed = false;
+        self.events.push_back(Event::Stopped {
+            claim: handing.as_ref().map(|(c, _)| c.clone()),
+            to: handing.as_ref().map(|(_, p)| p.clone()),
+        });
+        self.role = Role::Stopped { handing };
+    }
+
+    /// The member to hand the router role over to (see [`Router::stop`]).
+    fn successor(&self, now: Instant) -> Option<PeerId> {
+        let view = self.view.as_ref()?;
+        let c = &view.config;
+        let fresh = ms(c.pool_heartbeat_ms.saturating_mul(3).min(c.lease_ms));
+        self.pools
+            .iter()
+            .filter(|(p, s)| {
+                **p != self.me
+                    && !s.beat.draining
+                    && view.members.contains_key(*p)
+                    && now.saturating_duration_since(s.heard_at) <= fresh
+            })
+            // The latest heard; on a tie the smaller id (the map is ordered by id).
+            .max_by(|(pa, a), (pb, b)| a.heard_at.cmp(&b.heard_at).then(pb.cmp(pa)))
+            .map(|(p, _)| p.clone())
     }
 
     fn step_down(&mut self, now: Instant, claim: Claim, by: Claim) {
@@ -524,6 +630,7 @@ impl Router {
         let view = self.view.as_ref()?;
         let c = &view.config;
         match &self.role {
+            Role::Follower if self.handed => Some(self.heard_at),
             Role::Follower if view.router.is_none() && !self.exhausted => Some(self.heard_at),
             Role::Follower => Some(later(self.heard_at, ms(c.takeover_after_ms))),
             Role::Claiming { recheck_at, .. } => Some(*recheck_at),
@@ -539,6 +646,8 @@ impl Router {
                 }
                 Some(t)
             }
+            Role::Stopped { handing: Some(_) } => Some(self.next_beat),
+            Role::Stopped { handing: None } => None,
         }
     }
 }

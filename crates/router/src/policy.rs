@@ -8,7 +8,8 @@
 //!   or task-less worker) waits [`REFUSAL_BACKOFF`] doubled per refusal, at most
 //!   [`MAX_REFUSAL_BACKOFF`], so that a task no worker can run does not spin.
 //! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
-//!   lease) that have no open attempt in the document and report no unfinished run. They are
+//!   lease), whose node is not stopping, that have no open attempt in the document and report
+//!   no unfinished run. They are
 //!   taken index-first across pools (`0` of every pool, then `1`, …) to spread the load. Each
 //!   assignment names the incarnation of the pool in the heartbeat it was based on, so that a
 //!   restarted pool does not start work addressed to its earlier life.
@@ -274,6 +275,7 @@ fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<(Wo
     for (peer, (heard_at, beat)) in input.pools {
         if input.now.saturating_duration_since(*heard_at) > fresh
             || !view.members.contains_key(peer)
+            || beat.draining
         {
             continue;
         }

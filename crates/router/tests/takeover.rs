@@ -95,6 +95,7 @@ impl Peer {
                 })
                 .collect(),
             epoch: None,
+            draining: false,
         }
     }
 
@@ -407,12 +408,14 @@ fn fencing_by_heartbeat() {
         claim: Claim::new(5, c.peers[1].id.clone()),
         counter: 1,
         epoch: None,
+        handover: None,
     };
     let lower = RouterBeat {
         queue: QueueId::new(QUEUE),
         claim: Claim::new(0, c.peers[1].id.clone()),
         counter: 99,
         epoch: None,
+        handover: None,
     };
     let t = c.at(150);
     c.peers[0].router.handle_router_beat(t, &lower);
@@ -641,6 +644,7 @@ fn a_heartbeat_with_an_impossible_term_is_ignored() {
         claim: Claim::new(u64::MAX, c.peers[2].id.clone()),
         counter: 1,
         epoch: None,
+        handover: None,
     };
     let t = c.at(150);
     for i in [0, 1] {
@@ -697,6 +701,7 @@ fn no_claim_beyond_max_term() {
         claim: Claim::new(MAX_TERM, c.peers[1].id.clone()),
         counter: 1,
         epoch: None,
+        handover: None,
     };
     let p = &mut c.peers[0];
     p.router.handle_router_beat(c.t0, &beat);
@@ -902,4 +907,171 @@ fn an_earlier_attempt_still_running_counts_against_the_limit() {
     let assigned = &c.peers[2].assigned;
     assert_eq!(assigned.len(), 2, "{assigned:?}");
     assert_eq!(assigned[1].task, second);
+}
+
+/// Story 14: A node that starts (or restarts) counts its silence from the later of the live
+/// router's last heartbeat and its own first connection to a member of the queue. Its start
+/// took longer than `takeover_after` (it loaded a long history before it reached anyone): it
+/// does not claim the moment it reaches a member, but gives the live router's heartbeats
+/// `takeover_after` to arrive; the first one that does keeps it a follower.
+#[test]
+fn a_node_that_reaches_a_member_late_waits_for_the_routers_heartbeat() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    // Peer 1 (its router created at 0) reaches peer 0 only at 800 ms, past `takeover_after`
+    // (500 ms) since its start.
+    let reached = c.at(800);
+    c.peers[1].router.handle_member_connected(reached);
+    c.tick(1, 800);
+    c.tick(1, 1_200);
+    assert_eq!(
+        c.peers[1].router.role(),
+        &Role::Follower,
+        "claimed too early"
+    );
+    // The router's heartbeat arrives: it stays a follower for another `takeover_after`.
+    c.tick(0, 1_250);
+    c.deliver_beats(0, c.at(1_250));
+    c.tick(1, 1_700);
+    assert_eq!(c.peers[1].router.role(), &Role::Follower);
+    // A second connection (a reconnect) does not restart the silence again: with the router
+    // now silent, the follower claims `takeover_after` after the last heartbeat.
+    let again = c.at(1_740);
+    c.peers[1].router.handle_member_connected(again);
+    c.tick(1, 1_760);
+    assert!(
+        matches!(c.peers[1].router.role(), Role::Claiming { claim, .. } if claim.term == 2),
+        "{:?}",
+        c.peers[1].router.role()
+    );
+}
+
+/// Story 15: A node that reaches no member still claims `takeover_after` after it started: an
+/// isolated node serves its own side.
+#[test]
+fn an_isolated_node_claims_after_takeover_after_since_its_start() {
+    let mut c = Cluster::new(2);
+    c.elect_first(0);
+    // Peer 1 restarts at 1,000 ms (a new router on its stored document) and reaches nobody.
+    let start = c.at(1_000);
+    let p = &mut c.peers[1];
+    p.router = Router::new(QueueId::new(QUEUE), p.id.clone(), start);
+    let v = p.view();
+    p.router.handle_view(start, v);
+    c.tick(1, 1_499);
+    assert_eq!(c.peers[1].router.role(), &Role::Follower);
+    c.tick(1, 1_500);
+    assert!(matches!(
+        c.peers[1].router.role(),
+        Role::Claiming { claim, .. } if claim.term == 2
+    ));
+}
+
+/// Story 16: A planned stop hands the router role over. The active router stops: it routes
+/// nothing more and beats at once, naming as successor the member whose pool it heard last
+/// (and not the one whose node is stopping too). The successor claims at once, without
+/// waiting `takeover_after`; the other follower stays a follower. Once the successor's claim is
+/// in the stopped router's view, it beats no more.
+#[test]
+fn a_stopping_router_hands_its_role_to_the_member_heard_last() {
+    let mut c = Cluster::new(4);
+    c.elect_first(0);
+    let t = c.at(150);
+    // Peer 1's pool was heard first, peer 2's last; peer 3's node is stopping as well.
+    let (b1, b2) = (c.peers[1].pool_beat(1), c.peers[2].pool_beat(1));
+    let mut b3 = c.peers[3].pool_beat(1);
+    b3.draining = true;
+    c.peers[0].router.handle_pool_beat(t, &b1);
+    let at = c.at(160);
+    c.peers[0].router.handle_pool_beat(at, &b3);
+    let at = c.at(170);
+    c.peers[0].router.handle_pool_beat(at, &b2);
+    c.tick(0, 180);
+    c.deliver_beats(0, c.at(180));
+    let stop = c.at(200);
+    c.peers[0].router.stop(stop);
+    c.peers[0].drain(stop);
+    assert!(c.peers[0].events.iter().any(|e| matches!(
+        e,
+        Event::Stopped { claim: Some(claim), to: Some(to) } if claim.term == 1 && *to == c.peers[2].id
+    )));
+    c.tick(0, 200);
+    let beat = c.peers[0].beats.last().cloned().expect("a beat at once");
+    assert_eq!(beat.handover.as_ref(), Some(&c.peers[2].id));
+    c.deliver_beats(0, c.at(205));
+    // The successor claims at once; the others wait.
+    c.tick(2, 205);
+    c.tick(1, 205);
+    assert!(matches!(
+        c.peers[2].router.role(),
+        Role::Claiming { claim, .. } if claim.term == 2
+    ));
+    assert!(
+        c.peers[2]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::HandedOver { .. }))
+    );
+    assert_eq!(c.peers[1].router.role(), &Role::Follower);
+    // The stopped router never claims nor routes again, whatever it hears.
+    c.peers[0].submit(1);
+    let beat = c.peers[1].pool_beat(2);
+    let at = c.at(250);
+    c.peers[0].router.handle_pool_beat(at, &beat);
+    c.tick(0, 300);
+    assert!(c.peers[0].assigned.is_empty());
+    // The successor's claim reaches the stopped router: it stops beating.
+    c.sync(0, 2, c.at(310));
+    c.peers[0].beats.clear();
+    c.tick(0, 400);
+    c.tick(0, 2_000);
+    assert!(c.peers[0].beats.is_empty(), "{:?}", c.peers[0].beats);
+    assert!(matches!(
+        c.peers[0].router.role(),
+        Role::Stopped { handing: None }
+    ));
+    // The successor becomes active `settle` after its claim.
+    c.tick(2, 305);
+    assert!(c.peers[2].router.is_active());
+}
+
+/// Story 17: A heartbeat naming a successor that does not come from the effective router (a
+/// stale or lesser claim) hands nothing over; nor does one naming another peer. And a router
+/// that stops with no member heard names nobody: the others take over after `takeover_after`,
+/// as after a crash.
+#[test]
+fn only_the_effective_router_hands_over_and_only_to_the_member_it_names() {
+    let mut c = Cluster::new(3);
+    c.elect_first(0);
+    // A lesser claim of peer 2 names peer 1: ignored.
+    let lesser = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(0, c.peers[2].id.clone()),
+        counter: 1,
+        epoch: None,
+        handover: Some(c.peers[1].id.clone()),
+    };
+    let at = c.at(150);
+    c.peers[1].router.handle_router_beat(at, &lesser);
+    c.tick(1, 160);
+    assert_eq!(c.peers[1].router.role(), &Role::Follower);
+    // The router stops with no pool heard: nobody is named, and no beat names anyone.
+    let at = c.at(200);
+    c.peers[0].router.stop(at);
+    let at = c.at(200);
+    c.peers[0].drain(at);
+    assert!(c.peers[0].events.iter().any(|e| matches!(
+        e,
+        Event::Stopped {
+            claim: None,
+            to: None
+        }
+    )));
+    c.tick(0, 250);
+    assert!(c.peers[0].beats.iter().all(|b| b.handover.is_none()));
+    // Peer 2 is not named by peer 0's last heartbeat (at 100 ms): it claims after the silence.
+    c.tick(2, 599);
+    assert_eq!(c.peers[2].router.role(), &Role::Follower);
+    c.tick(2, 600);
+    assert!(matches!(c.peers[2].router.role(), Role::Claiming { .. }));
 }

@@ -93,6 +93,7 @@ impl Node {
                 })
                 .collect(),
             epoch: None,
+            draining: false,
         };
         self.router.handle_pool_beat(self.now, &beat);
         self.router.handle_timeout(self.now);

@@ -84,6 +84,12 @@ pub struct FaultMix {
     pub read_failure_rate: f64,
     /// How long a failing-disk window lasts, milliseconds.
     pub disk_window_ms: (u64, u64),
+    /// Planned stops per virtual second, cluster-wide: a node is asked to stop
+    /// (`Command::Stop`, as SIGTERM does), exits once its stop is answered, and starts again
+    /// after a downtime. 0 in every mix but `stops`, so that the others replay as before.
+    pub stop_rate: f64,
+    /// The grace time of a planned stop, milliseconds.
+    pub stop_grace_ms: (u64, u64),
 }
 
 impl FaultMix {
@@ -107,6 +113,8 @@ impl FaultMix {
             write_failure_rate: 0.02,
             read_failure_rate: 0.02,
             disk_window_ms: (100, 3_000),
+            stop_rate: 0.0,
+            stop_grace_ms: (0, 2_000),
         }
     }
 
@@ -138,6 +146,18 @@ impl FaultMix {
         }
     }
 
+    /// Planned stops (a router hands its role over, runs get a grace time), with crashes and
+    /// failing disks, on a network that loses nothing: invariants 5 and 7 hold strictly, a run
+    /// interrupted by a stop counting as one its node's crash ended.
+    pub fn stops() -> Self {
+        FaultMix {
+            name: "stops".into(),
+            stop_rate: 0.1,
+            crash_rate: 0.03,
+            ..FaultMix::crashes()
+        }
+    }
+
     /// Partitions and one-way cuts, nothing else.
     pub fn partitions() -> Self {
         FaultMix {
@@ -148,11 +168,12 @@ impl FaultMix {
         }
     }
 
-    /// The mix called `name`: `default`, `crashes`, `calm` or `partitions`.
+    /// The mix called `name`: `default`, `crashes`, `stops`, `calm` or `partitions`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "default" => Some(FaultMix::default_mix()),
             "crashes" => Some(FaultMix::crashes()),
+            "stops" => Some(FaultMix::stops()),
             "calm" => Some(FaultMix::calm()),
             "partitions" => Some(FaultMix::partitions()),
             _ => None,

@@ -146,6 +146,7 @@ enum Kind {
     OneWay,
     WriteFailures,
     ReadFailures,
+    Stop,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +184,9 @@ type ReadBack = (Automerge, Vec<Vec<u8>>);
 struct Disk {
     docs: BTreeMap<DocId, BTreeMap<String, Vec<u8>>>,
     queues: BTreeSet<QueueId>,
+    /// The epoch document each queue was last on (`Io::RememberEpoch`), handed back at a
+    /// restart.
+    epochs: BTreeMap<QueueId, DocId>,
     /// Archived final statuses of inline tasks.
     archive: BTreeMap<TaskId, Vec<u8>>,
     /// Retired documents not deleted yet, in the order retired (handed back at a restart).
@@ -282,6 +286,9 @@ struct Node {
     built: BTreeMap<RotateId, Built>,
     /// The first views after a restart are checked for superseded attempts held by this pool.
     restarted: bool,
+    /// A planned stop asked of this incarnation ([`Command::Stop`]): its command, until
+    /// answered.
+    stopping: Option<CommandId>,
 }
 
 struct Cut {
@@ -415,6 +422,7 @@ impl World {
                 live: BTreeMap::new(),
                 built: BTreeMap::new(),
                 restarted: false,
+                stopping: None,
             });
         }
         // Queue 0: every node. Queue 1: every node but the last, which must never hold its
@@ -513,6 +521,8 @@ impl World {
             Kind::OneWay,
             Kind::WriteFailures,
             Kind::ReadFailures,
+            // Last: a mix without planned stops draws the same schedule as before they existed.
+            Kind::Stop,
         ] {
             self.schedule_background(kind);
         }
@@ -578,6 +588,7 @@ impl World {
             Kind::OneWay => mix.oneway_rate,
             Kind::WriteFailures => mix.write_failure_rate,
             Kind::ReadFailures => mix.read_failure_rate,
+            Kind::Stop => mix.stop_rate,
         };
         if rate <= 0.0 {
             return;
@@ -1013,6 +1024,9 @@ impl World {
             Io::RememberQueue { id, .. } => {
                 self.nodes[i].disk.queues.insert(id);
             }
+            Io::RememberEpoch { queue, doc } => {
+                self.nodes[i].disk.epochs.insert(queue, doc);
+            }
             Io::Rotate(job) => {
                 // Built at once (it is deterministic), handed back later: the router goes on
                 // writing the document meanwhile, and those writes are carried as late ones.
@@ -1103,6 +1117,20 @@ impl World {
             | Reply::Task(_)
             | Reply::Status(_)
             | Reply::Document(_) => {}
+            Reply::Stopped(report) => {
+                if self.nodes[i].stopping != Some(cmd) {
+                    return;
+                }
+                if report.handed_over.iter().any(|(_, to)| to.is_some()) {
+                    self.count("router_handed_over");
+                }
+                if report.runs_interrupted > 0 {
+                    self.count("runs_interrupted_by_a_stop");
+                }
+                // The process exits once its stop is answered: down like a crash (its runs
+                // still going are abandoned), and restarted after a downtime.
+                self.down(i, true);
+            }
         }
     }
 
@@ -1594,6 +1622,12 @@ impl World {
                 let i = self.rng.random_range(0..n);
                 self.crash(i);
             }
+            Kind::Stop => {
+                let i = self.rng.random_range(0..n);
+                let (lo, hi) = self.config.mix.stop_grace_ms;
+                let grace = self.rng.random_range(lo..=hi.max(lo));
+                self.stop(i, grace);
+            }
             Kind::Partition => {
                 let mut side: Vec<bool> = (0..n).map(|_| self.rng.random_bool(0.5)).collect();
                 if side.iter().all(|s| *s) || side.iter().all(|s| !*s) {
@@ -1710,12 +1744,45 @@ impl World {
         }
     }
 
+    /// A planned stop: the node is asked to stop with `grace_ms` for its runs; it exits when
+    /// its stop is answered ([`World::reply`]).
+    fn stop(&mut self, i: usize, grace_ms: u64) {
+        if !self.nodes[i].up || self.nodes[i].stopping.is_some() {
+            return;
+        }
+        self.count("planned_stop");
+        self.trace(|| format!("node{i} is asked to stop ({grace_ms} ms of grace)"));
+        let cmd = self.command_id(i);
+        self.nodes[i].stopping = Some(cmd);
+        let t = self.time(i);
+        self.nodes[i].core.handle_command(
+            t,
+            cmd,
+            Command::Stop {
+                grace: Duration::from_millis(grace_ms),
+            },
+        );
+        self.drive(i);
+    }
+
     fn crash(&mut self, i: usize) {
+        self.down(i, false);
+    }
+
+    /// Node `i` goes down: it crashes, or (`clean`) exits once its stop was answered. Either
+    /// way what it runs is abandoned, and it restarts after a downtime.
+    fn down(&mut self, i: usize, clean: bool) {
         if !self.nodes[i].up {
             return;
         }
-        self.count("crash");
-        self.trace(|| format!("node{i} crashes"));
+        self.nodes[i].stopping = None;
+        if clean {
+            self.count("stopped");
+            self.trace(|| format!("node{i} exits after its stop"));
+        } else {
+            self.count("crash");
+            self.trace(|| format!("node{i} crashes"));
+        }
         self.crashes.push((i, self.now_us));
         let now = self.now_us;
         let n = &mut self.nodes[i];
@@ -1781,7 +1848,15 @@ impl World {
         .with_epoch_retain(EPOCH_RETAIN)
         .with_disk_retention(KEEP_TASK_DOCS, self.config.keep_sealed_epochs)
         .with_relay_waits(relay_waits(&self.config))
-        .with_retired(self.nodes[i].disk.retired.clone());
+        .with_retired(self.nodes[i].disk.retired.clone())
+        .with_resume(
+            self.nodes[i]
+                .disk
+                .epochs
+                .iter()
+                .map(|(q, d)| (q.clone(), d.clone()))
+                .collect(),
+        );
         let n = &mut self.nodes[i];
         n.incarnation = inc;
         n.up = true;
@@ -1834,6 +1909,10 @@ impl World {
             n.disk.failing_writes_until = 0;
         }
         for i in 0..self.nodes.len() {
+            // A node still stopping would never take work again: it exits now.
+            if self.nodes[i].up && self.nodes[i].stopping.is_some() {
+                self.crash(i);
+            }
             if !self.nodes[i].up {
                 self.restart(i);
             }

@@ -92,6 +92,8 @@ pub struct Pool {
     answered: BTreeSet<(QueueId, TaskId, AttemptId)>,
     next_beat: Instant,
     counter: u64,
+    /// The node is stopping ([`Pool::drain`]): nothing new starts.
+    draining: bool,
     actions: VecDeque<Action>,
     /// A deliberately broken pool that starts fenced assignments, for the simulator's test
     /// that it catches a broken protocol. Exists only with the `broken` feature.
@@ -127,6 +129,7 @@ impl Pool {
             answered: BTreeSet::new(),
             next_beat: now,
             counter: 0,
+            draining: false,
             actions: VecDeque::new(),
             #[cfg(feature = "broken")]
             skip_fencing: false,
@@ -152,6 +155,41 @@ impl Pool {
     /// How many workers are idle.
     pub fn idle(&self) -> usize {
         self.slots.iter().filter(|s| s.is_none()).count()
+    }
+
+    /// Whether the pool is draining ([`Pool::drain`]).
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// The node is stopping: from now on the pool starts nothing (an assignment is refused,
+    /// so that its router routes the task elsewhere at once), and its heartbeats, the next one
+    /// at `now`, say so ([`PoolBeat::draining`]), so that routers assign it nothing. Runs in
+    /// progress go on until they end or [`Pool::interrupt`] ends them.
+    pub fn drain(&mut self, now: Instant) {
+        if !self.draining {
+            self.draining = true;
+            self.next_beat = now;
+        }
+    }
+
+    /// Ends the run on worker `index` as interrupted, with `reason`, without waiting for its
+    /// handler (a stopping node whose grace time ran out); its later end is ignored. Returns
+    /// `false` (and does nothing) if the worker was not running.
+    pub fn interrupt(&mut self, index: u32, reason: String) -> bool {
+        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
+            return false;
+        };
+        self.actions.push_back(Action::Finish {
+            worker: run.worker,
+            queue: run.queue,
+            task: run.task,
+            attempt: run.attempt,
+            outcome: AttemptOutcome::Interrupted,
+            error: Some(reason),
+            started_by: Some(self.config.incarnation),
+        });
+        true
     }
 
     /// A router heartbeat was heard: remember the greatest claim per queue, to fence with. A
@@ -183,6 +221,7 @@ impl Pool {
     /// - it is the task's current attempt (no attempt with a greater number exists),
     /// - its router's claim is not below the effective router (from the view and from
     ///   heartbeats),
+    /// - this node is not stopping ([`Pool::drain`]),
     /// - no other attempt of the task is running: none open and started with the same or a
     ///   greater number, and none on this pool (an open, started attempt with a smaller number
     ///   on another pool is one the router gave up on after its lease: running again is the
@@ -278,6 +317,12 @@ impl Pool {
                         "fenced: assigned by {}, but {} is the router",
                         attempt.id.claim, f
                     ),
+                    None,
+                )
+            } else if self.draining {
+                finish(
+                    AttemptOutcome::Refused,
+                    "the worker's node is stopping".to_owned(),
                     None,
                 )
             } else if let Some(running) = self.running_elsewhere(queue, task, attempt) {
@@ -419,6 +464,7 @@ impl Pool {
                 counter: self.counter,
                 workers,
                 epoch: None,
+                draining: self.draining,
             }));
             // The heartbeat is clamped (a minute at most): the sum fits.
             self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);

@@ -209,6 +209,7 @@ fn fences_assignments_from_a_superseded_router() {
         claim: router(3, "newer"),
         counter: 1,
         epoch: None,
+        handover: None,
     });
     f.assign(&t2, &router(2, "new"), 0);
     let actions = f.step();
@@ -521,6 +522,7 @@ fn a_heartbeat_beyond_max_term_does_not_fence() {
         claim: router(u64::MAX, "hostile"),
         counter: 1,
         epoch: None,
+        handover: None,
     });
     f.assign(&t, &router(1, "r"), 0);
     let actions = f.step();
@@ -627,4 +629,53 @@ async fn handler_results_errors_and_panics_become_outcomes() {
             .unwrap_err()
             .contains("no handler for kind \"nope\"")
     );
+}
+
+/// A stopping node's pool (`Pool::drain`) starts nothing new: an assignment is refused, so its
+/// router routes the task elsewhere at once, and its heartbeat, due at once, says it is
+/// stopping. A run in progress goes on; when the grace time runs out, `Pool::interrupt` ends it
+/// as interrupted by this incarnation, and the handler's later end is ignored.
+#[test]
+fn a_draining_pool_refuses_new_work_and_interrupts_what_outlives_the_grace() {
+    let mut f = Fixture::new(2, 3);
+    let claim = router(1, "r");
+    queue::claim_router(&mut f.doc, &claim, 0).unwrap();
+    let running = f.submit(1);
+    f.assign(&running, &claim, 0);
+    assert!(matches!(&f.step()[..], [Action::Start(_)]));
+    // The node is asked to stop.
+    let stop = f.t0 + Duration::from_secs(5);
+    f.pool.drain(stop);
+    assert!(f.pool.is_draining());
+    f.pool.handle_timeout(stop);
+    let beats: Vec<Action> = f.apply();
+    assert!(
+        matches!(&beats[..], [Action::Beat(b)] if b.draining && b.workers[0].running.is_some()),
+        "{beats:?}"
+    );
+    // A new assignment is refused, with the reason.
+    let next = f.submit(2);
+    f.assign(&next, &claim, 1);
+    let actions = f.step();
+    assert!(
+        matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Refused, error: Some(e), .. }]
+            if e.contains("stopping")),
+        "{actions:?}"
+    );
+    assert_eq!(f.pool.idle(), 1);
+    // The grace time runs out: the run is interrupted, by this incarnation.
+    assert!(f.pool.interrupt(0, "stopped".into()));
+    let actions = f.apply();
+    assert!(
+        matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Interrupted, started_by: Some(3), task, .. }]
+            if *task == running),
+        "{actions:?}"
+    );
+    assert!(
+        !f.pool.handle_finished(0, RunEnd::Succeeded),
+        "its end comes too late"
+    );
+    assert!(!f.pool.interrupt(0, "again".into()));
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks()[&running].state(), TaskState::Pending);
 }
