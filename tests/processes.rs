@@ -203,6 +203,31 @@ async fn a_sigterm_to_the_routers_process_hands_over_at_once_and_exits_zero() {
     let after = c.status().await.unwrap().queues[0].router.clone().unwrap();
     assert!(after > router && after.peer != router.peer);
     assert_eq!(after.term, router.term + 1, "one claim, no race");
+
+    // The restart of the planned restart: the node starts again on its data directory, runs
+    // tasks submitted through it, and leaves the router where it is.
+    let back = spawn_node(
+        &dir.path().join(["a", "b", "c"][victim]),
+        nodes[via].as_ref(),
+    );
+    let mut more = Vec::new();
+    for _ in 0..6 {
+        more.push(support::submit_sleep(&back, &queue, 10).await);
+    }
+    nodes[victim] = Some(back);
+    let all: Vec<String> = urls(&nodes).into_iter().flatten().collect();
+    for id in &more {
+        let s = support::wait_final(&all, &all[0], id).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{id}");
+    }
+    for n in nodes.iter().flatten() {
+        let r = n.client().status().await.unwrap().queues[0].router.clone();
+        assert_eq!(
+            r.as_ref(),
+            Some(&after),
+            "the restarted node took the router back"
+        );
+    }
 }
 
 fn c_url(nodes: &[Option<NodeProcess>], i: usize) -> String {
