@@ -50,6 +50,35 @@ async fn until(
     }
 }
 
+/// Three nodes in `dir` (two workers each, the others bootstrapped from the first) sharing a
+/// queue called `name` with the demo's timings: the nodes, their handles, the queue and the
+/// first node's address.
+async fn three_sharing(
+    dir: &std::path::Path,
+    name: &str,
+) -> (
+    Vec<Option<IsolatedNode>>,
+    Vec<NodeHandle>,
+    QueueId,
+    piecework::node::Multiaddr,
+) {
+    let first = start(dir, 0, vec![]).await;
+    let addr = first.handle().wait_listening().await;
+    let mut nodes = vec![Some(first)];
+    for i in 1..3 {
+        nodes.push(Some(start(dir, i, vec![addr.clone()]).await));
+    }
+    let handles: Vec<NodeHandle> = nodes.iter().flatten().map(|n| n.handle().clone()).collect();
+    let queue = handles[0]
+        .create_queue(name, Some(demo_config()))
+        .await
+        .unwrap();
+    for h in &handles[1..] {
+        h.join_queue(&queue).await.unwrap();
+    }
+    (nodes, handles, queue, addr)
+}
+
 async fn role_on(h: &NodeHandle, q: &QueueId) -> String {
     let s = h.status().await.expect("status");
     s.queues
@@ -62,21 +91,7 @@ async fn role_on(h: &NodeHandle, q: &QueueId) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_completes_after_the_active_router_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let first = start(dir.path(), 0, vec![]).await;
-    let addr = first.handle().wait_listening().await;
-    let mut nodes = vec![Some(first)];
-    for i in 1..3 {
-        nodes.push(Some(start(dir.path(), i, vec![addr.clone()]).await));
-    }
-    let handles: Vec<NodeHandle> = nodes.iter().flatten().map(|n| n.handle().clone()).collect();
-
-    let queue = handles[0]
-        .create_queue("cluster", Some(demo_config()))
-        .await
-        .unwrap();
-    for h in &handles[1..] {
-        h.join_queue(&queue).await.unwrap();
-    }
+    let (mut nodes, handles, queue, _) = three_sharing(dir.path(), "cluster").await;
     let mut views: Vec<_> = handles
         .iter()
         .map(|h| h.watch_queue(&queue).unwrap())
@@ -207,20 +222,7 @@ async fn the_demo_reports_a_takeover_with_nothing_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_shut_down_in_the_library_hands_over_and_frees_its_data_directory() {
     let dir = tempfile::tempdir().unwrap();
-    let first = start(dir.path(), 0, vec![]).await;
-    let addr = first.handle().wait_listening().await;
-    let mut nodes = vec![Some(first)];
-    for i in 1..3 {
-        nodes.push(Some(start(dir.path(), i, vec![addr.clone()]).await));
-    }
-    let handles: Vec<NodeHandle> = nodes.iter().flatten().map(|n| n.handle().clone()).collect();
-    let queue = handles[0]
-        .create_queue("planned", Some(demo_config()))
-        .await
-        .unwrap();
-    for h in &handles[1..] {
-        h.join_queue(&queue).await.unwrap();
-    }
+    let (mut nodes, handles, queue, addr) = three_sharing(dir.path(), "planned").await;
     let mut views: Vec<_> = handles
         .iter()
         .map(|h| h.watch_queue(&queue).unwrap())
@@ -317,20 +319,7 @@ const HISTORY: usize = 10_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_restarted_on_a_long_history_does_not_take_the_router() {
     let dir = tempfile::tempdir().unwrap();
-    let first = start(dir.path(), 0, vec![]).await;
-    let addr = first.handle().wait_listening().await;
-    let mut nodes = vec![Some(first)];
-    for i in 1..3 {
-        nodes.push(Some(start(dir.path(), i, vec![addr.clone()]).await));
-    }
-    let handles: Vec<NodeHandle> = nodes.iter().flatten().map(|n| n.handle().clone()).collect();
-    let queue = handles[0]
-        .create_queue("history", Some(demo_config()))
-        .await
-        .unwrap();
-    for h in &handles[1..] {
-        h.join_queue(&queue).await.unwrap();
-    }
+    let (mut nodes, handles, queue, _) = three_sharing(dir.path(), "history").await;
     let mut views: Vec<_> = handles
         .iter()
         .map(|h| h.watch_queue(&queue).unwrap())

@@ -456,14 +456,10 @@ pub(super) async fn failover_round(
     .await
     {
         Ok(at) => at,
-        Err(e) => bail!(
-            "failover {}/{} did not complete: no router above node {victim}'s (term {}) \
-             assigned a task through node {via} after the kill ({e:#}); {}",
-            round + 1,
-            opts.failovers,
-            old.term,
-            routers.describe().await
-        ),
+        Err(e) => {
+            let round = (round + 1, opts.failovers);
+            return Err(routers.failover_failed(round, victim, &old, via, e).await);
+        }
     };
     let takeover_ms = assigned_at.saturating_sub(kill_wall) as f64;
     display.say(format!(

@@ -180,6 +180,24 @@ impl Routers {
         seen.join("; ")
     }
 
+    /// The error of failover `round` (its number and how many there are) that did not
+    /// complete: what it waited for, and what every live node sees.
+    pub(super) async fn failover_failed(
+        &self,
+        (round, of): (usize, usize),
+        victim: usize,
+        old: &Claim,
+        via: usize,
+        e: anyhow::Error,
+    ) -> anyhow::Error {
+        anyhow::anyhow!(
+            "failover {round}/{of} did not complete: no router above node {victim}'s (term {}) \
+             assigned a task through node {via} after the kill ({e:#}); {}",
+            old.term,
+            self.describe().await
+        )
+    }
+
     /// The node whose peer id is `peer`.
     pub(super) fn node_of(&self, peer: &PeerId) -> Option<usize> {
         self.peers.iter().position(|p| p == peer)

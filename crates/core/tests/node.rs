@@ -2097,6 +2097,20 @@ fn gossip(from: &mut One, to: &mut One) {
     }
 }
 
+/// Moves two connected cores to `t`: each writes and loads what it asked for, and they
+/// exchange their frames and their gossip.
+fn both_at(a: &mut One, b: &mut One, t: u64) {
+    a.at(t);
+    b.at(t);
+    a.ack_saves();
+    b.ack_saves();
+    a.answer_loads();
+    b.answer_loads();
+    exchange(a, b);
+    gossip(a, b);
+    gossip(b, a);
+}
+
 /// The router beats among what `one` published, without taking them.
 fn router_beats(one: &One) -> Vec<RouterBeat> {
     one.published
@@ -2128,15 +2142,7 @@ fn router_running_two_tasks() -> (One, One, QueueId, u64) {
     {
         t += 50;
         assert!(t < 10_000, "the tasks never started");
-        a.at(t);
-        b.at(t);
-        a.ack_saves();
-        b.ack_saves();
-        a.answer_loads();
-        b.answer_loads();
-        exchange(&mut a, &mut b);
-        gossip(&mut a, &mut b);
-        gossip(&mut b, &mut a);
+        both_at(&mut a, &mut b, t);
     }
     assert!(a.core.is_active(&q));
     (a, b, q, t)
@@ -2185,13 +2191,7 @@ fn a_stopping_router_hands_over_at_once_and_interrupts_the_runs_that_outlive_its
     while !b.core.is_active(&q) {
         t += 10;
         assert!(t - stopped_at <= 100, "no hand-over");
-        a.at(t);
-        b.at(t);
-        a.ack_saves();
-        b.ack_saves();
-        exchange(&mut a, &mut b);
-        gossip(&mut a, &mut b);
-        gossip(&mut b, &mut a);
+        both_at(&mut a, &mut b, t);
     }
     // The grace time runs out with both runs going: they are interrupted.
     let report = loop {
@@ -2200,13 +2200,7 @@ fn a_stopping_router_hands_over_at_once_and_interrupts_the_runs_that_outlive_its
         }
         t += 50;
         assert!(t - stopped_at < 3_000, "the stop never ended");
-        a.at(t);
-        b.at(t);
-        a.ack_saves();
-        b.ack_saves();
-        exchange(&mut a, &mut b);
-        gossip(&mut b, &mut a);
-        gossip(&mut a, &mut b);
+        both_at(&mut a, &mut b, t);
     };
     assert!(
         t - stopped_at >= 500,
@@ -2294,13 +2288,7 @@ fn a_stop_waits_for_runs_that_end_within_its_grace() {
         }
         t += 10;
         assert!(t < 20_000, "the stop never ended");
-        a.at(t);
-        b.at(t);
-        a.ack_saves();
-        b.ack_saves();
-        exchange(&mut a, &mut b);
-        gossip(&mut a, &mut b);
-        gossip(&mut b, &mut a);
+        both_at(&mut a, &mut b, t);
     };
     assert_eq!((report.runs_finished, report.runs_interrupted), (2, 0));
     assert_eq!(report.unsaved_documents, 0);

@@ -177,19 +177,8 @@ impl Pool {
     /// handler (a stopping node whose grace time ran out); its later end is ignored. Returns
     /// `false` (and does nothing) if the worker was not running.
     pub fn interrupt(&mut self, index: u32, reason: String) -> bool {
-        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
-            return false;
-        };
-        self.actions.push_back(Action::Finish {
-            worker: run.worker,
-            queue: run.queue,
-            task: run.task,
-            attempt: run.attempt,
-            outcome: AttemptOutcome::Interrupted,
-            error: Some(reason),
-            started_by: Some(self.config.incarnation),
-        });
-        true
+        let started_by = Some(self.config.incarnation);
+        self.end_slot(index, AttemptOutcome::Interrupted, reason, started_by)
     }
 
     /// A router heartbeat was heard: remember the greatest claim per queue, to fence with. A
@@ -428,6 +417,18 @@ impl Pool {
 
     /// Frees worker `index`, whose run never started, and ends its attempt with `outcome`.
     fn not_started(&mut self, index: u32, outcome: AttemptOutcome, reason: String) -> bool {
+        self.end_slot(index, outcome, reason, None)
+    }
+
+    /// Frees worker `index` and ends its attempt with `outcome` and `reason`, as started by
+    /// `started_by` (if it started). `false` if the worker was idle.
+    fn end_slot(
+        &mut self,
+        index: u32,
+        outcome: AttemptOutcome,
+        reason: String,
+        started_by: Option<u64>,
+    ) -> bool {
         let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
             return false;
         };
@@ -438,7 +439,7 @@ impl Pool {
             attempt: run.attempt,
             outcome,
             error: Some(reason),
-            started_by: None,
+            started_by,
         });
         true
     }
