@@ -1,0 +1,150 @@
+//! The API's commands: dispatching each (`command`) and the node's status report. May ask `queues`,
+//! `submits`, `status` and `stop` to carry a command out.
+
+use super::*;
+
+impl Core {
+    pub(super) fn command(&mut self, now: Time, cmd: CommandId, command: Command) {
+        if self.stopping.is_some() {
+            // A stopping node takes no new work and writes nothing new.
+            let refused = match &command {
+                Command::CreateQueue { .. } => Some(Reply::Created(Err(QueueError::Stopped))),
+                Command::JoinQueue { .. } => Some(Reply::Joined(Err(QueueError::Stopped))),
+                Command::SetPaused { .. } => Some(Reply::Paused(Err(QueueError::Stopped))),
+                Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
+                Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
+                _ => None,
+            };
+            if let Some(r) = refused {
+                self.replies.push_back((cmd, r));
+                return;
+            }
+        }
+        match command {
+            Command::CreateQueue { name, config } => {
+                let r = self.create_queue(now, &name, &config);
+                self.replies.push_back((cmd, Reply::Created(r)));
+            }
+            Command::JoinQueue { id, from_peers } => {
+                if let Some(q) = self.queues.get(&id) {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Ok(q.view.clone()))));
+                    return;
+                }
+                let Some(doc) = queue_doc(&id) else {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::BadId(id.to_string())))));
+                    return;
+                };
+                if self.waiting() >= MAX_WAITERS {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::Busy(MAX_WAITERS)))));
+                    return;
+                }
+                let deadline = now.mono + FIND_TIMEOUT;
+                self.next_join_ask = self.next_join_ask.max(now.mono + JOIN_ASK_EVERY);
+                self.wait_for(
+                    now,
+                    &doc,
+                    DocWaiter::Join {
+                        cmd,
+                        id,
+                        from_peers,
+                        deadline,
+                    },
+                );
+            }
+            Command::SetPaused { queue, paused } => {
+                let r = match self.queues.get(&queue).map(|q| q.doc.clone()) {
+                    None => Err(QueueError::NotJoined(queue)),
+                    Some(doc) => self
+                        .change(&doc, |d| queue::set_paused(d, paused))
+                        .unwrap_or(Err(queue::WriteError::NotAQueue))
+                        .map_err(QueueError::from),
+                };
+                self.replies.push_back((cmd, Reply::Paused(r)));
+            }
+            Command::Stop { grace } => self.stop(now, cmd, grace),
+            Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
+            Command::SubmitMany { queue, tasks } => self.submit_many(now, cmd, queue, tasks),
+            Command::TaskStatus { task, wait } => {
+                if task_doc(&task).is_none() {
+                    self.replies.push_back((
+                        cmd,
+                        Reply::Task(Box::new(Err(TaskError::BadId(task.to_string())))),
+                    ));
+                    return;
+                }
+                if self.waiting() >= MAX_WAITERS {
+                    self.replies.push_back((
+                        cmd,
+                        Reply::Task(Box::new(Err(TaskError::Busy(MAX_WAITERS)))),
+                    ));
+                    return;
+                }
+                let wait_until = wait.map(|w| now.mono + w.min(MAX_WAIT));
+                self.find_status(now, cmd, task, wait_until);
+            }
+            Command::Status => {
+                let status = self.status();
+                self.replies.push_back((cmd, Reply::Status(status)));
+            }
+            Command::QueueDocument { queue } => {
+                let saved = self
+                    .queues
+                    .get(&queue)
+                    .and_then(|q| Some((q.epoch, self.replica.get(&q.doc)?.save())))
+                    .ok_or(QueueError::NotJoined(queue));
+                self.replies.push_back((cmd, Reply::Document(saved)));
+            }
+        }
+    }
+
+    pub(super) fn status(&self) -> Status {
+        let queues = self
+            .queues
+            .iter()
+            .map(|(id, q)| {
+                let role = match q.router.role() {
+                    Role::Follower => "follower",
+                    Role::Claiming { .. } => "claiming",
+                    Role::Active { .. } => "active",
+                    Role::Stopped { .. } => "stopped",
+                };
+                api::QueueStatus {
+                    id: id.clone(),
+                    name: q.view.name.clone(),
+                    router: q.view.router.clone(),
+                    role: role.to_owned(),
+                    members: q.view.members.len(),
+                    paused: q.view.paused,
+                    epoch: q.epoch,
+                    tasks: q.view.total_counts(),
+                    config: q.view.config.clone(),
+                }
+            })
+            .collect();
+        let workers = self
+            .pool
+            .runs()
+            .map(|(i, run)| api::WorkerStatus {
+                name: format!("{}/{i}", self.config.peer),
+                running: run.map(|r| RunningReport {
+                    queue: r.queue.clone(),
+                    task: r.task.clone(),
+                    attempt: r.attempt.clone(),
+                }),
+            })
+            .collect();
+        Status {
+            queues,
+            workers,
+            documents_loaded: self.replica.loaded(),
+            internals: self
+                .sizes()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! Documents: loads and their retries, saves' answers, the replica's events, requests parked on a
+//! document and what answers them (arrival, unavailability, deadlines), eviction and disk
+//! retention. May ask `status` to answer a status request, `runs` to start a run, `follow` to
+//! resume a queue, and the queues' refresh (through `stale`).
+
+use super::*;
+
+impl Core {
+    /// The answer to [`Io::Load`]: every stored chunk (none if the document is not stored), or
+    /// the read's error.
+    pub fn handle_loaded(
+        &mut self,
+        now: Time,
+        doc: &DocId,
+        chunks: Result<Vec<Vec<u8>>, StorageFailure>,
+    ) {
+        let attempts = self.loads.remove(doc).unwrap_or(0) + 1;
+        let loaded = match chunks {
+            Ok(chunks) if chunks.is_empty() => None,
+            Ok(chunks) => match piecework_replica::load_chunks(&chunks) {
+                Ok(d) => {
+                    let bytes = chunks.iter().map(Vec::len).sum();
+                    self.saves.loaded(doc, chunks.len(), bytes);
+                    Some(d)
+                }
+                Err(e) => {
+                    self.events.push_back(Event::LoadFailed {
+                        doc: doc.clone(),
+                        error: format!(
+                            "a stored chunk does not load ({e}); the document is treated as absent"
+                        ),
+                    });
+                    None
+                }
+            },
+            Err(e) if attempts < LOAD_ATTEMPTS => {
+                // Retry: a transient read error must not make a stored document look absent.
+                self.loads.insert(doc.clone(), attempts);
+                let at = now.mono + SAVE_RETRY.saturating_mul(1 << attempts);
+                self.load_retries.insert((at, doc.clone()));
+                self.events.push_back(Event::LoadFailed {
+                    doc: doc.clone(),
+                    error: format!("{e} (attempt {attempts}, retrying)"),
+                });
+                self.turn(now);
+                return;
+            }
+            Err(e) => {
+                self.events.push_back(Event::LoadFailed {
+                    doc: doc.clone(),
+                    error: format!("{e} (attempt {attempts}, giving up: treated as absent)"),
+                });
+                None
+            }
+        };
+        self.replica.handle_loaded(doc, loaded, now.mono);
+        // Loaded for a peer's message (a member catching up through an old epoch), or for
+        // this node: either way it leaves memory once idle, unless something holds it.
+        if self.replica.is_loaded(doc) && !self.is_live(doc) {
+            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+        }
+        self.turn(now);
+    }
+
+    /// The answer to [`Io::Save`].
+    pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
+        self.submits_dirty = true;
+        match self
+            .saves
+            .handle_saved(now.mono, id, result, &mut self.replica)
+        {
+            Some(Acked::Failed {
+                doc,
+                failures,
+                error,
+            }) if failures >= crate::SAVE_FAILURES_REPORTED => {
+                self.events.push_back(Event::SaveFailed {
+                    doc,
+                    failures,
+                    error,
+                });
+            }
+            _ => {}
+        }
+        self.turn(now);
+    }
+
+    pub(super) fn drain_replica(&mut self, now: Time) {
+        while let Some(ev) = self.replica.poll_event() {
+            match ev {
+                ReplicaEvent::Load(doc) => {
+                    if !self.loads.contains_key(&doc) {
+                        self.loads.insert(doc.clone(), 0);
+                        self.io.push_back(Io::Load { doc });
+                    }
+                }
+                ReplicaEvent::Changed(doc) => self.changed(&doc),
+                ReplicaEvent::Arrived(doc) => self.arrived(now, &doc),
+                ReplicaEvent::Unavailable(doc) => self.unavailable(now, &doc),
+                ReplicaEvent::Rejected { peer, reason } => {
+                    self.events.push_back(Event::Rejected { peer, reason });
+                }
+                ReplicaEvent::Refused { peer, doc } => {
+                    tracing::debug!(%peer, %doc, "refused a document outside this node's queues");
+                }
+            }
+        }
+    }
+
+    /// A document changed (here or from a peer): save it, and refresh its queue's view.
+    pub(super) fn changed(&mut self, doc: &DocId) {
+        self.saves.changed(doc);
+        let Some(id) = self.epoch_docs.get(doc) else {
+            return;
+        };
+        if let Some(q) = self.queues.get_mut(id) {
+            if let Some(s) = q.sealed.get_mut(doc) {
+                s.dirty = true;
+            }
+            self.stale.insert(id.clone());
+        }
+    }
+
+    /// Applies a local change to a loaded document; `None` if it is not loaded.
+    pub(super) fn change<R>(
+        &mut self,
+        doc: &DocId,
+        f: impl FnOnce(&mut Automerge) -> R,
+    ) -> Option<R> {
+        let before = self.replica.get(doc)?.get_heads();
+        let r = self.replica.change(doc, f)?;
+        if self
+            .replica
+            .get(doc)
+            .is_some_and(|d| d.get_heads() != before)
+        {
+            self.changed(doc);
+        }
+        Some(r)
+    }
+
+    pub(super) fn wait_for(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
+        self.doc_waiters
+            .entry(doc.clone())
+            .or_default()
+            .push(waiter);
+        self.replica.fetch(doc, now.mono);
+    }
+
+    pub(super) fn waiting(&self) -> usize {
+        self.doc_waiters.values().map(Vec::len).sum::<usize>()
+            + self.join_retries.len()
+            + self.task_waiters.len()
+            + self.lookups.values().map(Vec::len).sum::<usize>()
+            + self.asks.values().map(|a| a.cmds.len()).sum::<usize>()
+    }
+
+    /// A document this node waited for is loaded.
+    pub(super) fn arrived(&mut self, now: Time, doc: &DocId) {
+        let waiters = self.doc_waiters.remove(doc).unwrap_or_default();
+        let asked = waiters
+            .iter()
+            .any(|w| matches!(w, DocWaiter::Status { .. }));
+        for w in waiters {
+            match w {
+                DocWaiter::Join { cmd, id, .. } => {
+                    let r = self.finish_join(now, &id);
+                    self.replies.push_back((cmd, Reply::Joined(r)));
+                }
+                DocWaiter::Status {
+                    cmd,
+                    task,
+                    wait_until,
+                    ..
+                } => self.answer_status(now, cmd, task, wait_until),
+                DocWaiter::Start { run, .. } => self.start_run(run),
+                DocWaiter::Revive { queue, task, n } => self.revive(now, queue, task, n),
+                DocWaiter::Write => {}
+                DocWaiter::Resume { queue } => self.resume_at(now, &queue, doc),
+                DocWaiter::Epoch { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.fetching.remove(doc);
+                        // A carry may have waited for this document of the chain.
+                        for s in q.sealed.values_mut() {
+                            s.dirty = true;
+                        }
+                        self.stale.insert(queue);
+                    }
+                }
+            }
+        }
+        // A task's document loaded from disk may be behind: this node may have been down when
+        // the task ended, and a final task's document is no longer announced. Ask the members,
+        // for a status or a final task. (A live task's document read for its start or ahead
+        // of it needs only its input, which never changes; its later changes are pushed here.)
+        let task = TaskId::new(doc.as_str());
+        if self.queues.values().any(|q| {
+            q.view
+                .task(&task)
+                .is_some_and(|t| asked || t.state().is_final())
+        }) {
+            self.replica.refresh_from_members(doc);
+        }
+        if !self.is_live(doc) {
+            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+        }
+    }
+
+    pub(super) fn unavailable(&mut self, now: Time, doc: &DocId) {
+        for w in self.doc_waiters.remove(doc).unwrap_or_default() {
+            match w {
+                DocWaiter::Join {
+                    from_peers: true,
+                    cmd,
+                    id,
+                    deadline,
+                } if now.mono < deadline => {
+                    // Ask again when another peer connects; the deadline bounds it.
+                    self.join_retries.push(DocWaiter::Join {
+                        cmd,
+                        id,
+                        from_peers: true,
+                        deadline,
+                    });
+                }
+                DocWaiter::Join { cmd, id, .. } => {
+                    self.replies
+                        .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id)))));
+                }
+                // No member has a document for it (an inline task has none): the members may
+                // still know what became of it.
+                DocWaiter::Status { cmd, task, .. } => self.ask_members(now, cmd, task),
+                DocWaiter::Start { run, since } => {
+                    let timed_out = now.mono.saturating_duration_since(since)
+                        >= piecework_replica::FETCH_TIMEOUT;
+                    self.events.push_back(Event::FetchFailed {
+                        task: run.task.clone(),
+                        timed_out,
+                    });
+                    self.pool.handle_input_unavailable(
+                        run.worker.index,
+                        "the task document is unavailable: no reachable member has it".into(),
+                    );
+                }
+                // Not here either: another member may have it.
+                DocWaiter::Revive { .. } => {}
+                // Never saved here (the node stopped first): the queue follows its chain
+                // from where it is.
+                DocWaiter::Resume { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.resuming = None;
+                        self.stale.insert(queue);
+                    }
+                }
+                DocWaiter::Write => {
+                    if self.task_writes.remove(doc).is_some() {
+                        tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
+                    }
+                }
+                // Asked again at the next change of the queue.
+                DocWaiter::Epoch { queue } => {
+                    if let Some(q) = self.queues.get_mut(&queue) {
+                        q.fetching.remove(doc);
+                        if q.unavailable.len() < MAX_REJECTED_EPOCHS {
+                            q.unavailable.insert(doc.clone());
+                        }
+                        for s in q.sealed.values_mut() {
+                            s.dirty = true;
+                        }
+                        self.stale.insert(queue);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every [`JOIN_ASK_EVERY`] while joins wait: a join whose fetch still waits asks the
+    /// connected peers again, and one that found no peer with the queue fetches again.
+    pub(super) fn ask_joins_again(&mut self, now: Time) {
+        if now.mono < self.next_join_ask {
+            return;
+        }
+        let fetching: Vec<DocId> = self
+            .doc_waiters
+            .iter()
+            .filter(|(_, ws)| ws.iter().any(|w| matches!(w, DocWaiter::Join { .. })))
+            .map(|(d, _)| d.clone())
+            .collect();
+        let retries = std::mem::take(&mut self.join_retries);
+        if fetching.is_empty() && retries.is_empty() {
+            return;
+        }
+        self.next_join_ask = now.mono + JOIN_ASK_EVERY;
+        for doc in fetching {
+            self.replica.ask_again(&doc);
+        }
+        for w in retries {
+            if let DocWaiter::Join { id, .. } = &w
+                && let Some(doc) = queue_doc(id)
+            {
+                self.wait_for(now, &doc, w);
+            }
+        }
+    }
+
+    pub(super) fn expire_doc_waiters(&mut self, now: Time) {
+        let late: Vec<TaskId> = self
+            .asks
+            .iter()
+            .filter(|(_, a)| now.mono >= a.deadline)
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task in late {
+            if let Some(a) = self.asks.remove(&task) {
+                for cmd in a.cmds {
+                    let r = Err(TaskError::NotFound(task.clone()));
+                    self.replies.push_back((cmd, Reply::Task(Box::new(r))));
+                }
+            }
+        }
+        let expired = |w: &DocWaiter| match w {
+            DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
+                now.mono >= *deadline
+            }
+            DocWaiter::Start { .. }
+            | DocWaiter::Revive { .. }
+            | DocWaiter::Epoch { .. }
+            | DocWaiter::Resume { .. }
+            | DocWaiter::Write => false,
+        };
+        let mut gone = vec![];
+        for ws in self.doc_waiters.values_mut() {
+            let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(ws).into_iter().partition(expired);
+            *ws = keep;
+            gone.extend(old);
+        }
+        self.doc_waiters.retain(|_, ws| !ws.is_empty());
+        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.join_retries)
+            .into_iter()
+            .partition(expired);
+        self.join_retries = keep;
+        gone.extend(old);
+        for w in gone {
+            match w {
+                DocWaiter::Join { cmd, id, .. } => self
+                    .replies
+                    .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id))))),
+                DocWaiter::Status { cmd, task, .. } => self
+                    .replies
+                    .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
+                DocWaiter::Start { .. }
+                | DocWaiter::Revive { .. }
+                | DocWaiter::Epoch { .. }
+                | DocWaiter::Resume { .. }
+                | DocWaiter::Write => {}
+            }
+        }
+    }
+
+    /// Whether a document must stay in memory: a joined queue's, a live task's (not final),
+    /// one a request waits on, or one a run of this node uses.
+    pub(super) fn is_live(&self, doc: &DocId) -> bool {
+        let id = QueueId::new(doc.as_str());
+        if self.queues.contains_key(&id)
+            || self.epoch_docs.contains_key(doc)
+            || self.doc_waiters.contains_key(doc)
+        {
+            return true;
+        }
+        // A task's document is read when a run starts and written when it ends: a live
+        // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
+        // even when empty; ten thousand pending tasks would hold 200 MB).
+        let task = TaskId::new(doc.as_str());
+        self.runs.values().any(|r| r.run.task == task)
+            || self.task_waiters.iter().any(|w| w.task == task)
+            || self.task_writes.contains_key(doc)
+            || self.acking.contains(doc)
+            || self.prefetch.values().any(|p| p.contains(&task))
+    }
+
+    /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
+    pub(super) fn evict(&mut self, now: Time) {
+        self.retire_epochs(now);
+        let due = self.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
+        for doc in due {
+            if !self.replica.is_loaded(&doc) {
+                self.to_evict.remove(&doc);
+                self.saves.forget(&doc);
+                continue;
+            }
+            if self.is_live(&doc) {
+                self.to_evict.remove(&doc);
+                continue;
+            }
+            if self.saves.is_clean(&doc) && self.replica.evict(&doc) {
+                self.to_evict.remove(&doc);
+                self.saves.forget(&doc);
+            } else {
+                // Not saved yet: look again after another idle period.
+                self.to_evict.set(doc, now.mono);
+            }
+        }
+        self.delete_retired();
+    }
+
+    /// Retires a document: recorded in order, deleted from disk once beyond its kind's bound.
+    pub(super) fn retire(&mut self, doc: DocId, kind: Retired) {
+        if self.retention.retire(doc.clone(), kind) {
+            self.io.push_back(Io::Retire { doc, kind });
+        }
+    }
+
+    /// Deletes the retired documents beyond their bounds, oldest first, each once it can
+    /// leave memory (saved, unused) and has no load in flight; one that cannot yet holds back
+    /// the ones behind it until a later call.
+    pub(super) fn delete_retired(&mut self) {
+        // The predecessors of the documents each queue holds (its current one, its sealed
+        // ones): a losing branch's carry reads its predecessor (`Core::loser_bases`).
+        let mut pinned: Option<BTreeSet<DocId>> = None;
+        let mut postponed: BTreeSet<DocId> = BTreeSet::new();
+        loop {
+            let mut deleted = false;
+            for doc in self.retention.over() {
+                let pinned = pinned.get_or_insert_with(|| {
+                    self.queues
+                        .values()
+                        .flat_map(|q| std::iter::once(&q.doc).chain(q.sealed.keys()))
+                        .filter_map(|d| self.replica.get(d))
+                        .filter_map(epoch::read_prev)
+                        .filter_map(|p| DocId::parse(&p.doc))
+                        .collect()
+                });
+                if pinned.contains(&doc) {
+                    // Behind the others; once every one left is pinned, none goes.
+                    if postponed.insert(doc.clone()) {
+                        self.retention.postpone(&doc);
+                        deleted = true;
+                    }
+                    continue;
+                }
+                let in_memory = self.replica.is_loaded(&doc);
+                if self.loads.contains_key(&doc)
+                    || !self.saves.is_clean(&doc)
+                    || (in_memory && (self.is_live(&doc) || !self.replica.evict(&doc)))
+                {
+                    continue;
+                }
+                self.retention.deleted(&doc);
+                self.saves.forget(&doc);
+                self.to_evict.remove(&doc);
+                self.io.push_back(Io::Delete { doc });
+                deleted = true;
+            }
+            if !deleted {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,751 @@
+//! The [`Core`]: one node's documents, routers, pool, views, waiters and save bookkeeping.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use automerge::{ActorId, Automerge, ChangeHash};
+use piecework_queue_doc::epoch::{self, Latest, Link, Seal};
+use piecework_queue_doc::task::{self, NewTask, RunStart};
+use piecework_queue_doc::{
+    AttemptId, AttemptOutcome, Changed, Claim, Output, PeerId, QueueConfig, QueueId, QueueView,
+    RunningReport, Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
+};
+use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
+use piecework_router::{Action as RouterAction, Role, Router};
+use piecework_worker_pool::{Action as PoolAction, Config as PoolConfig, Pool, Run, RunEnd};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::EpochEvent;
+use crate::api::{self, QueueError, StorageFailure, SubmitError, TaskError};
+use crate::retention::Retention;
+use crate::saves::{Acked, Saves};
+use crate::wire::Ask;
+use crate::{
+    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT,
+    Io, LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT,
+    Reply, Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running,
+    SAVE_RETRY, SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, queue_doc, task_doc,
+};
+
+mod carry;
+mod commands;
+mod documents;
+mod evict;
+mod follow;
+mod queue_state;
+mod queues;
+mod rotate;
+mod runs;
+mod status;
+mod statuses;
+mod stop;
+mod submits;
+mod switch;
+mod waiters;
+mod writes;
+
+use evict::*;
+use queue_state::*;
+use statuses::*;
+use waiters::*;
+use writes::*;
+
+/// The pool's heartbeat before any queue says otherwise.
+const DEFAULT_POOL_HEARTBEAT: Duration = Duration::from_millis(500);
+
+/// One node's decisions. See the crate docs for how to drive it.
+///
+/// Bounds: every collection below is bounded by a named constant or by something the node
+/// controls, as each field's comment says; the output queues (`transmit`, `io`, `replies`,
+/// `events`) hold one input's worth of output and are drained after every input.
+#[derive(Debug)]
+pub struct Core {
+    config: Config,
+    rng: ChaCha8Rng,
+    /// This incarnation's Automerge actor: every change this node writes is authored by it.
+    actor: ActorId,
+    replica: Replica,
+    pool: Pool,
+    /// Joined queues: one per join command this node's user made.
+    queues: BTreeMap<QueueId, Queue>,
+    /// One per joined queue.
+    topics: BTreeMap<String, QueueId>,
+    /// Every epoch document of a joined queue this node holds (current, sealed, the first),
+    /// and its queue.
+    epoch_docs: BTreeMap<DocId, QueueId>,
+    /// Successors being built off this thread ([`Io::Rotate`]): at most one per queue.
+    rotating: BTreeMap<RotateId, Rotating>,
+    next_rotate: u64,
+    /// Peers with an open sync stream (bounded by the transport's connections).
+    connected: BTreeSet<PeerId>,
+    advertised: Vec<String>,
+    next_dial: Instant,
+    saves: Saves,
+    /// Load attempts per document being loaded (retried on failure). Bounded by the replica's
+    /// loads (`piecework_replica::MAX_PENDING_LOADS` for peers' messages, plus this node's own
+    /// fetches, which its waiters bound).
+    loads: BTreeMap<DocId, u32>,
+    /// Failed loads to retry, by when: a subset of `loads`.
+    load_retries: BTreeSet<(Instant, DocId)>,
+    /// Queues whose document changed since their view was last refreshed: at most `queues`.
+    stale: BTreeSet<QueueId>,
+    /// Requests parked on a document: at most [`MAX_WAITERS`], plus one start per worker.
+    doc_waiters: BTreeMap<DocId, Vec<DocWaiter>>,
+    /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
+    /// their deadline. Counted in [`MAX_WAITERS`].
+    join_retries: Vec<DocWaiter>,
+    /// When the joins still waiting ask the peers again ([`JOIN_ASK_EVERY`]).
+    next_join_ask: Instant,
+    /// `task status --wait` requests: counted in [`MAX_WAITERS`], each with a deadline.
+    task_waiters: Vec<TaskWaiter>,
+    /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
+    submit_waits: Vec<SubmitWait>,
+    /// The task documents of `submit_waits`: kept in memory until their submit is answered
+    /// (a document that left memory is no longer synced, so no peer would acknowledge it).
+    acking: BTreeSet<DocId>,
+    /// Something that can answer a submit wait happened since [`Core::check_submits`] last ran.
+    submits_dirty: bool,
+    /// Inside [`Core::begin_batch`]: turns wait for [`Core::end_batch`].
+    batching: bool,
+    /// The earliest deadline of a durable submit that waits only for a peer to hold it.
+    submit_deadline: Option<Instant>,
+    /// Documents that may leave memory once saved and unused, and from when: at most the
+    /// loaded documents (an entry whose document is gone is dropped).
+    to_evict: EvictQueue,
+    /// Retired documents (finished tasks', sealed epochs that left memory) still on disk:
+    /// beyond its bounds the oldest are deleted. At most the bounds, plus the ones held in
+    /// memory meanwhile.
+    retention: Retention,
+    /// Runs in flight, by id: at most one per worker.
+    runs: BTreeMap<RunId, Running>,
+    /// Runs begun this turn, handed to the driver at its end.
+    starting: Vec<RunRequest>,
+    /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
+    /// most the tasks indexed in that state, drained every turn.
+    to_revive: BTreeSet<(QueueId, TaskId, u64)>,
+    /// Starts and ends of attempts not yet written, per queue, in the order they happened:
+    /// written as one change per queue document when the turn's actions are drained
+    /// ([`Core::flush_attempts`]). At most one start and one end per worker.
+    attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
+    /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
+    carry_budget: usize,
+    /// Changes of sealed documents looked at by carries since start ([`Core::carried_changes`]).
+    carried_changes: u64,
+    /// Carry without the budget: what is carried now is shown in the view (a follower moving
+    /// to a successor carries its own late writes before showing it).
+    carry_whole: bool,
+    /// A carry was left for the next turn, which is due at once.
+    carry_again: Option<Instant>,
+    /// Run records and final summaries not yet written, per task document: written as one
+    /// change per document at the end of the turn. At most one run per worker plus the tasks
+    /// that became final in this turn.
+    task_writes: BTreeMap<DocId, TaskWrites>,
+    /// The documents of each queue's first pending tasks in routing order (at most
+    /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
+    prefetch: BTreeMap<QueueId, BTreeSet<TaskId>>,
+    /// What the runs of inline tasks produced, from their end until the pool's finish writes
+    /// it with the end: at most one per worker.
+    outputs: BTreeMap<(TaskId, AttemptId), Output>,
+    /// Final statuses of inline tasks to archive at the end of the turn (tasks that became
+    /// final in this turn's refreshes).
+    to_archive: Vec<(TaskId, Vec<u8>)>,
+    /// The latest archived statuses, also in memory: at most [`RECENT_ARCHIVED`].
+    recent_archived: BTreeMap<TaskId, Vec<u8>>,
+    /// `recent_archived`'s keys, oldest first.
+    recent_order: VecDeque<TaskId>,
+    /// Status requests waiting for an archive lookup, by task: counted in [`MAX_WAITERS`].
+    lookups: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
+    /// Status requests asked of the members, by task: counted in [`MAX_WAITERS`].
+    asks: BTreeMap<TaskId, Asking>,
+    /// Members' questions waiting for an archive lookup, by task: at most
+    /// [`MAX_PEER_LOOKUPS`].
+    peer_lookups: BTreeMap<TaskId, BTreeSet<PeerId>>,
+    next_run: u64,
+    /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
+    seen: BTreeMap<QueueId, Claim>,
+    /// Where each queue this node reopens resumes ([`Config::resume`]): taken when the queue
+    /// is reopened. At most one per queue the store remembers.
+    resume: BTreeMap<QueueId, DocId>,
+    /// A stop in progress, or done ([`Command::Stop`]).
+    stopping: Option<Stopping>,
+    transmit: VecDeque<(PeerId, Vec<u8>)>,
+    io: VecDeque<Io>,
+    replies: VecDeque<(CommandId, Reply)>,
+    events: VecDeque<Event>,
+    /// Fencing switched off (the `broken` feature's test variant only).
+    #[cfg(feature = "broken")]
+    broken: bool,
+}
+
+impl Core {
+    /// A node with no queues, started at `now`.
+    pub fn new(mut config: Config, now: Time) -> Self {
+        let retention = Retention::new(
+            config.keep_task_docs,
+            config.keep_sealed_epochs,
+            std::mem::take(&mut config.retired),
+        );
+        let resume = std::mem::take(&mut config.resume).into_iter().collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let mut actor = [0u8; 16];
+        rng.fill_bytes(&mut actor);
+        let actor = ActorId::from(&actor[..]);
+        let mut replica = Replica::new();
+        // Each start writes as a new Automerge actor: a change lost in a crash can never
+        // collide with a new change under the same (actor, seq).
+        replica.set_actor(actor.clone());
+        replica.set_local_peer(config.peer.clone());
+        if let Some((lower, higher)) = config.relay_waits {
+            replica.set_relay_waits(lower, higher);
+        }
+        let pool = Pool::new(
+            PoolConfig {
+                peer: config.peer.clone(),
+                workers: config.workers,
+                incarnation: config.incarnation,
+                heartbeat: DEFAULT_POOL_HEARTBEAT,
+            },
+            now.mono,
+        );
+        Core {
+            config,
+            retention,
+            rng,
+            actor,
+            replica,
+            pool,
+            queues: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            epoch_docs: BTreeMap::new(),
+            rotating: BTreeMap::new(),
+            next_rotate: 0,
+            connected: BTreeSet::new(),
+            advertised: vec![],
+            next_dial: now.mono,
+            saves: Saves::default(),
+            loads: BTreeMap::new(),
+            load_retries: BTreeSet::new(),
+            stale: BTreeSet::new(),
+            doc_waiters: BTreeMap::new(),
+            join_retries: vec![],
+            next_join_ask: now.mono,
+            task_waiters: vec![],
+            submit_waits: vec![],
+            acking: BTreeSet::new(),
+            submits_dirty: false,
+            batching: false,
+            submit_deadline: None,
+            to_evict: EvictQueue::default(),
+            runs: BTreeMap::new(),
+            starting: Vec::new(),
+            to_revive: BTreeSet::new(),
+            attempt_writes: BTreeMap::new(),
+            carry_budget: CARRY_PER_TURN,
+            carried_changes: 0,
+            carry_whole: false,
+            carry_again: None,
+            task_writes: BTreeMap::new(),
+            prefetch: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            to_archive: Vec::new(),
+            recent_archived: BTreeMap::new(),
+            recent_order: VecDeque::new(),
+            lookups: BTreeMap::new(),
+            asks: BTreeMap::new(),
+            peer_lookups: BTreeMap::new(),
+            next_run: 0,
+            seen: BTreeMap::new(),
+            resume,
+            stopping: None,
+            transmit: VecDeque::new(),
+            io: VecDeque::new(),
+            replies: VecDeque::new(),
+            events: VecDeque::new(),
+            #[cfg(feature = "broken")]
+            broken: false,
+        }
+    }
+
+    /// Breaks this node on purpose: its workers stop fencing (they start assignments from
+    /// deposed routers). Only for proving that the simulator catches it.
+    #[cfg(feature = "broken")]
+    pub fn break_fencing(&mut self) {
+        self.pool.break_fencing();
+        self.broken = true;
+    }
+
+    fn fencing(&self) -> bool {
+        #[cfg(feature = "broken")]
+        if self.broken {
+            return false;
+        }
+        true
+    }
+
+    /// An empty document whose changes this incarnation authors.
+    fn new_doc(&self) -> Automerge {
+        Automerge::new().with_actor(self.actor.clone())
+    }
+
+    /// This node's peer id.
+    pub fn peer(&self) -> &PeerId {
+        &self.config.peer
+    }
+
+    /// This start's incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.config.incarnation
+    }
+
+    /// The joined queues.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueId> {
+        self.queues.keys()
+    }
+
+    /// A joined queue's current view.
+    pub fn view(&self, queue: &QueueId) -> Option<&Arc<QueueView>> {
+        self.queues.get(queue).map(|q| &q.view)
+    }
+
+    /// How many changes of sealed documents this node's carries have looked at since it
+    /// started: what carrying late writes has cost it (a work counter; a carry costs the
+    /// changes after the seal, not the epoch's history).
+    pub fn carried_changes(&self) -> u64 {
+        self.carried_changes
+    }
+
+    /// A joined queue's current epoch: its number and its document.
+    pub fn epoch(&self, queue: &QueueId) -> Option<(u64, &DocId)> {
+        self.queues.get(queue).map(|q| (q.epoch, &q.doc))
+    }
+
+    /// Every epoch document of a joined queue this node holds: the current one first, then
+    /// the sealed ones it keeps (the queue's first document among them).
+    pub fn epoch_docs(&self, queue: &QueueId) -> Vec<DocId> {
+        self.queues.get(queue).map_or_else(Vec::new, |q| {
+            std::iter::once(q.doc.clone())
+                .chain(q.sealed.keys().cloned())
+                .collect()
+        })
+    }
+
+    /// This node's router role for a queue.
+    pub fn role(&self, queue: &QueueId) -> Option<&Role> {
+        self.queues.get(queue).map(|q| q.router.role())
+    }
+
+    /// Whether this node is the active router of `queue`.
+    pub fn is_active(&self, queue: &QueueId) -> bool {
+        self.queues.get(queue).is_some_and(|q| q.router.is_active())
+    }
+
+    /// The greatest router claim this node has seen for `queue` (in its view or a heartbeat):
+    /// what its workers fence on.
+    pub fn fence(&self, queue: &QueueId) -> Option<&Claim> {
+        self.seen.get(queue)
+    }
+
+    /// Documents held in memory.
+    pub fn documents_loaded(&self) -> usize {
+        self.replica.loaded()
+    }
+
+    /// A document held in memory, read-only (for checks and displays).
+    pub fn document(&self, doc: &DocId) -> Option<&Automerge> {
+        self.replica.get(doc)
+    }
+
+    /// Whether a document is held in memory.
+    pub fn is_loaded(&self, doc: &DocId) -> bool {
+        self.replica.is_loaded(doc)
+    }
+
+    /// Runs in flight.
+    pub fn running(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// The sizes of the core's collections, for tests that check they stay bounded.
+    pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
+        BTreeMap::from([
+            ("queues", self.queues.len()),
+            ("connected", self.connected.len()),
+            ("loads", self.loads.len()),
+            ("load_retries", self.load_retries.len()),
+            ("stale", self.stale.len()),
+            ("doc_waiters", self.doc_waiters.values().map(Vec::len).sum()),
+            ("join_retries", self.join_retries.len()),
+            ("task_waiters", self.task_waiters.len()),
+            ("submit_waits", self.submit_waits.len()),
+            ("to_evict", self.to_evict.len()),
+            ("runs", self.runs.len()),
+            ("loaded", self.replica.loaded()),
+            ("epoch_docs", self.epoch_docs.len()),
+            ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
+            (
+                "sealed_dirty",
+                self.queues
+                    .values()
+                    .map(|q| q.sealed.values().filter(|s| s.dirty).count())
+                    .sum(),
+            ),
+            ("rotating", self.rotating.len()),
+            ("retired_task_docs", self.retention.len().0),
+            ("retired_epochs", self.retention.len().1),
+        ])
+    }
+
+    /// The node's advertised addresses changed: record them in every joined queue.
+    pub fn handle_addresses(&mut self, now: Time, addrs: Vec<String>) {
+        if addrs == self.advertised {
+            return;
+        }
+        self.advertised = addrs;
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in ids {
+            self.write_member(now, &id);
+        }
+        self.turn(now);
+    }
+
+    /// A sync stream to `peer` opened: start syncing with it.
+    pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
+        self.submits_dirty = true;
+        self.connected.insert(peer.clone());
+        for q in self.queues.values_mut() {
+            if q.view.members.contains_key(&peer) {
+                q.router.handle_member_connected(now.mono);
+            }
+        }
+        self.replica.handle_connected(peer);
+        for q in self.queues.values_mut() {
+            if q.asked_behind.take().is_some() {
+                self.stale.insert(QueueId::new(q.root.as_str()));
+            }
+            // The newcomer may have the epoch documents no one had: ask again, and look at
+            // the carries that waited for them.
+            if !q.unavailable.is_empty() {
+                q.unavailable.clear();
+                for s in q.sealed.values_mut() {
+                    s.dirty = true;
+                }
+                self.stale.insert(QueueId::new(q.root.as_str()));
+            }
+        }
+        // A member that comes back may hold the documents of tasks whose input was unavailable.
+        for (qid, q) in &self.queues {
+            for t in q.view.input_unavailable() {
+                self.to_revive
+                    .insert((qid.clone(), t.id.clone(), t.last_n()));
+            }
+        }
+        for w in std::mem::take(&mut self.join_retries) {
+            if let DocWaiter::Join { id, .. } = &w
+                && let Some(doc) = queue_doc(id)
+            {
+                self.wait_for(now, &doc, w);
+            }
+        }
+        self.turn(now);
+    }
+
+    /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
+    /// starts over).
+    pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
+        self.submits_dirty = true;
+        self.connected.remove(peer);
+        self.replica.handle_disconnected(peer);
+        // Its answers will not come.
+        let tasks: Vec<TaskId> = self.asks.keys().cloned().collect();
+        for task in tasks {
+            self.not_answered(&task, peer);
+        }
+        for peers in self.peer_lookups.values_mut() {
+            peers.remove(peer);
+        }
+        self.turn(now);
+    }
+
+    /// The transport to `peer` has no send credit: generate nothing more for it until
+    /// [`Core::handle_unblocked`].
+    pub fn handle_blocked(&mut self, peer: &PeerId) {
+        self.replica.handle_blocked(peer);
+    }
+
+    /// The transport to `peer` has credit again.
+    pub fn handle_unblocked(&mut self, now: Time, peer: &PeerId) {
+        self.replica.handle_unblocked(peer);
+        self.turn(now);
+    }
+
+    /// A frame from `peer`'s sync stream (the transport authenticated the peer).
+    pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
+        self.submits_dirty = true;
+        if Ask::is_ask(frame) {
+            match Ask::decode(frame) {
+                Some(ask) => self.handle_ask(peer, ask),
+                None => self.events.push_back(Event::Rejected {
+                    peer: peer.clone(),
+                    reason: "undecodable or oversized status question".into(),
+                }),
+            }
+            self.turn(now);
+            return;
+        }
+        match Message::decode(frame) {
+            Ok(msg) => self.replica.handle_message(peer, msg, now.mono),
+            Err(e) => self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("undecodable sync frame: {e}"),
+            }),
+        }
+        self.turn(now);
+    }
+
+    /// A gossip message on `topic`, signed by `source`.
+    pub fn handle_gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
+        self.gossip(now, topic, source, data);
+        self.turn(now);
+    }
+
+    /// A command from the API; its reply comes out of [`Core::poll_reply`] with the same id.
+    pub fn handle_command(&mut self, now: Time, cmd: CommandId, command: Command) {
+        self.command(now, cmd, command);
+        self.turn(now);
+    }
+
+    /// A deadline from [`Core::poll_timeout`] passed (calling early is harmless).
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.turn(now);
+    }
+
+    /// The next frame to send, and to whom. `now` is when it goes: a document's sync messages
+    /// to a peer that has not answered the last one wait a little
+    /// ([`piecework_replica::SYNC_ANSWER_WAIT`]; [`Core::poll_timeout`] says until when).
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<(PeerId, Vec<u8>)> {
+        if self.transmit.is_empty() {
+            while let Some((peer, msg)) = self.replica.poll_transmit(now) {
+                self.transmit.push_back((peer, msg.encode()));
+            }
+        }
+        self.transmit.pop_front()
+    }
+
+    /// The next I/O to perform.
+    pub fn poll_io(&mut self) -> Option<Io> {
+        self.io.pop_front()
+    }
+
+    /// The next reply to a command.
+    pub fn poll_reply(&mut self) -> Option<(CommandId, Reply)> {
+        self.replies.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Core::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = [
+            Some(self.pool.poll_timeout()),
+            Some(self.next_dial).filter(|_| !self.queues.is_empty()),
+            self.queues
+                .values()
+                .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
+                .min(),
+            self.saves.poll_timeout(),
+            self.load_retries.first().map(|(at, _)| *at),
+            self.replica.poll_timeout(),
+            self.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let mut earliest = |x: Instant| t = Some(t.map_or(x, |t| t.min(x)));
+        for q in self.queues.values() {
+            if let Some(r) = q.router.poll_timeout() {
+                earliest(r);
+            }
+        }
+        if let Some(d) = self.submit_deadline {
+            earliest(d);
+        }
+        if let Some(d) = self.asks.values().map(|a| a.deadline).min() {
+            earliest(d);
+        }
+        if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
+            if !self.runs.is_empty() {
+                earliest(s.grace_until);
+            }
+            earliest(s.flush_until);
+        }
+        if let Some(d) = self.carry_again {
+            earliest(d);
+        }
+        for s in self.queues.values().flat_map(|q| q.sealed.values()) {
+            if let (true, Some(t)) = (s.dirty, s.retry_at) {
+                earliest(t);
+            }
+        }
+        for r in self.rotating.values() {
+            if let Some(d) = r.last {
+                earliest(d);
+            }
+        }
+        for w in &self.task_waiters {
+            earliest(w.until);
+        }
+        for ws in self.doc_waiters.values() {
+            for w in ws {
+                match w {
+                    DocWaiter::Join { deadline, .. } => {
+                        earliest((*deadline).min(self.next_join_ask));
+                    }
+                    DocWaiter::Status { deadline, .. } => earliest(*deadline),
+                    DocWaiter::Start { .. }
+                    | DocWaiter::Revive { .. }
+                    | DocWaiter::Write
+                    | DocWaiter::Epoch { .. }
+                    | DocWaiter::Resume { .. } => {}
+                }
+            }
+        }
+        for q in self.queues.values() {
+            // A dirty one stays until it is carried (then clean, and timed again).
+            for (d, sealed) in &q.sealed {
+                if *d != q.root && !sealed.dirty {
+                    earliest(sealed.since + self.config.epoch_retain);
+                }
+            }
+        }
+        for w in &self.join_retries {
+            if let DocWaiter::Join { deadline, .. } = w {
+                earliest((*deadline).min(self.next_join_ask));
+            }
+        }
+        t
+    }
+
+    /// Defers the turn every `handle_*` method ends with until [`Core::end_batch`]: a driver
+    /// that has several inputs ready hands them all over, and one turn then routes, writes,
+    /// saves and syncs what they changed together (one refresh of each view, one save of each
+    /// document, one sync message per document and peer). Outputs wait for the turn.
+    pub fn begin_batch(&mut self) {
+        self.batching = true;
+    }
+
+    /// Sends the router heartbeats that are due, and nothing else: no input is read and no
+    /// turn runs. A driver calls it when it wakes and between the parts of a batch (after
+    /// taking inputs, before the turn that applies them). Otherwise a beat that falls due
+    /// during a long turn waits for the end of the next one, and two long turns in a row are a
+    /// silence long enough for a takeover at the fastest timings.
+    ///
+    /// The pool's beats still go out at the end of a turn: they tell routers which workers are
+    /// idle, and one sent before the turn that ends runs would say so a turn late (throughput
+    /// fell about 5% when they went out here too). A pool is deemed gone only after a lease,
+    /// many beats long.
+    pub fn handle_beats(&mut self, now: Time) {
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in &ids {
+            let beat = self
+                .queues
+                .get_mut(id)
+                .and_then(|q| q.router.poll_beat(now.mono));
+            if let Some(beat) = beat {
+                self.router_action(now, id, RouterAction::Beat(beat), now.unix_ms);
+            }
+        }
+    }
+
+    /// Ends a batch begun with [`Core::begin_batch`]: runs the deferred turn.
+    pub fn end_batch(&mut self, now: Time) {
+        self.batching = false;
+        self.turn(now);
+    }
+
+    /// Runs after every input (or batch of inputs): drives timers, carries out actions until
+    /// none is left, starts writes, and resumes or expires whatever waited.
+    fn turn(&mut self, now: Time) {
+        if self.batching {
+            return;
+        }
+        self.replica.handle_timeout(now.mono);
+        self.saves.handle_timeout(now.mono);
+        self.carry_budget = CARRY_PER_TURN;
+        self.carry_again = None;
+        // Carries whose wait is over are due at this turn's epoch work (and no longer a timer).
+        for s in self.queues.values_mut().flat_map(|q| q.sealed.values_mut()) {
+            if s.retry_at.is_some_and(|t| now.mono >= t) {
+                s.retry_at = None;
+            }
+        }
+        self.expire_frozen(now);
+        self.interrupt_at_grace(now);
+        while let Some((at, doc)) = self.load_retries.first().cloned() {
+            if at > now.mono {
+                break;
+            }
+            self.load_retries.pop_first();
+            self.io.push_back(Io::Load { doc });
+        }
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            self.drain_replica(now);
+            for id in std::mem::take(&mut self.stale) {
+                self.refresh(now, &id);
+            }
+            let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+            for id in &ids {
+                self.epoch_work(now, id);
+            }
+            for (queue, task, n) in std::mem::take(&mut self.to_revive) {
+                self.revive(now, queue, task, n);
+            }
+            for q in self.queues.values_mut() {
+                q.router.handle_timeout(now.mono);
+            }
+            self.pool.handle_timeout(now.mono);
+            let acted = self.drain_actions(now);
+            let wrote = self.flush_attempts(now);
+            if (!acted && !wrote && self.stale.is_empty()) || rounds > 10_000 {
+                if rounds <= 10_000 && self.abort_fenced_starts() {
+                    continue;
+                }
+                break;
+            }
+        }
+        self.hand_over_starts();
+        self.flush_task_writes(now);
+        self.flush_archive();
+        // Asked only of a document whose compaction is due (rarely), not for every write.
+        let (rotating, queues) = (&self.rotating, &self.queues);
+        let sealing = |d: &DocId| {
+            rotating.values().any(|r| r.prev == *d)
+                || queues.values().any(|q| q.sealed.contains_key(d))
+        };
+        let saves = self.saves.take_writes(&self.replica, sealing);
+        for save in saves {
+            self.io.push_back(Io::Save(save));
+        }
+        self.evict(now);
+        self.check_submits(now);
+        self.check_task_waiters(now);
+        self.expire_doc_waiters(now);
+        self.ask_joins_again(now);
+        self.answer_stop(now);
+        if now.mono >= self.next_dial {
+            self.dial_members();
+            self.next_dial = now.mono + DIAL_EVERY;
+        }
+    }
+}
+
+/// The gossipsub topic carrying a queue's heartbeats.
+pub fn topic_for(queue: &QueueId) -> String {
+    format!("piecework/v1/queue/{queue}")
+}

@@ -1,0 +1,556 @@
+//! Queues this node serves: creating, joining and registering one (its router, view and topic),
+//! writing its membership, refreshing its view after changes (archiving what left it, reading
+//! ahead, summarizing), carrying out its router's actions, validating gossip, and dialing members.
+//! May ask `follow` and `carry` (the epoch work of a refresh), `runs` (the pool's view), `status`
+//! (archiving) and `documents` (waiting for a document).
+
+use super::*;
+
+impl Core {
+    pub(super) fn gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
+        let Some(id) = self.topics.get(topic).cloned() else {
+            return;
+        };
+        let reject = |reason: String| Event::Rejected {
+            peer: source.clone(),
+            reason,
+        };
+        let Some(msg) = Wire::decode(data) else {
+            self.events
+                .push_back(reject("malformed or oversized gossip".into()));
+            return;
+        };
+        let Some(q) = self.queues.get_mut(&id) else {
+            return;
+        };
+        if !q.view.members.contains_key(source) {
+            self.events
+                .push_back(reject(format!("gossip on {id} from a non-member")));
+            return;
+        }
+        match msg {
+            Wire::Router(beat) if beat.claim.term > piecework_queue_doc::MAX_TERM => {
+                self.events.push_back(reject(format!(
+                    "router heartbeat with term {} above the maximum {}",
+                    beat.claim.term,
+                    piecework_queue_doc::MAX_TERM
+                )));
+            }
+            Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
+                if let Some(l) = &beat.epoch
+                    && announce(q, l)
+                {
+                    self.stale.insert(id.clone());
+                }
+                q.router.handle_router_beat(now.mono, &beat);
+                self.pool.handle_router_beat(&beat);
+                see(&mut self.seen, &id, &beat.claim);
+            }
+            Wire::Pool(beat) if beat.peer == *source => {
+                if let Some(l) = &beat.epoch
+                    && announce(q, l)
+                {
+                    self.stale.insert(id.clone());
+                }
+                q.router.handle_pool_beat(now.mono, &beat);
+            }
+            _ => self.events.push_back(reject(format!(
+                "gossip on {id} claiming another sender or queue"
+            ))),
+        }
+    }
+
+    pub(super) fn create_queue(
+        &mut self,
+        now: Time,
+        name: &str,
+        config: &QueueConfig,
+    ) -> Result<QueueId, QueueError> {
+        let mut doc = self.new_doc();
+        queue::create(&mut doc, name, config, &self.config.peer, now.unix_ms)?;
+        queue::set_member(&mut doc, &self.config.peer, &self.advertised, now.unix_ms)?;
+        let id = DocId::generate(&mut self.rng);
+        self.replica
+            .set_group(&id, BTreeSet::from([self.config.peer.clone()]));
+        self.replica.create(id.clone(), doc, Some(queue_scope(&id)));
+        self.saves.changed(&id);
+        let qid = QueueId::new(id.as_str());
+        self.register(now, qid.clone(), name);
+        Ok(qid)
+    }
+
+    /// Completes a join or reopen: the queue document is loaded.
+    pub(super) fn finish_join(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+    ) -> Result<Arc<QueueView>, QueueError> {
+        let doc = queue_doc(id).ok_or_else(|| QueueError::BadId(id.to_string()))?;
+        let view = self
+            .replica
+            .get(&doc)
+            .and_then(QueueView::read)
+            .ok_or_else(|| QueueError::NotAQueue(id.clone()))?;
+        let members = view
+            .members
+            .keys()
+            .cloned()
+            .chain([self.config.peer.clone()]);
+        self.replica.set_group(&doc, members.collect());
+        self.replica.set_scope(&doc, queue_scope(&doc));
+        self.register(now, id.clone(), &view.name);
+        self.write_member(now, id);
+        Ok(self
+            .queues
+            .get(id)
+            .map_or_else(|| Arc::new(view), |q| q.view.clone()))
+    }
+
+    /// Writes this node's membership and addresses into a queue, if they differ.
+    pub(super) fn write_member(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get(id) else { return };
+        let me = self.config.peer.clone();
+        if q.view
+            .members
+            .get(&me)
+            .is_some_and(|m| m.addrs == self.advertised)
+        {
+            return;
+        }
+        let addrs = self.advertised.clone();
+        self.write_queue(now, id, "this node's membership", |d| {
+            queue::set_member(d, &me, &addrs, now.unix_ms)
+        });
+    }
+
+    /// Starts serving a queue: a router, a view, its gossip topic.
+    pub(super) fn register(&mut self, now: Time, id: QueueId, name: &str) {
+        if self.queues.contains_key(&id) {
+            return;
+        }
+        let Some(doc) = queue_doc(&id) else { return };
+        self.io.push_back(Io::RememberQueue {
+            id: id.clone(),
+            name: name.to_owned(),
+        });
+        let topic = topic_for(&id);
+        self.io.push_back(Io::Subscribe {
+            topic: topic.clone(),
+        });
+        self.topics.insert(topic.clone(), id.clone());
+        self.epoch_docs.insert(doc.clone(), id.clone());
+        let root = doc.clone();
+        self.queues.insert(
+            id.clone(),
+            Queue {
+                doc: doc.clone(),
+                view_doc: doc.clone(),
+                root: doc,
+                epoch: 0,
+                sealed: BTreeMap::new(),
+                fetching: BTreeSet::new(),
+                unavailable: BTreeSet::new(),
+                announced: BTreeSet::new(),
+                asked_behind: None,
+                rejected: BTreeSet::new(),
+                router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
+                cache: ViewCache::new(),
+                view: Arc::new(QueueView::default()),
+                topic,
+                priming: None,
+                primed: None,
+                frozen: false,
+                deferred: Vec::new(),
+                resuming: None,
+            },
+        );
+        // Reopened after a restart: back to the epoch this node was on, read from its disk,
+        // rather than through every sealed epoch since the queue's first document.
+        if let Some(at) = self
+            .resume
+            .remove(&id)
+            .filter(|d| d.as_str() != id.as_str())
+        {
+            self.replica.set_scope(&at, epoch_scope(&root));
+            if let Some(q) = self.queues.get_mut(&id) {
+                q.resuming = Some(at.clone());
+            }
+            self.wait_for(now, &at, DocWaiter::Resume { queue: id.clone() });
+        }
+        self.refresh(now, &id);
+        if let Some(q) = self.queues.get_mut(&id) {
+            // A member reached before the queue was opened: the silence counts from now.
+            if self
+                .connected
+                .iter()
+                .any(|p| q.view.members.contains_key(p))
+            {
+                q.router.handle_member_connected(now.mono);
+            }
+            let beat = Duration::from_millis(q.view.config.pool_heartbeat_ms);
+            if beat < self.pool.config().heartbeat {
+                self.pool.set_heartbeat(beat);
+            }
+        }
+        self.next_dial = now.mono;
+    }
+
+    /// Re-reads a queue's view and hands it to the router and the pool.
+    pub(super) fn refresh(&mut self, now: Time, id: &QueueId) {
+        if self.queues.get(id).is_some_and(|q| q.frozen) {
+            return;
+        }
+        let switched = self.follow_epochs(now, id);
+        let Some(q) = self.queues.get_mut(id) else {
+            return;
+        };
+        let Some(d) = self.replica.get(&q.doc) else {
+            return;
+        };
+        let Some(view) = q.cache.refresh(d).cloned() else {
+            tracing::warn!(queue = %id, "the queue document does not read as a queue");
+            return;
+        };
+        if Arc::ptr_eq(&view, &q.view) {
+            return;
+        }
+        let old = std::mem::replace(&mut q.view, view.clone());
+        let left = std::mem::replace(&mut q.view_doc, q.doc.clone());
+        let qdoc = q.root.clone();
+        q.router.handle_view(now.mono, view.clone());
+        if let Some(r) = &view.router {
+            see(&mut self.seen, id, r);
+        }
+        // Scope the task documents: live ones are announced to members, final ones travel on
+        // request only and may leave memory. Only the tasks this refresh changed are looked at
+        // (all of them after a whole read).
+        let changed_ids = q.cache.take_changed();
+        let changed: Vec<&TaskEntry> = match &changed_ids {
+            Changed::Everything => view.tasks().values().map(|t| &**t).collect(),
+            Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
+        };
+        let mut summarize = Vec::new();
+        let mut retired = Vec::new();
+        for t in changed {
+            let tid = &t.id;
+            let state = t.state();
+            if state == TaskState::InputUnavailable
+                && old.task(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
+            {
+                self.to_revive.insert((id.clone(), tid.clone(), t.last_n()));
+            }
+            let final_now = state.is_final();
+            let before = old.task(tid).map(|o| o.state().is_final());
+            if before == Some(final_now) {
+                continue;
+            }
+            if t.input.is_some() {
+                // Inline: no task document. Its final status is archived (again after a
+                // restart: archiving is idempotent), to answer once no epoch carries it.
+                if final_now && let Some(d) = self.replica.get(&q.doc) {
+                    let status = inline_status(id, t, d);
+                    if let Ok(json) = serde_json::to_vec(&status) {
+                        self.to_archive.push((tid.clone(), json));
+                    }
+                }
+                continue;
+            }
+            let Some(td) = task_doc(tid) else { continue };
+            self.replica.set_scope(
+                &td,
+                Scope {
+                    group: qdoc.clone(),
+                    announce: !final_now,
+                    requestable: false,
+                },
+            );
+            if final_now && before == Some(false) {
+                summarize.push(td.clone());
+            }
+            if final_now {
+                retired.push(td.clone());
+            }
+            // Live or final, a task's document leaves memory once saved and idle.
+            self.to_evict.insert_if_absent(td, now.mono);
+        }
+        for td in summarize {
+            self.summarize(&view, &td);
+        }
+        for td in retired {
+            self.retire(td, Retired::Task);
+        }
+        // A member that joined or moved: dial it now rather than at the next round, so that a
+        // full mesh forms before the peer everyone bootstrapped from can go away.
+        if view.members != old.members {
+            let members = view
+                .members
+                .keys()
+                .cloned()
+                .chain([self.config.peer.clone()])
+                .collect();
+            self.replica.set_group(&qdoc, members);
+            self.next_dial = now.mono;
+        }
+        if self.queues.get(id).is_some_and(|q| q.doc != left) {
+            self.archive_left_behind(id, &old, &view, &left);
+        }
+        self.pool.handle_view(id, &view);
+        self.prefetch(now, id, &view);
+        self.events.push_back(Event::View {
+            queue: id.clone(),
+            view,
+        });
+        if switched {
+            // Membership is not carried across epochs: a node (re)writes its own.
+            self.write_member(now, id);
+        }
+    }
+
+    /// After a move to a successor: the tasks the old view showed live that the successor
+    /// does not hold ended before the successor's copy, in writes this node's view had not
+    /// shown yet (a sealer's frozen view, or a follower's view one turn behind). No view of
+    /// this node will show them final, so their final status is read from the document left
+    /// (or, after a move over several epochs, the sealed one that has it) and archived here:
+    /// a status lookup at this node answers for them too.
+    pub(super) fn archive_left_behind(
+        &mut self,
+        id: &QueueId,
+        old: &QueueView,
+        new: &QueueView,
+        left: &DocId,
+    ) {
+        let gone: BTreeSet<&TaskId> = old
+            .routable()
+            .chain(old.retrying())
+            .chain(old.input_unavailable())
+            .chain(old.with_open_attempts())
+            .filter(|t| t.input.is_some() && !t.state().is_final() && new.task(&t.id).is_none())
+            .map(|t| &t.id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let Some(q) = self.queues.get(id) else {
+            return;
+        };
+        let docs: Vec<&DocId> = std::iter::once(left)
+            .chain(q.sealed.keys().filter(|d| *d != left))
+            .collect();
+        for tid in gone {
+            let found = docs.iter().find_map(|d| {
+                let doc = self.replica.get(d)?;
+                let entry = epoch::task_entry(doc, tid).filter(|t| t.state().is_final())?;
+                Some(inline_status(id, &entry, doc))
+            });
+            match found.map(|status| serde_json::to_vec(&status)) {
+                Some(Ok(json)) => self.to_archive.push((tid.clone(), json)),
+                Some(Err(e)) => tracing::warn!(task = %tid, "cannot encode a final status: {e}"),
+                None => tracing::debug!(task = %tid, "left an epoch live, final nowhere here"),
+            }
+        }
+    }
+
+    /// Reads ahead the documents of the queue's first pending tasks in routing order, so that
+    /// a start does not wait for the disk; the ones that left the window may leave memory.
+    pub(super) fn prefetch(&mut self, now: Time, id: &QueueId, view: &QueueView) {
+        let want = PREFETCH_PER_WORKER * self.config.workers as usize;
+        // The first pending tasks, of which only those with a task document (not inline) have
+        // one to read: filtering first would scan every pending inline task.
+        let window: BTreeSet<TaskId> = view
+            .routable()
+            .take(want)
+            .filter(|t| t.input.is_none())
+            .map(|t| t.id.clone())
+            .collect();
+        let old = self.prefetch.remove(id).unwrap_or_default();
+        // Only the tasks that entered or left the window: a task id is parsed (and its
+        // checksum verified) into a document id once per move, not once per refresh.
+        for t in window.difference(&old) {
+            if let Some(doc) = task_doc(t)
+                && !self.replica.is_loaded(&doc)
+            {
+                self.replica.fetch(&doc, now.mono);
+            }
+        }
+        for t in old.difference(&window) {
+            if let Some(doc) = task_doc(t) {
+                self.to_evict.insert_if_absent(doc, now.mono);
+            }
+        }
+        self.prefetch.insert(id.clone(), window);
+    }
+
+    /// Writes a task's final summary into its document, if this node ran the attempt that
+    /// decided it and holds the document: the task's status stays known after the queue
+    /// document stops carrying it.
+    pub(super) fn summarize(&mut self, view: &QueueView, td: &DocId) {
+        let Some(t) = view.task(&TaskId::new(td.as_str())) else {
+            return;
+        };
+        let decisive = t
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.finished.as_ref().is_some_and(|f| {
+                    f.outcome.is_failure() || f.outcome == AttemptOutcome::Succeeded
+                })
+            })
+            .max_by_key(|a| a.finished.as_ref().map(|f| (f.outcome, f.at)));
+        if decisive.is_none_or(|a| a.worker.peer != self.config.peer) {
+            return;
+        }
+        let summary = task::Summary {
+            state: t.state(),
+            attempts: t.attempts.clone(),
+            error: last_error(t),
+            priority: Some(t.priority),
+            urgent: Some(t.urgent),
+            max_attempts: Some(t.max_attempts),
+        };
+        self.task_writes.entry(td.clone()).or_default().summary = Some(summary);
+    }
+
+    /// Carries out the routers' and the pool's actions; true if there were any.
+    pub(super) fn drain_actions(&mut self, now: Time) -> bool {
+        let mut acted = false;
+        let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+        for id in &ids {
+            let frozen = self.queues.get(id).is_some_and(|q| q.frozen);
+            if !frozen {
+                let held = self
+                    .queues
+                    .get_mut(id)
+                    .map(|q| std::mem::take(&mut q.deferred))
+                    .unwrap_or_default();
+                for (at_ms, action) in held {
+                    acted = true;
+                    self.router_action(now, id, action, at_ms);
+                }
+            }
+            while let Some(action) = self.queues.get_mut(id).and_then(|q| q.router.poll_action()) {
+                match action {
+                    RouterAction::Beat(_) => self.router_action(now, id, action, now.unix_ms),
+                    _ if frozen => {
+                        if let Some(q) = self.queues.get_mut(id) {
+                            q.deferred.push((now.unix_ms, action));
+                        }
+                    }
+                    _ => self.router_action(now, id, action, now.unix_ms),
+                }
+                acted = true;
+            }
+            if let Some(q) = self.queues.get_mut(id) {
+                while let Some(event) = q.router.poll_event() {
+                    self.events.push_back(Event::Router {
+                        queue: id.clone(),
+                        event,
+                    });
+                }
+            }
+        }
+        while let Some(action) = self.pool.poll_action() {
+            acted = true;
+            self.pool_action(now, action);
+        }
+        acted
+    }
+
+    /// Writes to a queue document and refreshes its view at once (routers must see their own
+    /// writes before deciding again).
+    /// The queue document's view at its current heads, from its cache (refreshed if the
+    /// document changed since: costs in what changed; the changes it finds are handled by the
+    /// queue's next refresh). `None` if the document is not here or reads as no queue.
+    pub(super) fn current_view(&mut self, id: &QueueId) -> Option<Arc<QueueView>> {
+        let q = self.queues.get_mut(id)?;
+        if q.frozen {
+            return Some(q.view.clone());
+        }
+        let d = self.replica.get(&q.doc)?;
+        q.cache.refresh(d).cloned()
+    }
+
+    pub(super) fn write_queue<E: std::fmt::Display>(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        what: &str,
+        f: impl FnOnce(&mut Automerge) -> Result<(), E>,
+    ) {
+        let Some(doc) = self.queues.get(id).map(|q| q.doc.clone()) else {
+            return;
+        };
+        match self.change(&doc, f) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => tracing::warn!(queue = %id, "cannot record {what}: {e}"),
+            None => tracing::warn!(queue = %id, "cannot record {what}: queue document not loaded"),
+        }
+        self.stale.remove(id);
+        self.refresh(now, id);
+    }
+
+    /// Carries out a router's action, decided at `at_ms` (unix ms: earlier than `now` for an
+    /// action held while the queue was frozen). Assignments are recorded as made then, when
+    /// the router counted them against its rate interval.
+    pub(super) fn router_action(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        action: RouterAction,
+        at_ms: u64,
+    ) {
+        match action {
+            RouterAction::Claim(claim) => {
+                self.write_queue(now, id, "a router claim", |d| {
+                    queue::claim_router(d, &claim, now.unix_ms)
+                });
+            }
+            RouterAction::Assign(list) => {
+                // Checked against the cached view, as a turn's starts and ends are.
+                let view = self.current_view(id);
+                self.write_queue(now, id, "assignments", |d| match &view {
+                    Some(v) => queue::record_assignments_in_view(d, v, &list, at_ms),
+                    None => queue::record_assignments(d, &list, at_ms),
+                });
+            }
+            RouterAction::Beat(mut beat) => {
+                self.pool.handle_router_beat(&beat);
+                see(&mut self.seen, id, &beat.claim);
+                if let Some(q) = self.queues.get(id) {
+                    if q.epoch > 0 {
+                        beat.epoch = Some(Latest {
+                            epoch: q.epoch,
+                            doc: q.doc.to_string(),
+                        });
+                    }
+                    self.io.push_back(Io::Publish {
+                        topic: q.topic.clone(),
+                        data: Wire::Router(beat).encode(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Dials every member of every queue this node has no sync stream with.
+    pub(super) fn dial_members(&mut self) {
+        let mut wanted: BTreeMap<PeerId, Vec<String>> = BTreeMap::new();
+        for q in self.queues.values() {
+            for (peer, member) in &q.view.members {
+                if *peer == self.config.peer || self.connected.contains(peer) {
+                    continue;
+                }
+                wanted
+                    .entry(peer.clone())
+                    .or_default()
+                    .extend(member.addrs.iter().cloned());
+            }
+        }
+        for (peer, mut addrs) in wanted {
+            addrs.sort();
+            addrs.dedup();
+            if !addrs.is_empty() {
+                self.io.push_back(Io::Dial { peer, addrs });
+            }
+        }
+    }
+}

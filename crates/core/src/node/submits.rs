@@ -1,0 +1,283 @@
+//! Submits: checking a request, writing a task (inline, or with its document) and its index entry
+//! in one batch, and answering once durable and replicated. May ask `documents` (changes, waits)
+//! and `queues` (the current view).
+
+use super::*;
+
+impl Core {
+    pub(super) fn submit(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue_id: QueueId,
+        req: api::SubmitTask,
+    ) {
+        match self.submit_batch(now, cmd, queue_id, vec![req], false) {
+            Ok(()) => {}
+            Err(e) => self.replies.push_back((cmd, Reply::Submitted(Err(e)))),
+        }
+    }
+
+    pub(super) fn submit_many(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue_id: QueueId,
+        reqs: Vec<api::SubmitTask>,
+    ) {
+        if reqs.len() > api::MAX_BATCH {
+            self.replies.push_back((
+                cmd,
+                Reply::SubmittedMany(Err(SubmitError::TooMany(reqs.len()))),
+            ));
+            return;
+        }
+        if let Err(e) = self.submit_batch(now, cmd, queue_id, reqs, true) {
+            self.replies.push_back((cmd, Reply::SubmittedMany(Err(e))));
+        }
+    }
+
+    /// Checks a request on its own (before any document is touched).
+    pub(super) fn check_request(req: &api::SubmitTask) -> Result<(), SubmitError> {
+        if req.kind.trim().is_empty() {
+            return Err(SubmitError::Invalid("the kind is empty".into()));
+        }
+        if req.priority.unsigned_abs() > queue::MAX_PRIORITY.unsigned_abs() {
+            return Err(SubmitError::Invalid(format!(
+                "priority {} is outside [-{max}, {max}]",
+                req.priority,
+                max = queue::MAX_PRIORITY
+            )));
+        }
+        if let Some(m) = req.max_attempts {
+            let (lo, hi) = (QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
+            if !(lo..=hi).contains(&m) {
+                return Err(SubmitError::Invalid(format!(
+                    "max_attempts {m} is outside [{lo}, {hi}]"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits `reqs` with one change to the queue document; the reply waits in
+    /// [`Core::check_submits`]. An error refuses the whole batch; a single submit
+    /// (`many == false`) is refused by its entry's error too.
+    pub(super) fn submit_batch(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue_id: QueueId,
+        reqs: Vec<api::SubmitTask>,
+        many: bool,
+    ) -> Result<(), SubmitError> {
+        if !many && let Some(req) = reqs.first() {
+            Self::check_request(req)?;
+        }
+        let Some((qdoc, root, c)) = self
+            .queues
+            .get(&queue_id)
+            .map(|q| (q.doc.clone(), q.root.clone(), q.view.counts()))
+        else {
+            return Err(SubmitError::NotJoined(queue_id));
+        };
+        if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
+            return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
+        }
+        let live = c.pending + c.assigned + c.running + c.input_unavailable;
+        if live >= self.config.max_live {
+            return Err(SubmitError::Full {
+                queue: queue_id,
+                live,
+                max: self.config.max_live,
+            });
+        }
+        let mut answers: Vec<Result<TaskId, String>> = Vec::with_capacity(reqs.len());
+        let mut submissions = Vec::with_capacity(reqs.len());
+        let mut docs = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            if let Err(e) = Self::check_request(&req) {
+                answers.push(Err(e.to_string()));
+                continue;
+            }
+            let text = serde_json::to_string(&req.input).unwrap_or_default();
+            let inline = !text.is_empty() && text.len() <= self.config.inline_input_max;
+            // Inline: the entry carries the input and there is no task document.
+            let doc = if inline {
+                None
+            } else {
+                let mut doc = self.new_doc();
+                let new = NewTask {
+                    queue: queue_id.clone(),
+                    kind: req.kind.clone(),
+                    input: req.input,
+                    submitter: self.config.peer.clone(),
+                    submitted_at: now.unix_ms,
+                };
+                if let Err(e) = task::init(&mut doc, &new) {
+                    if !many {
+                        return Err(e.into());
+                    }
+                    answers.push(Err(SubmitError::from(e).to_string()));
+                    continue;
+                }
+                Some(doc)
+            };
+            let tdoc = DocId::generate(&mut self.rng);
+            let task_id = TaskId::new(tdoc.as_str());
+            submissions.push(Submission {
+                id: task_id.clone(),
+                kind: req.kind,
+                submitter: self.config.peer.clone(),
+                submitted_at: now.unix_ms,
+                priority: req.priority,
+                urgent: req.urgent,
+                max_attempts: req.max_attempts,
+                input: inline.then_some(text),
+            });
+            answers.push(Ok(task_id));
+            if let Some(doc) = doc {
+                docs.push((tdoc, doc));
+            }
+        }
+        // The task documents first, so that they are scoped (indexed) when peers receive the
+        // entries.
+        let mut tasks = Vec::with_capacity(docs.len());
+        for (tdoc, doc) in docs {
+            let heads = doc.get_heads();
+            self.replica.create(
+                tdoc.clone(),
+                doc,
+                Some(Scope {
+                    group: root.clone(),
+                    announce: true,
+                    requestable: false,
+                }),
+            );
+            self.saves.changed(&tdoc);
+            // Leaves memory once saved and idle (it is read again when a run starts).
+            self.to_evict.insert_if_absent(tdoc.clone(), now.mono);
+            tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
+        }
+        let r = self.change(&qdoc, |d| {
+            queue::submit_many(d, &submissions)?;
+            Ok::<_, queue::SubmitError>(d.get_heads())
+        });
+        let queue_heads = match r {
+            Some(Ok(h)) => h,
+            other => {
+                for (tdoc, _, _) in &tasks {
+                    self.replica.clear_scope(tdoc);
+                }
+                return Err(match other {
+                    Some(Err(e)) => e.into(),
+                    _ => SubmitError::NotJoined(queue_id),
+                });
+            }
+        };
+        let answer = if many {
+            SubmitAnswer::Many(answers)
+        } else {
+            match answers.pop() {
+                Some(Ok(id)) => SubmitAnswer::One(id),
+                _ => unreachable!("a single submit's refusal returned above"),
+            }
+        };
+        self.submits_dirty = true;
+        self.acking.extend(tasks.iter().map(|(d, _, _)| d.clone()));
+        self.submit_waits.push(SubmitWait {
+            cmd,
+            answer,
+            tasks,
+            queue: queue_id,
+            queue_version: self.saves.version(&qdoc),
+            queue_doc: qdoc,
+            queue_heads,
+            deadline: now.mono + REPLICATION_WAIT,
+        });
+        Ok(())
+    }
+
+    /// Answers submits that are durable and either held by a peer or out of time (or alone),
+    /// and fails those whose documents cannot be written. Runs only when a save ended, a peer
+    /// sent something, a submit arrived or the oldest wait's deadline passed.
+    pub(super) fn check_submits(&mut self, now: Time) {
+        let due = self.submit_deadline.is_some_and(|d| now.mono >= d);
+        if !std::mem::take(&mut self.submits_dirty) && !due {
+            return;
+        }
+        self.submit_deadline = None;
+        let waits = std::mem::take(&mut self.submit_waits);
+        for w in waits {
+            let failing = w
+                .tasks
+                .iter()
+                .find_map(|(d, _, _)| self.saves.failing(d))
+                .or_else(|| self.saves.failing(&w.queue_doc))
+                .cloned();
+            let durable = w.tasks.iter().all(|(d, _, v)| self.saves.is_durable(d, *v))
+                && self.saves.is_durable(&w.queue_doc, w.queue_version);
+            if !durable {
+                if let Some(e) = failing {
+                    self.release_acking(now, &w);
+                    let reply = match w.answer {
+                        SubmitAnswer::One(_) => Reply::Submitted(Err(SubmitError::NotDurable(e))),
+                        SubmitAnswer::Many(_) => {
+                            Reply::SubmittedMany(Err(SubmitError::NotDurable(e)))
+                        }
+                    };
+                    self.replies.push_back((w.cmd, reply));
+                } else {
+                    self.submit_waits.push(w);
+                }
+                continue;
+            }
+            let alone = self.queues.get(&w.queue).is_none_or(|q| {
+                !q.view
+                    .members
+                    .keys()
+                    .any(|m| *m != self.config.peer && self.connected.contains(m))
+            });
+            let held = w.tasks.iter().all(|(d, h, _)| self.replica.peer_has(d, h))
+                && self.replica.peer_has(&w.queue_doc, &w.queue_heads);
+            if !(held || alone || now.mono >= w.deadline) {
+                // Only its deadline (or a peer's message, which marks the waits dirty) can
+                // answer it now.
+                self.submit_deadline = Some(
+                    self.submit_deadline
+                        .map_or(w.deadline, |d| d.min(w.deadline)),
+                );
+                self.submit_waits.push(w);
+                continue;
+            }
+            self.release_acking(now, &w);
+            let reply = match w.answer {
+                SubmitAnswer::One(task_id) => Reply::Submitted(Ok(api::Submitted {
+                    task_id,
+                    replicated: held,
+                })),
+                SubmitAnswer::Many(answers) => Reply::SubmittedMany(Ok(answers
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, a)| match a {
+                        Ok(task_id) => api::BatchEntry::Submitted {
+                            index,
+                            task_id,
+                            replicated: held,
+                        },
+                        Err(error) => api::BatchEntry::Refused { index, error },
+                    })
+                    .collect())),
+            };
+            self.replies.push_back((w.cmd, reply));
+        }
+    }
+
+    /// A submit is answered: its documents may leave memory once idle.
+    pub(super) fn release_acking(&mut self, now: Time, w: &SubmitWait) {
+        for (d, _, _) in &w.tasks {
+            self.acking.remove(d);
+            self.to_evict.insert_if_absent(d.clone(), now.mono);
+        }
+    }
+}
