@@ -367,10 +367,10 @@ impl Core {
             }
             // Within the turn's budget, unless the view shows what is carried (see
             // `Core::carry_whole`): the rest at the next turns.
-            let limit = if self.carry_whole {
+            let limit = if self.epochs.carry_whole {
                 usize::MAX
             } else {
-                self.carry_budget
+                self.epochs.carry_budget
             };
             if limit == 0 {
                 if let Some(s) = self
@@ -380,7 +380,7 @@ impl Core {
                 {
                     s.dirty = true;
                 }
-                self.carry_again = Some(now.mono);
+                self.epochs.carry_again = Some(now.mono);
                 continue;
             }
             let mut others: Vec<&DocId> = vec![&from];
@@ -435,12 +435,13 @@ impl Core {
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
-                    self.carried_changes += c.changes as u64;
-                    if !self.carry_whole {
-                        self.carry_budget = self.carry_budget.saturating_sub(c.changes);
+                    self.epochs.carried_changes += c.changes as u64;
+                    if !self.epochs.carry_whole {
+                        self.epochs.carry_budget =
+                            self.epochs.carry_budget.saturating_sub(c.changes);
                     }
                     if c.more {
-                        self.carry_again = Some(now.mono);
+                        self.epochs.carry_again = Some(now.mono);
                     }
                     if c.tasks > 0 {
                         grown.entry(into.clone()).or_default().insert(from.clone());

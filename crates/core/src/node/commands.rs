@@ -42,7 +42,7 @@ impl Core {
                     return;
                 }
                 let deadline = now.mono + FIND_TIMEOUT;
-                self.next_join_ask = self.next_join_ask.max(now.mono + JOIN_ASK_EVERY);
+                self.docs.next_join_ask = self.docs.next_join_ask.max(now.mono + JOIN_ASK_EVERY);
                 self.wait_for(
                     now,
                     &doc,

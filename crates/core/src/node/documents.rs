@@ -14,7 +14,7 @@ impl Core {
         doc: &DocId,
         chunks: Result<Vec<Vec<u8>>, StorageFailure>,
     ) {
-        let attempts = self.loads.remove(doc).unwrap_or(0) + 1;
+        let attempts = self.docs.loads.remove(doc).unwrap_or(0) + 1;
         let loaded = match chunks {
             Ok(chunks) if chunks.is_empty() => None,
             Ok(chunks) => match piecework_replica::load_chunks(&chunks) {
@@ -35,9 +35,9 @@ impl Core {
             },
             Err(e) if attempts < LOAD_ATTEMPTS => {
                 // Retry: a transient read error must not make a stored document look absent.
-                self.loads.insert(doc.clone(), attempts);
+                self.docs.loads.insert(doc.clone(), attempts);
                 let at = now.mono + SAVE_RETRY.saturating_mul(1 << attempts);
-                self.load_retries.insert((at, doc.clone()));
+                self.docs.load_retries.insert((at, doc.clone()));
                 self.events.push_back(Event::LoadFailed {
                     doc: doc.clone(),
                     error: format!("{e} (attempt {attempts}, retrying)"),
@@ -57,14 +57,14 @@ impl Core {
         // Loaded for a peer's message (a member catching up through an old epoch), or for
         // this node: either way it leaves memory once idle, unless something holds it.
         if self.replica.is_loaded(doc) && !self.is_live(doc) {
-            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+            self.docs.to_evict.insert_if_absent(doc.clone(), now.mono);
         }
         self.turn(now);
     }
 
     /// The answer to [`Io::Save`].
     pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
-        self.submits_dirty = true;
+        self.submits.dirty = true;
         match self
             .saves
             .handle_saved(now.mono, id, result, &mut self.replica)
@@ -89,8 +89,8 @@ impl Core {
         while let Some(ev) = self.replica.poll_event() {
             match ev {
                 ReplicaEvent::Load(doc) => {
-                    if !self.loads.contains_key(&doc) {
-                        self.loads.insert(doc.clone(), 0);
+                    if !self.docs.loads.contains_key(&doc) {
+                        self.docs.loads.insert(doc.clone(), 0);
                         self.io.push_back(Io::Load { doc });
                     }
                 }
@@ -110,7 +110,7 @@ impl Core {
     /// A document changed (here or from a peer): save it, and refresh its queue's view.
     pub(super) fn changed(&mut self, doc: &DocId) {
         self.saves.changed(doc);
-        let Some(id) = self.epoch_docs.get(doc) else {
+        let Some(id) = self.epochs.docs.get(doc) else {
             return;
         };
         if let Some(q) = self.queues.get_mut(id) {
@@ -140,7 +140,8 @@ impl Core {
     }
 
     pub(super) fn wait_for(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
-        self.doc_waiters
+        self.docs
+            .waiters
             .entry(doc.clone())
             .or_default()
             .push(waiter);
@@ -148,16 +149,21 @@ impl Core {
     }
 
     pub(super) fn waiting(&self) -> usize {
-        self.doc_waiters.values().map(Vec::len).sum::<usize>()
-            + self.join_retries.len()
-            + self.task_waiters.len()
-            + self.lookups.values().map(Vec::len).sum::<usize>()
-            + self.asks.values().map(|a| a.cmds.len()).sum::<usize>()
+        self.docs.waiters.values().map(Vec::len).sum::<usize>()
+            + self.docs.join_retries.len()
+            + self.lookup.waiters.len()
+            + self.lookup.archive.values().map(Vec::len).sum::<usize>()
+            + self
+                .lookup
+                .asks
+                .values()
+                .map(|a| a.cmds.len())
+                .sum::<usize>()
     }
 
     /// A document this node waited for is loaded.
     pub(super) fn arrived(&mut self, now: Time, doc: &DocId) {
-        let waiters = self.doc_waiters.remove(doc).unwrap_or_default();
+        let waiters = self.docs.waiters.remove(doc).unwrap_or_default();
         let asked = waiters
             .iter()
             .any(|w| matches!(w, DocWaiter::Status { .. }));
@@ -202,12 +208,12 @@ impl Core {
             self.replica.refresh_from_members(doc);
         }
         if !self.is_live(doc) {
-            self.to_evict.insert_if_absent(doc.clone(), now.mono);
+            self.docs.to_evict.insert_if_absent(doc.clone(), now.mono);
         }
     }
 
     pub(super) fn unavailable(&mut self, now: Time, doc: &DocId) {
-        for w in self.doc_waiters.remove(doc).unwrap_or_default() {
+        for w in self.docs.waiters.remove(doc).unwrap_or_default() {
             match w {
                 DocWaiter::Join {
                     from_peers: true,
@@ -216,7 +222,7 @@ impl Core {
                     deadline,
                 } if now.mono < deadline => {
                     // Ask again when another peer connects; the deadline bounds it.
-                    self.join_retries.push(DocWaiter::Join {
+                    self.docs.join_retries.push(DocWaiter::Join {
                         cmd,
                         id,
                         from_peers: true,
@@ -253,7 +259,7 @@ impl Core {
                     }
                 }
                 DocWaiter::Write => {
-                    if self.task_writes.remove(doc).is_some() {
+                    if self.runs.task_writes.remove(doc).is_some() {
                         tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
                     }
                 }
@@ -277,20 +283,21 @@ impl Core {
     /// Every [`JOIN_ASK_EVERY`] while joins wait: a join whose fetch still waits asks the
     /// connected peers again, and one that found no peer with the queue fetches again.
     pub(super) fn ask_joins_again(&mut self, now: Time) {
-        if now.mono < self.next_join_ask {
+        if now.mono < self.docs.next_join_ask {
             return;
         }
         let fetching: Vec<DocId> = self
-            .doc_waiters
+            .docs
+            .waiters
             .iter()
             .filter(|(_, ws)| ws.iter().any(|w| matches!(w, DocWaiter::Join { .. })))
             .map(|(d, _)| d.clone())
             .collect();
-        let retries = std::mem::take(&mut self.join_retries);
+        let retries = std::mem::take(&mut self.docs.join_retries);
         if fetching.is_empty() && retries.is_empty() {
             return;
         }
-        self.next_join_ask = now.mono + JOIN_ASK_EVERY;
+        self.docs.next_join_ask = now.mono + JOIN_ASK_EVERY;
         for doc in fetching {
             self.replica.ask_again(&doc);
         }
@@ -305,13 +312,14 @@ impl Core {
 
     pub(super) fn expire_doc_waiters(&mut self, now: Time) {
         let late: Vec<TaskId> = self
+            .lookup
             .asks
             .iter()
             .filter(|(_, a)| now.mono >= a.deadline)
             .map(|(t, _)| t.clone())
             .collect();
         for task in late {
-            if let Some(a) = self.asks.remove(&task) {
+            if let Some(a) = self.lookup.asks.remove(&task) {
                 for cmd in a.cmds {
                     let r = Err(TaskError::NotFound(task.clone()));
                     self.replies.push_back((cmd, Reply::Task(Box::new(r))));
@@ -329,16 +337,16 @@ impl Core {
             | DocWaiter::Write => false,
         };
         let mut gone = vec![];
-        for ws in self.doc_waiters.values_mut() {
+        for ws in self.docs.waiters.values_mut() {
             let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(ws).into_iter().partition(expired);
             *ws = keep;
             gone.extend(old);
         }
-        self.doc_waiters.retain(|_, ws| !ws.is_empty());
-        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.join_retries)
+        self.docs.waiters.retain(|_, ws| !ws.is_empty());
+        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.docs.join_retries)
             .into_iter()
             .partition(expired);
-        self.join_retries = keep;
+        self.docs.join_retries = keep;
         gone.extend(old);
         for w in gone {
             match w {
@@ -362,8 +370,8 @@ impl Core {
     pub(super) fn is_live(&self, doc: &DocId) -> bool {
         let id = QueueId::new(doc.as_str());
         if self.queues.contains_key(&id)
-            || self.epoch_docs.contains_key(doc)
-            || self.doc_waiters.contains_key(doc)
+            || self.epochs.docs.contains_key(doc)
+            || self.docs.waiters.contains_key(doc)
         {
             return true;
         }
@@ -371,33 +379,33 @@ impl Core {
         // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
         // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
-        self.runs.values().any(|r| r.run.task == task)
-            || self.task_waiters.iter().any(|w| w.task == task)
-            || self.task_writes.contains_key(doc)
-            || self.acking.contains(doc)
+        self.runs.live.values().any(|r| r.run.task == task)
+            || self.lookup.waiters.iter().any(|w| w.task == task)
+            || self.runs.task_writes.contains_key(doc)
+            || self.submits.acking.contains(doc)
             || self.prefetch.values().any(|p| p.contains(&task))
     }
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     pub(super) fn evict(&mut self, now: Time) {
         self.retire_epochs(now);
-        let due = self.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
+        let due = self.docs.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
-                self.to_evict.remove(&doc);
+                self.docs.to_evict.remove(&doc);
                 self.saves.forget(&doc);
                 continue;
             }
             if self.is_live(&doc) {
-                self.to_evict.remove(&doc);
+                self.docs.to_evict.remove(&doc);
                 continue;
             }
             if self.saves.is_clean(&doc) && self.replica.evict(&doc) {
-                self.to_evict.remove(&doc);
+                self.docs.to_evict.remove(&doc);
                 self.saves.forget(&doc);
             } else {
                 // Not saved yet: look again after another idle period.
-                self.to_evict.set(doc, now.mono);
+                self.docs.to_evict.set(doc, now.mono);
             }
         }
         self.delete_retired();
@@ -439,7 +447,7 @@ impl Core {
                     continue;
                 }
                 let in_memory = self.replica.is_loaded(&doc);
-                if self.loads.contains_key(&doc)
+                if self.docs.loads.contains_key(&doc)
                     || !self.saves.is_clean(&doc)
                     || (in_memory && (self.is_live(&doc) || !self.replica.evict(&doc)))
                 {
@@ -447,7 +455,7 @@ impl Core {
                 }
                 self.retention.deleted(&doc);
                 self.saves.forget(&doc);
-                self.to_evict.remove(&doc);
+                self.docs.to_evict.remove(&doc);
                 self.io.push_back(Io::Delete { doc });
                 deleted = true;
             }

@@ -185,10 +185,10 @@ impl Core {
                 _ if q.priming.as_ref() == Some(&to) => switched = false,
                 _ => {
                     if let Some(copy) = self.replica.get(&to).map(|d| Box::new(d.clone())) {
-                        self.next_rotate += 1;
+                        self.epochs.next_rotate += 1;
                         q.priming = Some(to.clone());
                         self.io.push_back(Io::Rotate(Box::new(Rotate {
-                            id: RotateId(self.next_rotate),
+                            id: RotateId(self.epochs.next_rotate),
                             old: copy,
                             work: RotateWork::Read {
                                 queue: id.clone(),
@@ -208,9 +208,9 @@ impl Core {
             self.switch_epoch(now, id, to.clone(), epoch_no, cache, false);
             // Before the view moves: what the old view showed is in the new document as soon
             // as it is shown.
-            self.carry_whole = true;
+            self.epochs.carry_whole = true;
             self.carry_late(now, id);
-            self.carry_whole = false;
+            self.epochs.carry_whole = false;
         }
 
         // Documents of a losing branch (a double seal's loser and what grew from it): their
@@ -244,7 +244,7 @@ impl Core {
                     retry_at: None,
                 },
             );
-            self.epoch_docs.insert(n, id.clone());
+            self.epochs.docs.insert(n, id.clone());
         }
         switched
     }

@@ -8,8 +8,8 @@ use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::epoch::{self, Latest, Link, Seal};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptId, AttemptOutcome, Changed, Claim, Output, PeerId, QueueConfig, QueueId, QueueView,
-    RunningReport, Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
+    AttemptOutcome, Changed, Claim, Output, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
+    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};
@@ -38,6 +38,7 @@ mod queue_state;
 mod queues;
 mod rotate;
 mod runs;
+mod state;
 mod status;
 mod statuses;
 mod stop;
@@ -48,6 +49,7 @@ mod writes;
 
 use evict::*;
 use queue_state::*;
+use state::*;
 use statuses::*;
 use waiters::*;
 use writes::*;
@@ -72,97 +74,32 @@ pub struct Core {
     queues: BTreeMap<QueueId, Queue>,
     /// One per joined queue.
     topics: BTreeMap<String, QueueId>,
-    /// Every epoch document of a joined queue this node holds (current, sealed, the first),
-    /// and its queue.
-    epoch_docs: BTreeMap<DocId, QueueId>,
-    /// Successors being built off this thread ([`Io::Rotate`]): at most one per queue.
-    rotating: BTreeMap<RotateId, Rotating>,
-    next_rotate: u64,
-    /// Peers with an open sync stream (bounded by the transport's connections).
-    connected: BTreeSet<PeerId>,
-    advertised: Vec<String>,
-    next_dial: Instant,
     saves: Saves,
-    /// Load attempts per document being loaded (retried on failure). Bounded by the replica's
-    /// loads (`piecework_replica::MAX_PENDING_LOADS` for peers' messages, plus this node's own
-    /// fetches, which its waiters bound).
-    loads: BTreeMap<DocId, u32>,
-    /// Failed loads to retry, by when: a subset of `loads`.
-    load_retries: BTreeSet<(Instant, DocId)>,
+    /// Documents being loaded, waited for, or waiting to leave memory.
+    docs: Documents,
+    /// The peers.
+    members: Members,
+    /// Submits waiting to be acknowledged.
+    submits: Submits,
+    /// Status requests that wait, and members' questions.
+    lookup: Lookups,
+    /// Final statuses of inline tasks: to archive, and the latest archived.
+    archive: Archive,
+    /// This node's runs and the writes they make.
+    runs: Runs,
+    /// The epoch documents held and the epoch work in flight.
+    epochs: Epochs,
     /// Queues whose document changed since their view was last refreshed: at most `queues`.
     stale: BTreeSet<QueueId>,
-    /// Requests parked on a document: at most [`MAX_WAITERS`], plus one start per worker.
-    doc_waiters: BTreeMap<DocId, Vec<DocWaiter>>,
-    /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
-    /// their deadline. Counted in [`MAX_WAITERS`].
-    join_retries: Vec<DocWaiter>,
-    /// When the joins still waiting ask the peers again ([`JOIN_ASK_EVERY`]).
-    next_join_ask: Instant,
-    /// `task status --wait` requests: counted in [`MAX_WAITERS`], each with a deadline.
-    task_waiters: Vec<TaskWaiter>,
-    /// Submits waiting for durability and replication: at most [`MAX_PENDING_SUBMITS`].
-    submit_waits: Vec<SubmitWait>,
-    /// The task documents of `submit_waits`: kept in memory until their submit is answered
-    /// (a document that left memory is no longer synced, so no peer would acknowledge it).
-    acking: BTreeSet<DocId>,
-    /// Something that can answer a submit wait happened since [`Core::check_submits`] last ran.
-    submits_dirty: bool,
     /// Inside [`Core::begin_batch`]: turns wait for [`Core::end_batch`].
     batching: bool,
-    /// The earliest deadline of a durable submit that waits only for a peer to hold it.
-    submit_deadline: Option<Instant>,
-    /// Documents that may leave memory once saved and unused, and from when: at most the
-    /// loaded documents (an entry whose document is gone is dropped).
-    to_evict: EvictQueue,
     /// Retired documents (finished tasks', sealed epochs that left memory) still on disk:
     /// beyond its bounds the oldest are deleted. At most the bounds, plus the ones held in
     /// memory meanwhile.
     retention: Retention,
-    /// Runs in flight, by id: at most one per worker.
-    runs: BTreeMap<RunId, Running>,
-    /// Runs begun this turn, handed to the driver at its end.
-    starting: Vec<RunRequest>,
-    /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
-    /// most the tasks indexed in that state, drained every turn.
-    to_revive: BTreeSet<(QueueId, TaskId, u64)>,
-    /// Starts and ends of attempts not yet written, per queue, in the order they happened:
-    /// written as one change per queue document when the turn's actions are drained
-    /// ([`Core::flush_attempts`]). At most one start and one end per worker.
-    attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
-    /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
-    carry_budget: usize,
-    /// Changes of sealed documents looked at by carries since start ([`Core::carried_changes`]).
-    carried_changes: u64,
-    /// Carry without the budget: what is carried now is shown in the view (a follower moving
-    /// to a successor carries its own late writes before showing it).
-    carry_whole: bool,
-    /// A carry was left for the next turn, which is due at once.
-    carry_again: Option<Instant>,
-    /// Run records and final summaries not yet written, per task document: written as one
-    /// change per document at the end of the turn. At most one run per worker plus the tasks
-    /// that became final in this turn.
-    task_writes: BTreeMap<DocId, TaskWrites>,
     /// The documents of each queue's first pending tasks in routing order (at most
     /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
     prefetch: BTreeMap<QueueId, BTreeSet<TaskId>>,
-    /// What the runs of inline tasks produced, from their end until the pool's finish writes
-    /// it with the end: at most one per worker.
-    outputs: BTreeMap<(TaskId, AttemptId), Output>,
-    /// Final statuses of inline tasks to archive at the end of the turn (tasks that became
-    /// final in this turn's refreshes).
-    to_archive: Vec<(TaskId, Vec<u8>)>,
-    /// The latest archived statuses, also in memory: at most [`RECENT_ARCHIVED`].
-    recent_archived: BTreeMap<TaskId, Vec<u8>>,
-    /// `recent_archived`'s keys, oldest first.
-    recent_order: VecDeque<TaskId>,
-    /// Status requests waiting for an archive lookup, by task: counted in [`MAX_WAITERS`].
-    lookups: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
-    /// Status requests asked of the members, by task: counted in [`MAX_WAITERS`].
-    asks: BTreeMap<TaskId, Asking>,
-    /// Members' questions waiting for an archive lookup, by task: at most
-    /// [`MAX_PEER_LOOKUPS`].
-    peer_lookups: BTreeMap<TaskId, BTreeSet<PeerId>>,
-    next_run: u64,
     /// The greatest router claim seen per queue, in views or heartbeats: one per queue.
     seen: BTreeMap<QueueId, Claim>,
     /// Where each queue this node reopens resumes ([`Config::resume`]): taken when the queue
@@ -218,44 +155,17 @@ impl Core {
             pool,
             queues: BTreeMap::new(),
             topics: BTreeMap::new(),
-            epoch_docs: BTreeMap::new(),
-            rotating: BTreeMap::new(),
-            next_rotate: 0,
-            connected: BTreeSet::new(),
-            advertised: vec![],
-            next_dial: now.mono,
             saves: Saves::default(),
-            loads: BTreeMap::new(),
-            load_retries: BTreeSet::new(),
+            docs: Documents::new(now.mono),
+            members: Members::new(now.mono),
+            submits: Submits::default(),
+            lookup: Lookups::default(),
+            archive: Archive::default(),
+            runs: Runs::default(),
+            epochs: Epochs::default(),
             stale: BTreeSet::new(),
-            doc_waiters: BTreeMap::new(),
-            join_retries: vec![],
-            next_join_ask: now.mono,
-            task_waiters: vec![],
-            submit_waits: vec![],
-            acking: BTreeSet::new(),
-            submits_dirty: false,
             batching: false,
-            submit_deadline: None,
-            to_evict: EvictQueue::default(),
-            runs: BTreeMap::new(),
-            starting: Vec::new(),
-            to_revive: BTreeSet::new(),
-            attempt_writes: BTreeMap::new(),
-            carry_budget: CARRY_PER_TURN,
-            carried_changes: 0,
-            carry_whole: false,
-            carry_again: None,
-            task_writes: BTreeMap::new(),
             prefetch: BTreeMap::new(),
-            outputs: BTreeMap::new(),
-            to_archive: Vec::new(),
-            recent_archived: BTreeMap::new(),
-            recent_order: VecDeque::new(),
-            lookups: BTreeMap::new(),
-            asks: BTreeMap::new(),
-            peer_lookups: BTreeMap::new(),
-            next_run: 0,
             seen: BTreeMap::new(),
             resume,
             stopping: None,
@@ -313,7 +223,7 @@ impl Core {
     /// started: what carrying late writes has cost it (a work counter; a carry costs the
     /// changes after the seal, not the epoch's history).
     pub fn carried_changes(&self) -> u64 {
-        self.carried_changes
+        self.epochs.carried_changes
     }
 
     /// A joined queue's current epoch: its number and its document.
@@ -364,25 +274,28 @@ impl Core {
 
     /// Runs in flight.
     pub fn running(&self) -> usize {
-        self.runs.len()
+        self.runs.live.len()
     }
 
     /// The sizes of the core's collections, for tests that check they stay bounded.
     pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
         BTreeMap::from([
             ("queues", self.queues.len()),
-            ("connected", self.connected.len()),
-            ("loads", self.loads.len()),
-            ("load_retries", self.load_retries.len()),
+            ("connected", self.members.connected.len()),
+            ("loads", self.docs.loads.len()),
+            ("load_retries", self.docs.load_retries.len()),
             ("stale", self.stale.len()),
-            ("doc_waiters", self.doc_waiters.values().map(Vec::len).sum()),
-            ("join_retries", self.join_retries.len()),
-            ("task_waiters", self.task_waiters.len()),
-            ("submit_waits", self.submit_waits.len()),
-            ("to_evict", self.to_evict.len()),
-            ("runs", self.runs.len()),
+            (
+                "doc_waiters",
+                self.docs.waiters.values().map(Vec::len).sum(),
+            ),
+            ("join_retries", self.docs.join_retries.len()),
+            ("task_waiters", self.lookup.waiters.len()),
+            ("submit_waits", self.submits.waits.len()),
+            ("to_evict", self.docs.to_evict.len()),
+            ("runs", self.runs.live.len()),
             ("loaded", self.replica.loaded()),
-            ("epoch_docs", self.epoch_docs.len()),
+            ("epoch_docs", self.epochs.docs.len()),
             ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
             (
                 "sealed_dirty",
@@ -391,7 +304,7 @@ impl Core {
                     .map(|q| q.sealed.values().filter(|s| s.dirty).count())
                     .sum(),
             ),
-            ("rotating", self.rotating.len()),
+            ("rotating", self.epochs.rotating.len()),
             ("retired_task_docs", self.retention.len().0),
             ("retired_epochs", self.retention.len().1),
         ])
@@ -399,10 +312,10 @@ impl Core {
 
     /// The node's advertised addresses changed: record them in every joined queue.
     pub fn handle_addresses(&mut self, now: Time, addrs: Vec<String>) {
-        if addrs == self.advertised {
+        if addrs == self.members.advertised {
             return;
         }
-        self.advertised = addrs;
+        self.members.advertised = addrs;
         let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
         for id in ids {
             self.write_member(now, &id);
@@ -412,8 +325,8 @@ impl Core {
 
     /// A sync stream to `peer` opened: start syncing with it.
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
-        self.submits_dirty = true;
-        self.connected.insert(peer.clone());
+        self.submits.dirty = true;
+        self.members.connected.insert(peer.clone());
         for q in self.queues.values_mut() {
             if q.view.members.contains_key(&peer) {
                 q.router.handle_member_connected(now.mono);
@@ -437,11 +350,12 @@ impl Core {
         // A member that comes back may hold the documents of tasks whose input was unavailable.
         for (qid, q) in &self.queues {
             for t in q.view.input_unavailable() {
-                self.to_revive
+                self.runs
+                    .to_revive
                     .insert((qid.clone(), t.id.clone(), t.last_n()));
             }
         }
-        for w in std::mem::take(&mut self.join_retries) {
+        for w in std::mem::take(&mut self.docs.join_retries) {
             if let DocWaiter::Join { id, .. } = &w
                 && let Some(doc) = queue_doc(id)
             {
@@ -454,15 +368,15 @@ impl Core {
     /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
     /// starts over).
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
-        self.submits_dirty = true;
-        self.connected.remove(peer);
+        self.submits.dirty = true;
+        self.members.connected.remove(peer);
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
-        let tasks: Vec<TaskId> = self.asks.keys().cloned().collect();
+        let tasks: Vec<TaskId> = self.lookup.asks.keys().cloned().collect();
         for task in tasks {
             self.not_answered(&task, peer);
         }
-        for peers in self.peer_lookups.values_mut() {
+        for peers in self.lookup.for_peers.values_mut() {
             peers.remove(peer);
         }
         self.turn(now);
@@ -482,7 +396,7 @@ impl Core {
 
     /// A frame from `peer`'s sync stream (the transport authenticated the peer).
     pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
-        self.submits_dirty = true;
+        self.submits.dirty = true;
         if Ask::is_ask(frame) {
             match Ask::decode(frame) {
                 Some(ask) => self.handle_ask(peer, ask),
@@ -552,15 +466,15 @@ impl Core {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = [
             Some(self.pool.poll_timeout()),
-            Some(self.next_dial).filter(|_| !self.queues.is_empty()),
+            Some(self.members.next_dial).filter(|_| !self.queues.is_empty()),
             self.queues
                 .values()
                 .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
                 .min(),
             self.saves.poll_timeout(),
-            self.load_retries.first().map(|(at, _)| *at),
+            self.docs.load_retries.first().map(|(at, _)| *at),
             self.replica.poll_timeout(),
-            self.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
+            self.docs.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
         ]
         .into_iter()
         .flatten()
@@ -571,19 +485,19 @@ impl Core {
                 earliest(r);
             }
         }
-        if let Some(d) = self.submit_deadline {
+        if let Some(d) = self.submits.deadline {
             earliest(d);
         }
-        if let Some(d) = self.asks.values().map(|a| a.deadline).min() {
+        if let Some(d) = self.lookup.asks.values().map(|a| a.deadline).min() {
             earliest(d);
         }
         if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
-            if !self.runs.is_empty() {
+            if !self.runs.live.is_empty() {
                 earliest(s.grace_until);
             }
             earliest(s.flush_until);
         }
-        if let Some(d) = self.carry_again {
+        if let Some(d) = self.epochs.carry_again {
             earliest(d);
         }
         for s in self.queues.values().flat_map(|q| q.sealed.values()) {
@@ -591,19 +505,19 @@ impl Core {
                 earliest(t);
             }
         }
-        for r in self.rotating.values() {
+        for r in self.epochs.rotating.values() {
             if let Some(d) = r.last {
                 earliest(d);
             }
         }
-        for w in &self.task_waiters {
+        for w in &self.lookup.waiters {
             earliest(w.until);
         }
-        for ws in self.doc_waiters.values() {
+        for ws in self.docs.waiters.values() {
             for w in ws {
                 match w {
                     DocWaiter::Join { deadline, .. } => {
-                        earliest((*deadline).min(self.next_join_ask));
+                        earliest((*deadline).min(self.docs.next_join_ask));
                     }
                     DocWaiter::Status { deadline, .. } => earliest(*deadline),
                     DocWaiter::Start { .. }
@@ -622,9 +536,9 @@ impl Core {
                 }
             }
         }
-        for w in &self.join_retries {
+        for w in &self.docs.join_retries {
             if let DocWaiter::Join { deadline, .. } = w {
-                earliest((*deadline).min(self.next_join_ask));
+                earliest((*deadline).min(self.docs.next_join_ask));
             }
         }
         t
@@ -675,8 +589,8 @@ impl Core {
         }
         self.replica.handle_timeout(now.mono);
         self.saves.handle_timeout(now.mono);
-        self.carry_budget = CARRY_PER_TURN;
-        self.carry_again = None;
+        self.epochs.carry_budget = CARRY_PER_TURN;
+        self.epochs.carry_again = None;
         // Carries whose wait is over are due at this turn's epoch work (and no longer a timer).
         for s in self.queues.values_mut().flat_map(|q| q.sealed.values_mut()) {
             if s.retry_at.is_some_and(|t| now.mono >= t) {
@@ -685,11 +599,11 @@ impl Core {
         }
         self.expire_frozen(now);
         self.interrupt_at_grace(now);
-        while let Some((at, doc)) = self.load_retries.first().cloned() {
+        while let Some((at, doc)) = self.docs.load_retries.first().cloned() {
             if at > now.mono {
                 break;
             }
-            self.load_retries.pop_first();
+            self.docs.load_retries.pop_first();
             self.io.push_back(Io::Load { doc });
         }
         let mut rounds = 0;
@@ -703,7 +617,7 @@ impl Core {
             for id in &ids {
                 self.epoch_work(now, id);
             }
-            for (queue, task, n) in std::mem::take(&mut self.to_revive) {
+            for (queue, task, n) in std::mem::take(&mut self.runs.to_revive) {
                 self.revive(now, queue, task, n);
             }
             for q in self.queues.values_mut() {
@@ -723,7 +637,7 @@ impl Core {
         self.flush_task_writes(now);
         self.flush_archive();
         // Asked only of a document whose compaction is due (rarely), not for every write.
-        let (rotating, queues) = (&self.rotating, &self.queues);
+        let (rotating, queues) = (&self.epochs.rotating, &self.queues);
         let sealing = |d: &DocId| {
             rotating.values().any(|r| r.prev == *d)
                 || queues.values().any(|q| q.sealed.contains_key(d))
@@ -738,9 +652,9 @@ impl Core {
         self.expire_doc_waiters(now);
         self.ask_joins_again(now);
         self.answer_stop(now);
-        if now.mono >= self.next_dial {
+        if now.mono >= self.members.next_dial {
             self.dial_members();
-            self.next_dial = now.mono + DIAL_EVERY;
+            self.members.next_dial = now.mono + DIAL_EVERY;
         }
     }
 }

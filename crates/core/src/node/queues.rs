@@ -68,7 +68,12 @@ impl Core {
     ) -> Result<QueueId, QueueError> {
         let mut doc = self.new_doc();
         queue::create(&mut doc, name, config, &self.config.peer, now.unix_ms)?;
-        queue::set_member(&mut doc, &self.config.peer, &self.advertised, now.unix_ms)?;
+        queue::set_member(
+            &mut doc,
+            &self.config.peer,
+            &self.members.advertised,
+            now.unix_ms,
+        )?;
         let id = DocId::generate(&mut self.rng);
         self.replica
             .set_group(&id, BTreeSet::from([self.config.peer.clone()]));
@@ -113,11 +118,11 @@ impl Core {
         if q.view
             .members
             .get(&me)
-            .is_some_and(|m| m.addrs == self.advertised)
+            .is_some_and(|m| m.addrs == self.members.advertised)
         {
             return;
         }
-        let addrs = self.advertised.clone();
+        let addrs = self.members.advertised.clone();
         self.write_queue(now, id, "this node's membership", |d| {
             queue::set_member(d, &me, &addrs, now.unix_ms)
         });
@@ -138,7 +143,7 @@ impl Core {
             topic: topic.clone(),
         });
         self.topics.insert(topic.clone(), id.clone());
-        self.epoch_docs.insert(doc.clone(), id.clone());
+        self.epochs.docs.insert(doc.clone(), id.clone());
         let root = doc.clone();
         self.queues.insert(
             id.clone(),
@@ -181,6 +186,7 @@ impl Core {
         if let Some(q) = self.queues.get_mut(&id) {
             // A member reached before the queue was opened: the silence counts from now.
             if self
+                .members
                 .connected
                 .iter()
                 .any(|p| q.view.members.contains_key(p))
@@ -192,7 +198,7 @@ impl Core {
                 self.pool.set_heartbeat(beat);
             }
         }
-        self.next_dial = now.mono;
+        self.members.next_dial = now.mono;
     }
 
     /// Re-reads a queue's view and hands it to the router and the pool.
@@ -237,7 +243,9 @@ impl Core {
             if state == TaskState::InputUnavailable
                 && old.task(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
             {
-                self.to_revive.insert((id.clone(), tid.clone(), t.last_n()));
+                self.runs
+                    .to_revive
+                    .insert((id.clone(), tid.clone(), t.last_n()));
             }
             let final_now = state.is_final();
             let before = old.task(tid).map(|o| o.state().is_final());
@@ -250,7 +258,7 @@ impl Core {
                 if final_now && let Some(d) = self.replica.get(&q.doc) {
                     let status = inline_status(id, t, d);
                     if let Ok(json) = serde_json::to_vec(&status) {
-                        self.to_archive.push((tid.clone(), json));
+                        self.archive.pending.push((tid.clone(), json));
                     }
                 }
                 continue;
@@ -271,7 +279,7 @@ impl Core {
                 retired.push(td.clone());
             }
             // Live or final, a task's document leaves memory once saved and idle.
-            self.to_evict.insert_if_absent(td, now.mono);
+            self.docs.to_evict.insert_if_absent(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
@@ -289,7 +297,7 @@ impl Core {
                 .chain([self.config.peer.clone()])
                 .collect();
             self.replica.set_group(&qdoc, members);
-            self.next_dial = now.mono;
+            self.members.next_dial = now.mono;
         }
         if self.queues.get(id).is_some_and(|q| q.doc != left) {
             self.archive_left_behind(id, &old, &view, &left);
@@ -343,7 +351,7 @@ impl Core {
                 Some(inline_status(id, &entry, doc))
             });
             match found.map(|status| serde_json::to_vec(&status)) {
-                Some(Ok(json)) => self.to_archive.push((tid.clone(), json)),
+                Some(Ok(json)) => self.archive.pending.push((tid.clone(), json)),
                 Some(Err(e)) => tracing::warn!(task = %tid, "cannot encode a final status: {e}"),
                 None => tracing::debug!(task = %tid, "left an epoch live, final nowhere here"),
             }
@@ -374,7 +382,7 @@ impl Core {
         }
         for t in old.difference(&window) {
             if let Some(doc) = task_doc(t) {
-                self.to_evict.insert_if_absent(doc, now.mono);
+                self.docs.to_evict.insert_if_absent(doc, now.mono);
             }
         }
         self.prefetch.insert(id.clone(), window);
@@ -407,7 +415,7 @@ impl Core {
             urgent: Some(t.urgent),
             max_attempts: Some(t.max_attempts),
         };
-        self.task_writes.entry(td.clone()).or_default().summary = Some(summary);
+        self.runs.task_writes.entry(td.clone()).or_default().summary = Some(summary);
     }
 
     /// Carries out the routers' and the pool's actions; true if there were any.
@@ -536,7 +544,7 @@ impl Core {
         let mut wanted: BTreeMap<PeerId, Vec<String>> = BTreeMap::new();
         for q in self.queues.values() {
             for (peer, member) in &q.view.members {
-                if *peer == self.config.peer || self.connected.contains(peer) {
+                if *peer == self.config.peer || self.members.connected.contains(peer) {
                     continue;
                 }
                 wanted

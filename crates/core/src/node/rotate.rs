@@ -9,7 +9,7 @@ impl Core {
     /// live, once its finished tasks outweigh the live ones ([`epoch::should_rotate`]). The
     /// successor is built off this thread ([`Io::Rotate`]); [`Core::handle_rotated`] seals.
     pub(super) fn maybe_rotate(&mut self, now: Time, id: &QueueId) {
-        if self.rotating.values().any(|r| r.queue == *id) {
+        if self.epochs.rotating.values().any(|r| r.queue == *id) {
             return;
         }
         let Some(q) = self.queues.get(id) else {
@@ -49,9 +49,9 @@ impl Core {
         let copy = Box::new(old_doc.clone());
         let heads = copy.get_heads();
         let successor = DocId::generate(&mut self.rng);
-        self.next_rotate += 1;
-        let rid = RotateId(self.next_rotate);
-        self.rotating.insert(
+        self.epochs.next_rotate += 1;
+        let rid = RotateId(self.epochs.next_rotate);
+        self.epochs.rotating.insert(
             rid,
             Rotating {
                 queue: id.clone(),
@@ -100,7 +100,7 @@ impl Core {
                 }
             }
             Outcome::Successor(result) => {
-                if let Some(r) = self.rotating.remove(&built.id) {
+                if let Some(r) = self.epochs.rotating.remove(&built.id) {
                     self.rotated(now, r, built.id, result);
                 }
             }
@@ -158,7 +158,7 @@ impl Core {
                     q.frozen = true;
                 }
             }
-            self.rotating.insert(rid, r);
+            self.epochs.rotating.insert(rid, r);
             self.io.push_back(Io::Rotate(Box::new(Rotate {
                 id: rid,
                 old: copy,
@@ -185,7 +185,7 @@ impl Core {
         let succ_id = r.successor.clone();
         self.replica
             .create(succ_id.clone(), succ, Some(epoch_scope(&root)));
-        self.epoch_docs.insert(succ_id.clone(), id.clone());
+        self.epochs.docs.insert(succ_id.clone(), id.clone());
         self.saves.changed(&succ_id);
         let seal = Seal {
             claim: r.claim.clone(),
@@ -237,13 +237,14 @@ impl Core {
             }
         }
         let late: Vec<RotateId> = self
+            .epochs
             .rotating
             .iter()
             .filter(|(_, r)| r.last.is_some_and(|d| now.mono >= d))
             .map(|(id, _)| *id)
             .collect();
         for rid in late {
-            if let Some(r) = self.rotating.remove(&rid) {
+            if let Some(r) = self.epochs.rotating.remove(&rid) {
                 tracing::warn!(queue = %r.queue, "a rotation's last catch-up did not come back; it is dropped");
                 if let Some(q) = self.queues.get_mut(&r.queue) {
                     q.frozen = false;
@@ -303,7 +304,7 @@ impl Core {
             }
         }
         for (id, doc, epoch_no) in gone {
-            self.epoch_docs.remove(&doc);
+            self.epochs.docs.remove(&doc);
             self.retire(doc.clone(), Retired::Epoch);
             // No longer announced, but still served from disk to a member that asks: one
             // that comes back behind the seal catches up through it.
@@ -317,7 +318,7 @@ impl Core {
                     },
                 );
             }
-            self.to_evict.insert_if_absent(doc, now.mono);
+            self.docs.to_evict.insert_if_absent(doc, now.mono);
             self.events.push_back(Event::Epoch {
                 queue: id,
                 event: EpochEvent::Evicted { epoch: epoch_no },

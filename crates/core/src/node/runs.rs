@@ -8,7 +8,7 @@ use super::*;
 impl Core {
     /// The answer to [`Io::Run`].
     pub fn handle_run_ended(&mut self, now: Time, id: RunId, result: RunResult) {
-        let Some(Running { run, start }) = self.runs.remove(&id) else {
+        let Some(Running { run, start }) = self.runs.live.remove(&id) else {
             return;
         };
         let ok = result.result.is_ok();
@@ -51,16 +51,17 @@ impl Core {
                     .and_then(|v| serde_json::to_string(v).ok()),
                 logs: task_end.logs,
             };
-            self.outputs.insert(key.clone(), output);
+            self.runs.outputs.insert(key.clone(), output);
         } else if let Some(tdoc) = task_doc(&run.task) {
-            self.task_writes
+            self.runs
+                .task_writes
                 .entry(tdoc)
                 .or_default()
                 .runs
                 .push((start, task_end));
         }
         if !self.pool.handle_finished(run.worker.index, end) {
-            self.outputs.remove(&key);
+            self.runs.outputs.remove(&key);
         }
         self.turn(now);
     }
@@ -109,7 +110,7 @@ impl Core {
                         reason: error.clone().unwrap_or_default(),
                     });
                 }
-                let output = self.outputs.remove(&(task.clone(), attempt.clone()));
+                let output = self.runs.outputs.remove(&(task.clone(), attempt.clone()));
                 let inline = self.inline_input(&qid, &task).is_some();
                 if outcome == AttemptOutcome::Interrupted
                     && !inline
@@ -137,13 +138,15 @@ impl Core {
                         logs: vec![],
                     };
                     // Best effort: the task document may not be here.
-                    self.task_writes
+                    self.runs
+                        .task_writes
                         .entry(doc)
                         .or_default()
                         .runs
                         .push((start, end));
                 }
-                self.attempt_writes
+                self.runs
+                    .attempt_writes
                     .entry(qid)
                     .or_default()
                     .push(PendingAttempt {
@@ -220,7 +223,8 @@ impl Core {
             self.pool.handle_start_failed(index, reason);
             return;
         }
-        self.attempt_writes
+        self.runs
+            .attempt_writes
             .entry(run.queue.clone())
             .or_default()
             .push(PendingAttempt {
@@ -238,14 +242,14 @@ impl Core {
     /// refreshes those views (routers must see their own queue's writes before deciding
     /// again) and hands each recorded start to the driver. True if anything was written.
     pub(super) fn flush_attempts(&mut self, now: Time) -> bool {
-        if self.attempt_writes.is_empty() {
+        if self.runs.attempt_writes.is_empty() {
             return false;
         }
         let mut wrote = false;
-        for (id, mut pending) in std::mem::take(&mut self.attempt_writes) {
+        for (id, mut pending) in std::mem::take(&mut self.runs.attempt_writes) {
             if self.queues.get(&id).is_some_and(|q| q.frozen) {
                 // Held until the queue's successor is in place (they go there).
-                let later = self.attempt_writes.entry(id).or_default();
+                let later = self.runs.attempt_writes.entry(id).or_default();
                 pending.append(later);
                 *later = pending;
                 continue;
@@ -310,16 +314,20 @@ impl Core {
     /// refused, as if the fence had been known when they were asked for. True if any was.
     pub(super) fn abort_fenced_starts(&mut self) -> bool {
         let mut aborted = false;
-        let starting = std::mem::take(&mut self.starting);
+        let starting = std::mem::take(&mut self.runs.starting);
         for req in starting {
-            let reason = self.runs.get(&req.id).and_then(|r| self.fenced(&r.run));
+            let reason = self
+                .runs
+                .live
+                .get(&req.id)
+                .and_then(|r| self.fenced(&r.run));
             match reason {
                 Some(reason) => {
-                    self.runs.remove(&req.id);
+                    self.runs.live.remove(&req.id);
                     self.pool.handle_start_failed(req.worker.index, reason);
                     aborted = true;
                 }
-                None => self.starting.push(req),
+                None => self.runs.starting.push(req),
             }
         }
         aborted
@@ -327,7 +335,7 @@ impl Core {
 
     /// Hands this turn's starts to the driver.
     pub(super) fn hand_over_starts(&mut self) {
-        for req in std::mem::take(&mut self.starting) {
+        for req in std::mem::take(&mut self.runs.starting) {
             self.events.push_back(Event::RunStarted {
                 queue: req.queue.clone(),
                 task: req.task.clone(),
@@ -351,7 +359,7 @@ impl Core {
     /// Writes each task document's pending run records and summary in one change.
     /// A document that left memory is read back first; its writes wait for it.
     pub(super) fn flush_task_writes(&mut self, now: Time) {
-        for (doc, w) in std::mem::take(&mut self.task_writes) {
+        for (doc, w) in std::mem::take(&mut self.runs.task_writes) {
             if self
                 .replica
                 .get(&doc)
@@ -361,10 +369,11 @@ impl Core {
                     continue;
                 }
                 let waits = self
-                    .doc_waiters
+                    .docs
+                    .waiters
                     .get(&doc)
                     .is_some_and(|ws| ws.iter().any(|w| matches!(w, DocWaiter::Write)));
-                self.task_writes.insert(doc.clone(), w);
+                self.runs.task_writes.insert(doc.clone(), w);
                 if !waits {
                     self.wait_for(now, &doc, DocWaiter::Write);
                 }
@@ -386,11 +395,11 @@ impl Core {
             incarnation: self.config.incarnation,
             at: now.unix_ms,
         };
-        self.next_run += 1;
-        let id = RunId(self.next_run);
+        self.runs.next += 1;
+        let id = RunId(self.runs.next);
         // Handed to the driver at the end of the turn, if no higher claim came to light
         // meanwhile ([`Core::abort_fenced_starts`]).
-        self.starting.push(RunRequest {
+        self.runs.starting.push(RunRequest {
             id,
             queue: run.queue.clone(),
             task: run.task.clone(),
@@ -399,7 +408,7 @@ impl Core {
             kind: run.kind.clone(),
             input,
         });
-        self.runs.insert(id, Running { run, start });
+        self.runs.live.insert(id, Running { run, start });
     }
 
     /// A task's input was unavailable to its worker: if this node holds the task's document,
@@ -425,7 +434,7 @@ impl Core {
             });
             return;
         }
-        let waiting = self.doc_waiters.get(&doc).is_some_and(|ws| {
+        let waiting = self.docs.waiters.get(&doc).is_some_and(|ws| {
             ws.iter()
                 .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. }))
         });

@@ -21,13 +21,14 @@ impl Core {
             return;
         }
         if !indexed {
-            if let Some(json) = self.recent_archived.get(&task) {
+            if let Some(json) = self.archive.recent.get(&task) {
                 let reply = archived_status(&task, json);
                 self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
                 return;
             }
-            let asked = self.lookups.contains_key(&task);
-            self.lookups
+            let asked = self.lookup.archive.contains_key(&task);
+            self.lookup
+                .archive
                 .entry(task.clone())
                 .or_default()
                 .push((cmd, wait_until));
@@ -44,11 +45,12 @@ impl Core {
     /// ran while this node was down or cut off, in epochs it skipped). Answered "not found"
     /// when every member asked said it knows nothing, or after [`FIND_TIMEOUT`].
     pub(super) fn ask_members(&mut self, now: Time, cmd: CommandId, task: TaskId) {
-        if let Some(a) = self.asks.get_mut(&task) {
+        if let Some(a) = self.lookup.asks.get_mut(&task) {
             a.cmds.push(cmd);
             return;
         }
         let members: BTreeSet<PeerId> = self
+            .members
             .connected
             .iter()
             .filter(|p| {
@@ -67,7 +69,7 @@ impl Core {
         for p in &members {
             self.transmit.push_back((p.clone(), frame.clone()));
         }
-        self.asks.insert(
+        self.lookup.asks.insert(
             task,
             Asking {
                 cmds: vec![cmd],
@@ -86,13 +88,14 @@ impl Core {
                     return;
                 }
                 // Perhaps archived here: look, and answer then.
-                let looking =
-                    self.lookups.contains_key(&task) || self.peer_lookups.contains_key(&task);
-                if !looking && self.peer_lookups.len() >= MAX_PEER_LOOKUPS {
+                let looking = self.lookup.archive.contains_key(&task)
+                    || self.lookup.for_peers.contains_key(&task);
+                if !looking && self.lookup.for_peers.len() >= MAX_PEER_LOOKUPS {
                     self.answer_ask(peer, &task, None);
                     return;
                 }
-                self.peer_lookups
+                self.lookup
+                    .for_peers
                     .entry(task.clone())
                     .or_default()
                     .insert(peer.clone());
@@ -102,6 +105,7 @@ impl Core {
             }
             Ask::Answer { task, status } => {
                 let asked = self
+                    .lookup
                     .asks
                     .get_mut(&task)
                     .is_some_and(|a| a.waiting.remove(peer));
@@ -115,13 +119,17 @@ impl Core {
                 });
                 match found {
                     Some(s) => {
-                        let a = self.asks.remove(&task).map_or_else(Vec::new, |a| a.cmds);
+                        let a = self
+                            .lookup
+                            .asks
+                            .remove(&task)
+                            .map_or_else(Vec::new, |a| a.cmds);
                         // Learned: a final status is archived here, so that this node answers
                         // for the task from now on, even with no member connected.
                         if s.state.is_final()
                             && let Ok(json) = serde_json::to_vec(&s)
                         {
-                            self.to_archive.push((task.clone(), json));
+                            self.archive.pending.push((task.clone(), json));
                         }
                         for cmd in a {
                             self.replies
@@ -137,12 +145,12 @@ impl Core {
     /// `peer` will not tell anything of `task` (it knows nothing, or it is gone): once no
     /// member asked is left, the requests are answered "not found".
     pub(super) fn not_answered(&mut self, task: &TaskId, peer: &PeerId) {
-        let Some(a) = self.asks.get_mut(task) else {
+        let Some(a) = self.lookup.asks.get_mut(task) else {
             return;
         };
         a.waiting.remove(peer);
         if a.waiting.is_empty()
-            && let Some(a) = self.asks.remove(task)
+            && let Some(a) = self.lookup.asks.remove(task)
         {
             for cmd in a.cmds {
                 let r = Err(TaskError::NotFound(task.clone()));
@@ -170,7 +178,7 @@ impl Core {
                     .flatten(),
             );
         }
-        if let Some(json) = self.recent_archived.get(task) {
+        if let Some(json) = self.archive.recent.get(task) {
             return Some(self.shareable(peer, json));
         }
         None
@@ -230,13 +238,13 @@ impl Core {
     /// The archive's answer for a task (see [`Io::Lookup`]): its final status, or `None` if
     /// it is not archived here, in which case the requests look for its task document.
     pub fn handle_archived(&mut self, now: Time, task: TaskId, status: Option<Vec<u8>>) {
-        for peer in self.peer_lookups.remove(&task).unwrap_or_default() {
+        for peer in self.lookup.for_peers.remove(&task).unwrap_or_default() {
             let answer = status
                 .as_deref()
                 .and_then(|json| self.shareable(&peer, json));
             self.answer_ask(&peer, &task, answer);
         }
-        let waiting = self.lookups.remove(&task).unwrap_or_default();
+        let waiting = self.lookup.archive.remove(&task).unwrap_or_default();
         for (cmd, wait_until) in waiting {
             match &status {
                 Some(json) => {
@@ -258,22 +266,23 @@ impl Core {
 
     /// Hands the turn's archive records to the driver, and keeps the latest in memory.
     pub(super) fn flush_archive(&mut self) {
-        if self.to_archive.is_empty() {
+        if self.archive.pending.is_empty() {
             return;
         }
-        let records = std::mem::take(&mut self.to_archive);
+        let records = std::mem::take(&mut self.archive.pending);
         for (task, json) in &records {
             if self
-                .recent_archived
+                .archive
+                .recent
                 .insert(task.clone(), json.clone())
                 .is_none()
             {
-                self.recent_order.push_back(task.clone());
+                self.archive.order.push_back(task.clone());
             }
         }
-        while self.recent_order.len() > RECENT_ARCHIVED {
-            if let Some(t) = self.recent_order.pop_front() {
-                self.recent_archived.remove(&t);
+        while self.archive.order.len() > RECENT_ARCHIVED {
+            if let Some(t) = self.archive.order.pop_front() {
+                self.archive.recent.remove(&t);
             }
         }
         self.io.push_back(Io::Archive { records });
@@ -374,7 +383,7 @@ impl Core {
         match (self.status_of(&task), wait_until) {
             (Ok(s), Some(until)) if !is_done(&s) && now.mono < until => {
                 let wait = until.saturating_duration_since(now.mono);
-                self.task_waiters.push(TaskWaiter {
+                self.lookup.waiters.push(TaskWaiter {
                     cmd,
                     task,
                     until,
@@ -392,7 +401,7 @@ impl Core {
     }
 
     pub(super) fn check_task_waiters(&mut self, now: Time) {
-        let waiters = std::mem::take(&mut self.task_waiters);
+        let waiters = std::mem::take(&mut self.lookup.waiters);
         for w in waiters {
             let Some(doc) = task_doc(&w.task) else {
                 continue;
@@ -427,7 +436,7 @@ impl Core {
                 continue;
             }
             match self.status_of(&w.task) {
-                Ok(s) if !is_done(&s) => self.task_waiters.push(w),
+                Ok(s) if !is_done(&s) => self.lookup.waiters.push(w),
                 r => self.replies.push_back((w.cmd, Reply::Task(Box::new(r)))),
             }
         }

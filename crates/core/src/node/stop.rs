@@ -31,7 +31,7 @@ impl Core {
         // Starts waiting for their task's document will not run here: refused, so that the
         // router routes them elsewhere at once.
         let mut refused = Vec::new();
-        for ws in self.doc_waiters.values_mut() {
+        for ws in self.docs.waiters.values_mut() {
             ws.retain(|w| match w {
                 DocWaiter::Start { run, .. } => {
                     refused.push(run.worker.index);
@@ -40,7 +40,7 @@ impl Core {
                 _ => true,
             });
         }
-        self.doc_waiters.retain(|_, ws| !ws.is_empty());
+        self.docs.waiters.retain(|_, ws| !ws.is_empty());
         for index in refused {
             self.pool
                 .handle_start_failed(index, "the worker's node is stopping".into());
@@ -51,7 +51,7 @@ impl Core {
             cmds: vec![cmd],
             grace_until,
             flush_until: grace_until + crate::STOP_FLUSH_WAIT,
-            runs_at_stop: self.runs.len(),
+            runs_at_stop: self.runs.live.len(),
             flush: None,
             report: api::StopReport {
                 handed_over,
@@ -68,13 +68,14 @@ impl Core {
         let Some(s) = self.stopping.as_mut() else {
             return;
         };
-        if s.answered || now.mono < s.grace_until || self.runs.is_empty() {
+        if s.answered || now.mono < s.grace_until || self.runs.live.is_empty() {
             return;
         }
-        let runs = std::mem::take(&mut self.runs);
+        let runs = std::mem::take(&mut self.runs.live);
         s.report.runs_interrupted += runs.len();
         for Running { run, .. } in runs.into_values() {
-            self.outputs
+            self.runs
+                .outputs
                 .remove(&(run.task.clone(), run.attempt.clone()));
             self.pool.interrupt(
                 run.worker.index,
@@ -94,11 +95,11 @@ impl Core {
             .queues
             .values()
             .any(|q| matches!(q.router.role(), Role::Stopped { handing: Some(_) }));
-        let written = self.runs.is_empty()
-            && self.starting.is_empty()
-            && self.attempt_writes.values().all(Vec::is_empty)
-            && self.task_writes.is_empty()
-            && self.to_archive.is_empty();
+        let written = self.runs.live.is_empty()
+            && self.runs.starting.is_empty()
+            && self.runs.attempt_writes.values().all(Vec::is_empty)
+            && self.runs.task_writes.is_empty()
+            && self.archive.pending.is_empty();
         let flush = match (&s.flush, written) {
             (Some(f), _) => Some(f.clone()),
             (None, true) => Some(self.saves.unsaved()),

@@ -81,7 +81,7 @@ impl Core {
         else {
             return Err(SubmitError::NotJoined(queue_id));
         };
-        if self.submit_waits.len() >= MAX_PENDING_SUBMITS {
+        if self.submits.waits.len() >= MAX_PENDING_SUBMITS {
             return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
         }
         let live = c.pending + c.assigned + c.running + c.input_unavailable;
@@ -156,7 +156,7 @@ impl Core {
             );
             self.saves.changed(&tdoc);
             // Leaves memory once saved and idle (it is read again when a run starts).
-            self.to_evict.insert_if_absent(tdoc.clone(), now.mono);
+            self.docs.to_evict.insert_if_absent(tdoc.clone(), now.mono);
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
@@ -183,9 +183,11 @@ impl Core {
                 _ => unreachable!("a single submit's refusal returned above"),
             }
         };
-        self.submits_dirty = true;
-        self.acking.extend(tasks.iter().map(|(d, _, _)| d.clone()));
-        self.submit_waits.push(SubmitWait {
+        self.submits.dirty = true;
+        self.submits
+            .acking
+            .extend(tasks.iter().map(|(d, _, _)| d.clone()));
+        self.submits.waits.push(SubmitWait {
             cmd,
             answer,
             tasks,
@@ -202,12 +204,12 @@ impl Core {
     /// and fails those whose documents cannot be written. Runs only when a save ended, a peer
     /// sent something, a submit arrived or the oldest wait's deadline passed.
     pub(super) fn check_submits(&mut self, now: Time) {
-        let due = self.submit_deadline.is_some_and(|d| now.mono >= d);
-        if !std::mem::take(&mut self.submits_dirty) && !due {
+        let due = self.submits.deadline.is_some_and(|d| now.mono >= d);
+        if !std::mem::take(&mut self.submits.dirty) && !due {
             return;
         }
-        self.submit_deadline = None;
-        let waits = std::mem::take(&mut self.submit_waits);
+        self.submits.deadline = None;
+        let waits = std::mem::take(&mut self.submits.waits);
         for w in waits {
             let failing = w
                 .tasks
@@ -228,7 +230,7 @@ impl Core {
                     };
                     self.replies.push_back((w.cmd, reply));
                 } else {
-                    self.submit_waits.push(w);
+                    self.submits.waits.push(w);
                 }
                 continue;
             }
@@ -236,18 +238,19 @@ impl Core {
                 !q.view
                     .members
                     .keys()
-                    .any(|m| *m != self.config.peer && self.connected.contains(m))
+                    .any(|m| *m != self.config.peer && self.members.connected.contains(m))
             });
             let held = w.tasks.iter().all(|(d, h, _)| self.replica.peer_has(d, h))
                 && self.replica.peer_has(&w.queue_doc, &w.queue_heads);
             if !(held || alone || now.mono >= w.deadline) {
                 // Only its deadline (or a peer's message, which marks the waits dirty) can
                 // answer it now.
-                self.submit_deadline = Some(
-                    self.submit_deadline
+                self.submits.deadline = Some(
+                    self.submits
+                        .deadline
                         .map_or(w.deadline, |d| d.min(w.deadline)),
                 );
-                self.submit_waits.push(w);
+                self.submits.waits.push(w);
                 continue;
             }
             self.release_acking(now, &w);
@@ -276,8 +279,8 @@ impl Core {
     /// A submit is answered: its documents may leave memory once idle.
     pub(super) fn release_acking(&mut self, now: Time, w: &SubmitWait) {
         for (d, _, _) in &w.tasks {
-            self.acking.remove(d);
-            self.to_evict.insert_if_absent(d.clone(), now.mono);
+            self.submits.acking.remove(d);
+            self.docs.to_evict.insert_if_absent(d.clone(), now.mono);
         }
     }
 }

@@ -1,0 +1,180 @@
+//! The node's state by concern: what documents are being loaded, waited for and evicted
+//! (`Documents`), the peers (`Members`), submits waiting for their acknowledgement
+//! (`Submits`), status requests and questions (`Lookups`), archived statuses (`Archive`), runs
+//! and the writes they make (`Runs`), and the epoch work in flight (`Epochs`). Plain data,
+//! each bounded as its fields say; the turn modules decide about them. Imports nothing of the
+//! node but the other state modules.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Instant;
+
+use piecework_queue_doc::{AttemptId, Output, PeerId, QueueId, TaskId};
+use piecework_replica::DocId;
+
+use crate::{CommandId, RotateId, RunId, RunRequest, Running};
+
+use super::evict::EvictQueue;
+use super::queue_state::{CARRY_PER_TURN, Rotating};
+use super::waiters::{Asking, DocWaiter, SubmitWait, TaskWaiter};
+use super::writes::{PendingAttempt, TaskWrites};
+
+/// Documents being loaded, waited for, or waiting to leave memory.
+#[derive(Debug)]
+pub(super) struct Documents {
+    /// Load attempts per document being loaded (retried on failure). Bounded by the replica's
+    /// loads (`piecework_replica::MAX_PENDING_LOADS` for peers' messages, plus this node's own
+    /// fetches, which its waiters bound).
+    pub(super) loads: BTreeMap<DocId, u32>,
+    /// Failed loads to retry, by when: a subset of `loads`.
+    pub(super) load_retries: BTreeSet<(Instant, DocId)>,
+    /// Requests parked on a document: at most [`crate::MAX_WAITERS`], plus one start per
+    /// worker.
+    pub(super) waiters: BTreeMap<DocId, Vec<DocWaiter>>,
+    /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
+    /// their deadline. Counted in [`crate::MAX_WAITERS`].
+    pub(super) join_retries: Vec<DocWaiter>,
+    /// When the joins still waiting ask the peers again
+    /// ([`super::waiters::JOIN_ASK_EVERY`]).
+    pub(super) next_join_ask: Instant,
+    /// Documents that may leave memory once saved and unused, and from when: at most the
+    /// loaded documents (an entry whose document is gone is dropped).
+    pub(super) to_evict: EvictQueue,
+}
+
+impl Documents {
+    pub(super) fn new(now: Instant) -> Self {
+        Documents {
+            loads: BTreeMap::new(),
+            load_retries: BTreeSet::new(),
+            waiters: BTreeMap::new(),
+            join_retries: vec![],
+            next_join_ask: now,
+            to_evict: EvictQueue::default(),
+        }
+    }
+}
+
+/// The peers this node is connected to, and what it tells them of itself.
+#[derive(Debug)]
+pub(super) struct Members {
+    /// Peers with an open sync stream (bounded by the transport's connections).
+    pub(super) connected: BTreeSet<PeerId>,
+    /// This node's listen addresses, as written into its queues' member lists.
+    pub(super) advertised: Vec<String>,
+    /// When the members this node has no stream with are dialed next.
+    pub(super) next_dial: Instant,
+}
+
+impl Members {
+    pub(super) fn new(now: Instant) -> Self {
+        Members {
+            connected: BTreeSet::new(),
+            advertised: vec![],
+            next_dial: now,
+        }
+    }
+}
+
+/// Submits waiting to be acknowledged.
+#[derive(Debug, Default)]
+pub(super) struct Submits {
+    /// Submits waiting for durability and replication: at most
+    /// [`crate::MAX_PENDING_SUBMITS`].
+    pub(super) waits: Vec<SubmitWait>,
+    /// The task documents of `waits`: kept in memory until their submit is answered (a
+    /// document that left memory is no longer synced, so no peer would acknowledge it).
+    pub(super) acking: BTreeSet<DocId>,
+    /// Something that can answer a submit wait happened since the waits were last checked.
+    pub(super) dirty: bool,
+    /// The earliest deadline of a durable submit that waits only for a peer to hold it.
+    pub(super) deadline: Option<Instant>,
+}
+
+/// Status requests that wait, and members' questions.
+#[derive(Debug, Default)]
+pub(super) struct Lookups {
+    /// `task status --wait` requests: counted in [`crate::MAX_WAITERS`], each with a
+    /// deadline.
+    pub(super) waiters: Vec<TaskWaiter>,
+    /// Status requests waiting for an archive lookup, by task: counted in
+    /// [`crate::MAX_WAITERS`].
+    pub(super) archive: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
+    /// Status requests asked of the members, by task: counted in [`crate::MAX_WAITERS`].
+    pub(super) asks: BTreeMap<TaskId, Asking>,
+    /// Members' questions waiting for an archive lookup, by task: at most
+    /// [`super::waiters::MAX_PEER_LOOKUPS`].
+    pub(super) for_peers: BTreeMap<TaskId, BTreeSet<PeerId>>,
+}
+
+/// Final statuses of inline tasks: to archive, and the latest archived.
+#[derive(Debug, Default)]
+pub(super) struct Archive {
+    /// Final statuses of inline tasks to archive at the end of the turn (tasks that became
+    /// final in this turn's refreshes).
+    pub(super) pending: Vec<(TaskId, Vec<u8>)>,
+    /// The latest archived statuses, also in memory: at most
+    /// [`super::statuses::RECENT_ARCHIVED`].
+    pub(super) recent: BTreeMap<TaskId, Vec<u8>>,
+    /// `recent`'s keys, oldest first.
+    pub(super) order: VecDeque<TaskId>,
+}
+
+/// This node's runs and the writes they make.
+#[derive(Debug, Default)]
+pub(super) struct Runs {
+    /// Runs in flight, by id: at most one per worker.
+    pub(super) live: BTreeMap<RunId, Running>,
+    /// Runs begun this turn, handed to the driver at its end.
+    pub(super) starting: Vec<RunRequest>,
+    /// The last run id given.
+    pub(super) next: u64,
+    /// Starts and ends of attempts not yet written, per queue, in the order they happened:
+    /// written as one change per queue document when the turn's actions are drained. At most
+    /// one start and one end per worker.
+    pub(super) attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
+    /// Run records and final summaries not yet written, per task document: written as one
+    /// change per document at the end of the turn. At most one run per worker plus the tasks
+    /// that became final in this turn.
+    pub(super) task_writes: BTreeMap<DocId, TaskWrites>,
+    /// What the runs of inline tasks produced, from their end until the pool's finish writes
+    /// it with the end: at most one per worker.
+    pub(super) outputs: BTreeMap<(TaskId, AttemptId), Output>,
+    /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
+    /// most the tasks indexed in that state, drained every turn.
+    pub(super) to_revive: BTreeSet<(QueueId, TaskId, u64)>,
+}
+
+/// The epochs of this node's queues: the documents it holds and the work in flight.
+#[derive(Debug)]
+pub(super) struct Epochs {
+    /// Every epoch document of a joined queue this node holds (current, sealed, the first),
+    /// and its queue.
+    pub(super) docs: BTreeMap<DocId, QueueId>,
+    /// Successors being built off this thread ([`crate::Io::Rotate`]): at most one per queue.
+    pub(super) rotating: BTreeMap<RotateId, Rotating>,
+    /// The last rotation id given.
+    pub(super) next_rotate: u64,
+    /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
+    pub(super) carry_budget: usize,
+    /// Changes of sealed documents looked at by carries since start.
+    pub(super) carried_changes: u64,
+    /// Carry without the budget: what is carried now is shown in the view (a follower moving
+    /// to a successor carries its own late writes before showing it).
+    pub(super) carry_whole: bool,
+    /// A carry was left for the next turn, which is due at once.
+    pub(super) carry_again: Option<Instant>,
+}
+
+impl Default for Epochs {
+    fn default() -> Self {
+        Epochs {
+            docs: BTreeMap::new(),
+            rotating: BTreeMap::new(),
+            next_rotate: 0,
+            carry_budget: CARRY_PER_TURN,
+            carried_changes: 0,
+            carry_whole: false,
+            carry_again: None,
+        }
+    }
+}
