@@ -1,0 +1,353 @@
+//! The routing policy's rules, one story each, with explicit instants over a real queue
+//! document: the concurrency limit, the rate interval, the retry and refusal backoffs, the
+//! routing order (urgent, priority, submit time, FIFO or LIFO), and a run that outlived its
+//! task's outcome. One router (already active) and one pool of four workers on another peer;
+//! the story writes what the workers do into the document.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use automerge::Automerge;
+use piecework_queue_doc::{
+    Assignment, AttemptId, AttemptOutcome, Claim, Order, PeerId, PoolBeat, QueueConfig, QueueId,
+    QueueView, RunningReport, Submission, TaskId, WorkerId, WorkerReport, queue,
+};
+use piecework_router::{Action, Router};
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn router_peer() -> PeerId {
+    PeerId::new("router")
+}
+
+fn pool_peer() -> PeerId {
+    PeerId::new("pool")
+}
+
+/// A router, active, over one queue document, and the pool it routes to.
+struct Lone {
+    doc: Automerge,
+    router: Router,
+    t0: Instant,
+    /// The time reached.
+    at: u64,
+    pool_counter: u64,
+    /// What each of the pool's four workers runs (the pool's heartbeats report it).
+    running: [Option<(TaskId, AttemptId)>; 4],
+    /// Every assignment made, in order.
+    assigned: Vec<Assignment>,
+    next_task: u64,
+}
+
+impl Lone {
+    /// An active router over a queue with `config` (its timings are the test's own: router
+    /// heartbeat 100 ms, pool heartbeat 100 ms, lease 1 s).
+    fn new(config: QueueConfig) -> Self {
+        let config = QueueConfig {
+            heartbeat_ms: 100,
+            takeover_after_ms: 500,
+            settle_ms: 100,
+            pool_heartbeat_ms: 100,
+            lease_ms: 1_000,
+            ..config
+        };
+        config
+            .validate()
+            .expect("the story's configuration is valid");
+        let mut doc = Automerge::new();
+        queue::create(&mut doc, "q", &config, &router_peer(), 0).unwrap();
+        queue::set_member(&mut doc, &pool_peer(), &[], 0).unwrap();
+        // The anchor of virtual time; every instant below is an offset from it.
+        #[allow(clippy::disallowed_methods)]
+        let t0 = Instant::now();
+        let router = Router::new(QueueId::new("automerge:q"), router_peer(), t0);
+        let mut l = Lone {
+            doc,
+            router,
+            t0,
+            at: 0,
+            pool_counter: 0,
+            running: Default::default(),
+            assigned: vec![],
+            next_task: 0,
+        };
+        l.view();
+        // No router is named: it claims at once, rechecks a settle later, and routes a pool
+        // heartbeat after that.
+        l.to(0);
+        l.to(100);
+        assert!(l.router.is_active(), "{:?}", l.router.role());
+        l
+    }
+
+    fn view(&mut self) {
+        let v = Arc::new(QueueView::read(&self.doc).unwrap());
+        self.router.handle_view(self.t0 + ms(self.at), v);
+    }
+
+    /// Submits a task: `(priority, urgent)`, at submit time `at` (unix ms).
+    fn submit(&mut self, priority: i64, urgent: bool, at: u64) -> TaskId {
+        self.next_task += 1;
+        let id = TaskId::new(format!("automerge:task{:04}", self.next_task));
+        queue::submit(
+            &mut self.doc,
+            &Submission {
+                id: id.clone(),
+                kind: "k".into(),
+                submitter: router_peer(),
+                submitted_at: at,
+                priority,
+                urgent,
+                max_attempts: None,
+                input: None,
+            },
+        )
+        .unwrap();
+        self.view();
+        id
+    }
+
+    /// Moves to `at` ms: the pool beats (reporting what its workers run), then the router's
+    /// timers fire; its actions are carried out. Returns the assignments made then.
+    fn to(&mut self, at: u64) -> Vec<Assignment> {
+        self.at = at;
+        let now = self.t0 + ms(at);
+        self.pool_counter += 1;
+        let beat = PoolBeat {
+            peer: pool_peer(),
+            incarnation: 1,
+            counter: self.pool_counter,
+            workers: (0..4u32)
+                .map(|index| WorkerReport {
+                    index,
+                    running: self.running[index as usize]
+                        .as_ref()
+                        .map(|(task, attempt)| RunningReport {
+                            queue: QueueId::new("automerge:q"),
+                            task: task.clone(),
+                            attempt: attempt.clone(),
+                        }),
+                })
+                .collect(),
+            epoch: None,
+            draining: false,
+        };
+        self.router.handle_pool_beat(now, &beat);
+        self.router.handle_timeout(now);
+        let mut made = vec![];
+        while let Some(a) = self.router.poll_action() {
+            match a {
+                Action::Claim(c) => queue::claim_router(&mut self.doc, &c, at).unwrap(),
+                Action::Assign(list) => {
+                    queue::record_assignments(&mut self.doc, &list, at).unwrap();
+                    made.extend(list);
+                }
+                Action::Beat(_) => {}
+            }
+            self.view();
+        }
+        self.assigned.extend(made.clone());
+        made
+    }
+
+    /// The assignment's worker starts it.
+    fn start(&mut self, a: &Assignment) {
+        queue::record_start(&mut self.doc, &a.task, &a.attempt, &a.worker, 1, self.at).unwrap();
+        self.running[a.worker.index as usize] = Some((a.task.clone(), a.attempt.clone()));
+        self.view();
+    }
+
+    /// The assignment ends with `outcome` (started first unless it is a refusal).
+    fn end(&mut self, a: &Assignment, outcome: AttemptOutcome) {
+        if outcome != AttemptOutcome::Refused
+            && self.running[a.worker.index as usize].as_ref().map(|r| &r.1) != Some(&a.attempt)
+        {
+            self.start(a);
+        }
+        let error = (outcome != AttemptOutcome::Succeeded).then_some("no");
+        queue::record_finish(
+            &mut self.doc,
+            &a.task,
+            &a.attempt,
+            &a.worker,
+            outcome,
+            error,
+            self.at,
+        )
+        .unwrap();
+        if self.running[a.worker.index as usize].as_ref().map(|r| &r.1) == Some(&a.attempt) {
+            self.running[a.worker.index as usize] = None;
+        }
+        self.view();
+    }
+}
+
+/// The concurrency limit caps the tasks assigned or running at once: with a limit of 2, four
+/// idle workers and five tasks, two are assigned; one more for each that ends.
+#[test]
+fn the_concurrency_limit_caps_what_is_in_flight() {
+    let mut l = Lone::new(QueueConfig {
+        concurrency: 2,
+        ..QueueConfig::default()
+    });
+    for i in 0..5 {
+        l.submit(0, false, i);
+    }
+    let first = l.to(200);
+    assert_eq!(first.len(), 2, "{first:?}");
+    for a in &first {
+        l.start(a);
+    }
+    assert!(l.to(300).is_empty(), "both slots are taken");
+    l.end(&first[0], AttemptOutcome::Succeeded);
+    assert_eq!(l.to(400).len(), 1, "one slot freed, one assignment");
+    assert!(l.to(500).is_empty());
+}
+
+/// A rate interval allows one assignment per interval, on the router's clock, whatever the
+/// idle workers: with 1 s, the second comes a second after the first.
+#[test]
+fn a_rate_interval_allows_one_assignment_per_interval() {
+    let mut l = Lone::new(QueueConfig {
+        rate_interval_ms: 1_000,
+        ..QueueConfig::default()
+    });
+    for i in 0..3 {
+        l.submit(0, false, i);
+    }
+    // The pool beats every 100 ms; the first route waits the rate interval after the router
+    // became active (at 100 ms).
+    let mut when = vec![];
+    for at in (200..=2_200).step_by(100) {
+        for a in l.to(at) {
+            when.push(at);
+            l.end(&a, AttemptOutcome::Succeeded);
+        }
+    }
+    assert_eq!(when, [1_100, 2_100], "one assignment per second");
+}
+
+/// A failed task waits `retry_backoff_ms × 2^(failures − 1)`, capped at
+/// `retry_backoff_max_ms`, from when the router first saw the failure.
+#[test]
+fn a_failed_task_waits_its_backoff_doubled_per_failure_up_to_the_cap() {
+    let mut l = Lone::new(QueueConfig {
+        retry_backoff_ms: 200,
+        retry_backoff_max_ms: 500,
+        max_attempts: 10,
+        ..QueueConfig::default()
+    });
+    l.submit(0, false, 0);
+    let mut at = 200;
+    let mut a = l.to(at).pop().expect("routed");
+    for wait in [200, 400, 500, 500] {
+        l.end(&a, AttemptOutcome::Failed);
+        // The router sees the failure at `at`.
+        assert!(l.to(at).is_empty());
+        assert!(l.to(at + wait - 1).is_empty(), "before {wait} ms");
+        a = l
+            .to(at + wait)
+            .pop()
+            .unwrap_or_else(|| panic!("routed after {wait} ms"));
+        at += wait;
+    }
+}
+
+/// A refused attempt (a worker that could not take it) waits 50 ms, doubled per refusal in a
+/// row: a task no worker can run does not spin.
+#[test]
+fn a_refused_task_waits_the_refusal_backoff_doubled_per_refusal() {
+    let mut l = Lone::new(QueueConfig::default());
+    l.submit(0, false, 0);
+    let mut at = 200;
+    let mut a = l.to(at).pop().expect("routed");
+    for wait in [50, 100, 200] {
+        l.end(&a, AttemptOutcome::Refused);
+        assert!(l.to(at).is_empty());
+        assert!(l.to(at + wait - 1).is_empty(), "before {wait} ms");
+        a = l
+            .to(at + wait)
+            .pop()
+            .unwrap_or_else(|| panic!("routed after {wait} ms"));
+        at += wait;
+    }
+    // Refusals do not count as failures: the task is still pending, never dead-lettered.
+    l.end(&a, AttemptOutcome::Refused);
+    let v = QueueView::read(&l.doc).unwrap();
+    assert!(!v.tasks()[&a.task].state().is_final());
+}
+
+/// Tasks go out urgent first, then by priority, then by submit time: oldest first in a FIFO
+/// queue, newest first in a LIFO one.
+#[test]
+fn urgent_then_priority_then_submit_time_in_the_queues_order() {
+    for order in [Order::Fifo, Order::Lifo] {
+        let mut l = Lone::new(QueueConfig {
+            concurrency: 1,
+            order,
+            ..QueueConfig::default()
+        });
+        let low_old = l.submit(0, false, 1);
+        let high_old = l.submit(5, false, 2);
+        let urgent = l.submit(-3, true, 3);
+        let high_new = l.submit(5, false, 4);
+        let low_new = l.submit(0, false, 5);
+        let mut seen = vec![];
+        let mut at = 200;
+        while seen.len() < 5 {
+            let a = l.to(at).pop().expect("one at a time");
+            seen.push(a.task.clone());
+            l.end(&a, AttemptOutcome::Succeeded);
+            at += 100;
+        }
+        let want = match order {
+            Order::Fifo => vec![urgent, high_old, high_new, low_old, low_new],
+            Order::Lifo => vec![urgent, high_new, high_old, low_new, low_old],
+        };
+        assert_eq!(seen, want, "{order:?}");
+    }
+}
+
+/// A run that outlived its task's outcome (routers on both sides of a partition both ran the
+/// task, and the other's run succeeded first) still holds its worker: it counts against the
+/// concurrency limit until it ends, or until its pool is silent for the lease.
+#[test]
+fn a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
+    let mut l = Lone::new(QueueConfig {
+        concurrency: 1,
+        ..QueueConfig::default()
+    });
+    let first = l.submit(0, false, 1);
+    let second = l.submit(0, false, 2);
+    let mine = l.to(200).pop().expect("routed");
+    assert_eq!(mine.task, first);
+    l.start(&mine);
+    // Another router's run of the same task, on another worker, succeeded meanwhile.
+    let other = Assignment {
+        task: first.clone(),
+        attempt: AttemptId {
+            n: mine.attempt.n,
+            claim: Claim::new(0, PeerId::new("other")),
+        },
+        worker: WorkerId::new(pool_peer(), 3),
+        incarnation: 1,
+    };
+    queue::record_assignments(&mut l.doc, std::slice::from_ref(&other), 250).unwrap();
+    l.end(&other, AttemptOutcome::Succeeded);
+    let v = QueueView::read(&l.doc).unwrap();
+    assert!(v.tasks()[&first].state().is_final());
+    // The task has its outcome, but this router's run goes on: nothing else is routed.
+    for at in [300, 400, 500] {
+        assert!(
+            l.to(at).is_empty(),
+            "a second run beside the first at {at} ms"
+        );
+    }
+    // It ends: the second task goes out.
+    l.end(&mine, AttemptOutcome::Succeeded);
+    let next = l.to(600);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].task, second);
+}
