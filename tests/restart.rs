@@ -370,3 +370,64 @@ async fn a_node_restarted_on_its_data_directory_interrupts_its_old_runs_and_lose
         tasks.len()
     );
 }
+
+/// Invariant 8 with the real shell and store: a node process SIGKILLed right after each
+/// acknowledgement (a single inline submit, one with a task document, a batch) is restarted on
+/// its data directory alone, and every acknowledged task is there and runs to its end. The
+/// shell answers only after the store's durable commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_task_acknowledged_just_before_a_sigkill_is_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a");
+    let node = spawn(&NodeOptions::loopback(&data));
+    let queue = node
+        .client()
+        .create_queue("durable", Some(fast_config()))
+        .await
+        .unwrap();
+    let mut node = Some(node);
+    let task = |input: serde_json::Value| api::SubmitTask {
+        kind: "noop".into(),
+        input,
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+    };
+    let mut acked: Vec<TaskId> = Vec::new();
+    for round in 0..3 {
+        let n = node.take().unwrap();
+        let c = n.client();
+        match round {
+            // Inline: the entry is all there is.
+            0 => acked.push(
+                c.submit(&queue, &task(serde_json::json!({})))
+                    .await
+                    .unwrap()
+                    .task_id,
+            ),
+            // An input too large to go inline: a task document and its entry.
+            1 => {
+                let big = serde_json::json!({ "pad": "x".repeat(1_000) });
+                acked.push(c.submit(&queue, &task(big)).await.unwrap().task_id);
+            }
+            // A batch.
+            _ => {
+                let batch: Vec<serde_json::Value> = (0..10)
+                    .map(|i| serde_json::to_value(task(serde_json::json!({ "i": i }))).unwrap())
+                    .collect();
+                for e in c.submit_many(&queue, &batch).await.unwrap() {
+                    acked.push(e.task_id().expect("taken").clone());
+                }
+            }
+        }
+        // SIGKILL at once, then start again on the same directory, alone.
+        n.kill();
+        node = Some(spawn(&NodeOptions::loopback(&data)));
+    }
+    let n = node.unwrap();
+    let url = vec![n.http.clone()];
+    for id in &acked {
+        let s = wait_final(&url, &n.http, id).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{id}");
+    }
+}

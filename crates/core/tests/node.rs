@@ -2454,3 +2454,53 @@ fn a_member_back_after_rotations_answers_for_every_task_that_finished_while_it_w
 fn task_doc_of(task: &TaskId, one: &One) -> bool {
     DocId::parse(task.as_str()).is_some_and(|d| one.disk.contains_key(&d))
 }
+
+/// Invariant 8 for inline tasks and batches: a submit with no task document (its input in the
+/// queue entry) and a batch of them are answered only once the queue document's write that
+/// holds them is acknowledged; a write that fails leaves them unanswered (then answered "not
+/// durable"), never acknowledged from memory.
+#[test]
+fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk() {
+    let mut one = One::new();
+    let q = one.create_queue(QueueConfig::default());
+    let qdoc = DocId::parse(q.as_str()).unwrap();
+    let single = one.submit(&q);
+    let batch = one.command(Command::SubmitMany {
+        queue: q.clone(),
+        tasks: (0..5)
+            .map(|i| SubmitTask {
+                kind: "noop".into(),
+                input: serde_json::json!({ "i": i }),
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+            })
+            .collect(),
+    });
+    // Inline: only the queue document is written, and nothing is answered before its write.
+    assert!(!one.saves.is_empty());
+    assert!(one.saves.iter().all(|s| s.doc == qdoc), "{:?}", one.saves);
+    assert!(one.reply(single).is_none() && one.reply(batch).is_none());
+    // The write fails: still nothing.
+    one.fail_saves();
+    assert!(one.reply(single).is_none() && one.reply(batch).is_none());
+    // Retried and acknowledged: both answered, with the entries on the disk.
+    let (mut one_answer, mut batch_answer) = (None, None);
+    let mut t = 0;
+    while one_answer.is_none() || batch_answer.is_none() {
+        t += 100;
+        assert!(t < 10_000, "never answered");
+        one.at(t);
+        one.ack_saves();
+        one_answer = one_answer.or_else(|| one.reply(single));
+        batch_answer = batch_answer.or_else(|| one.reply(batch));
+    }
+    submitted(one_answer).expect("the single submit is taken");
+    match batch_answer {
+        Some(Reply::SubmittedMany(Ok(entries))) => assert_eq!(entries.len(), 5),
+        other => panic!("the batch: {other:?}"),
+    }
+    let stored = piecework_replica::load_chunks(&one.disk[&qdoc]).unwrap();
+    let view = piecework_queue_doc::QueueView::read(&stored).unwrap();
+    assert_eq!(view.tasks().len(), 6, "every entry is on the disk");
+}
