@@ -353,9 +353,15 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let reader = handles[observer].clone();
     let mut executions = 0;
     let mut duplicates = 0;
+    // Per task id: a task counts as completed only if its own state says succeeded (in the
+    // final view, or in its status once the view no longer carries it), never by subtracting
+    // counts.
+    let mut completed = 0;
     for id in &task_ids {
         let (mut ended, mut ok) = (0, 0);
+        let mut succeeded = false;
         if let Some(t) = final_view.task(id) {
+            succeeded = t.state() == TaskState::Succeeded;
             let ran = t.attempts.iter().filter(|a| a.started.is_some());
             let finished: Vec<_> = ran.filter_map(|a| a.finished.as_ref()).collect();
             ended = finished.len();
@@ -365,6 +371,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
                 .count();
         }
         if let Ok(s) = reader.task_status(id).await {
+            succeeded |= s.state == TaskState::Succeeded;
             let runs: Vec<_> = s.runs.iter().filter_map(|r| r.end.as_ref()).collect();
             ended = ended.max(runs.len());
             ok = ok.max(
@@ -377,13 +384,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         if ok > 1 {
             duplicates += 1;
         }
+        if succeeded {
+            completed += 1;
+        }
     }
-    let completed = final_view
-        .tasks()
-        .values()
-        .filter(|t| t.state() == TaskState::Succeeded)
-        .count()
-        + final_view.retired.succeeded as usize;
     let after = final_view
         .router
         .clone()
@@ -397,7 +401,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         tasks_completed: completed,
         executions,
         duplicates,
-        lost: submitted.saturating_sub(completed),
+        lost: task_ids.len() - completed,
         router_before: old.peer.to_string(),
         router_after: after.peer.to_string(),
         term_before: old.term,
