@@ -29,7 +29,7 @@ struct Args {
     /// Virtual seconds of faults per run (then everything heals).
     #[arg(long, default_value_t = 60)]
     fault_secs: u64,
-    /// The fault mix: default, crashes, calm or partitions.
+    /// The fault mix: default, crashes, stops, calm or partitions.
     #[arg(long, default_value = "default")]
     faults: String,
     /// Sealed epoch documents each node keeps on disk (default: as a node, 256).
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     }
     let mix = FaultMix::named(&args.faults).with_context(|| {
         format!(
-            "unknown fault mix {:?}: use default, crashes, calm or partitions",
+            "unknown fault mix {:?}: use default, crashes, stops, calm or partitions",
             args.faults
         )
     })?;

@@ -164,7 +164,6 @@ struct Node {
     disk: Disk,
     timer_generation: u64,
     next_command: u64,
-    /// Submits waiting for their reply: command → queue.
     /// Submits waiting for their reply: the queue and how many tasks the command holds.
     submits: BTreeMap<CommandId, (QueueId, usize)>,
     /// Joins waiting for their reply: command → queue index.
