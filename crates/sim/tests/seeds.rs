@@ -96,12 +96,24 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
         "epoch_switch",
         "carried_late_writes",
         "epoch_evicted",
+        // A half-open stream's frames lost, and a crash losing a write in flight (the path
+        // behind invariant 8).
+        "frame_lost_silently",
+        "unacknowledged_write_lost",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,
             "{kind} never fired: {faults:?}"
         );
     }
+    // Invariant 7's excuse: overlaps explained by a loss on a link between the routers and
+    // workers involved. 6 in these seeds when this bound was set: more means the excuse grew
+    // (or the protocol overlaps more), and deserves a look.
+    let excused = faults
+        .get("overlap_explained_by_loss")
+        .copied()
+        .unwrap_or(0);
+    assert!(excused <= 12, "{excused} overlaps excused: {faults:?}");
 }
 
 /// A run's fetch of its task document that ends at its deadline is rare in the default mix

@@ -129,18 +129,21 @@ impl World {
                 .chain([self.index_of(&claim.peer), self.index_of(&r.claim.peer)])
                 .flatten()
                 .collect();
-            // From the earlier attempt's assignment to this start, on any link of the routers
-            // and workers involved. What a loss hid (a second router's claim, say) is learnt
-            // again only once messages flow: a disturbance also explains assignments up to a
-            // router heartbeat after it ended (seed 2093: a one-way cut ends, and 35 ms later
-            // the router that could not hear the other assigns before the next beat arrives).
+            // From the earlier attempt's assignment to this start, on a link between two of
+            // the routers and workers involved (both ends: a loss between one of them and a
+            // node not involved hides nothing from them, every pair being linked directly).
+            // What a loss hid (a second router's claim, say) is learnt again only once
+            // messages flow: a disturbance also explains assignments up to a router heartbeat
+            // after it ended (seed 2093: a one-way cut ends, and 35 ms later the router that
+            // could not hear the other assigns before the next beat arrives).
             let from = r.assigned_us;
             let grace_us = self.qconfig.heartbeat_ms * 1000;
             let explained = !self.check_duplicates
                 && self.net.disturbances.iter().any(|&(s, e, a, b)| {
                     e + grace_us >= from
                         && s <= self.now_us
-                        && (involved.contains(&a) || involved.contains(&b))
+                        && involved.contains(&a)
+                        && involved.contains(&b)
                 });
             if explained {
                 self.count("overlap_explained_by_loss");
