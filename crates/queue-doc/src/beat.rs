@@ -19,7 +19,7 @@ pub struct RouterBeat {
     /// The sender's current epoch document ([`crate::epoch`]): a peer that missed a rotation
     /// learns it here. Absent before epochs existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub epoch: Option<crate::epoch::Latest>,
+    pub epoch: Option<crate::chain::Latest>,
     /// The member the sender hands the router role to: the sender is stopping (a planned
     /// restart) and that member claims at once instead of waiting `takeover_after`. Absent in
     /// every other heartbeat.
@@ -61,7 +61,7 @@ pub struct PoolBeat {
     /// The epoch document the sender is on, for the queue of the topic it is published on
     /// ([`crate::epoch`]): peers on another branch of a double seal learn of it here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub epoch: Option<crate::epoch::Latest>,
+    pub epoch: Option<crate::chain::Latest>,
     /// The pool's node is stopping: it starts nothing new, and routers assign it nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,

@@ -25,13 +25,12 @@ use automerge::legacy::{Key, ObjectId, OpId, OpType};
 use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc, ScalarValue};
 
 use crate::am;
+use crate::entry::{AttemptOutcome, Finished, Started, TaskEntry};
 use crate::ids::TaskId;
 use crate::keys;
 use crate::packed;
-use crate::view::{
-    AttemptOutcome, EntryValue, Finished, QueueView, Records, Started, TaskEntry, read_root,
-    read_task_entry, read_task_entry_from,
-};
+use crate::read::{EntryValue, Records, read_task_entry, read_task_entry_from};
+use crate::view::{QueueView, read_root};
 
 type ObjKey = (u64, ActorId);
 
@@ -421,7 +420,7 @@ impl Patch {
                 }
                 entry.attempts.insert(
                     at,
-                    crate::view::Attempt {
+                    crate::entry::Attempt {
                         id,
                         worker,
                         pool_incarnation: rec.i,

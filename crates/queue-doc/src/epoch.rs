@@ -34,27 +34,20 @@ use automerge::{ActorId, Automerge, AutomergeError, ChangeHash, ObjId, ObjType, 
 use serde::{Deserialize, Serialize};
 
 use crate::am;
-use crate::ids::{Claim, PeerId, QueueId, TaskId};
+use crate::chain::{PackedLatest, PackedSeal, decode_heads, encode_heads};
+use crate::ids::{Claim, QueueId, TaskId};
 use crate::keys;
+use crate::keys::{
+    CARRIED_FROM, COVERED, EPOCH, LATEST, LINEAGE, ORIGIN, PREV, PREV_HEADS, RETIRED, SEALS,
+};
 use crate::packed;
 use crate::queue::{WriteError, write_config, write_member};
-use crate::view::{
-    QueueView, StateCounts, later_finish, packed_finished, packed_started, packed_values,
-};
+use crate::read::{later_finish, packed_finished, packed_started, packed_values};
+use crate::view::{QueueView, StateCounts};
 
-pub(crate) const EPOCH: &str = "epoch";
-pub(crate) const ORIGIN: &str = "origin";
-pub(crate) const PREV: &str = "prev";
-pub(crate) const PREV_HEADS: &str = "prev_heads";
-pub(crate) const SEALS: &str = "seals";
-pub(crate) const LATEST: &str = "latest";
-pub(crate) const LINEAGE: &str = "lineage";
-/// Root map of a successor: for each document carried into it directly, the heads of that
-/// document whose writes have been carried ([`carry`]'s `mark`).
-pub(crate) const CARRIED_FROM: &str = "carried_from";
-/// Root map of a queue document: for each earlier document of its queue whose writes its
-/// chain absorbed (sealed into a successor, or carried), a [`Cover`] of those writes.
-pub(crate) const COVERED: &str = "covered";
+pub use crate::chain::{
+    Latest, Prev, Retired, Seal, read_latest, read_retired, read_seals, winner,
+};
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
 /// most this many epochs older than itself.
@@ -116,37 +109,6 @@ pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
     am::string(doc, &ROOT, LINEAGE)
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_default()
-}
-
-/// A seal in a queue document: this epoch ended, and `successor` holds what was live.
-///
-/// Seals order by claim, then successor id: the greatest is the [`winner`].
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Seal {
-    /// The sealer's router claim in the successor.
-    pub claim: Claim,
-    /// The successor document's id.
-    pub successor: String,
-    /// The successor's epoch number.
-    pub epoch: u64,
-}
-
-/// The sealed document a successor continues, and its heads when it was sealed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Prev {
-    /// The predecessor document's id.
-    pub doc: String,
-    /// Its heads when the successor was built: the writes after them are carried.
-    pub heads: Vec<ChangeHash>,
-}
-
-/// The newest epoch a queue's first document knows of.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Latest {
-    /// Its epoch number.
-    pub epoch: u64,
-    /// Its document's id.
-    pub doc: String,
 }
 
 /// The writes of one queue document that the chain of a later document absorbed, as a clock:
@@ -327,45 +289,6 @@ fn write_covers(
     Ok(writes)
 }
 
-#[derive(Serialize, Deserialize)]
-struct PackedSeal {
-    e: u64,
-    t: u64,
-    p: String,
-    /// The sealed document's heads at sealing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    h: Option<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct PackedLatest {
-    e: u64,
-    d: String,
-}
-
-pub(crate) const RETIRED: &str = "retired";
-
-/// Tasks that ended in earlier epochs and were not carried into this one.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Retired {
-    /// Ended succeeded.
-    pub succeeded: u64,
-    /// Ended failed.
-    pub failed: u64,
-}
-
-/// The running total of retired tasks a queue document records.
-pub fn read_retired<R: ReadDoc>(doc: &R) -> Retired {
-    am::string(doc, &ROOT, RETIRED)
-        .and_then(|s| packed::decode(&s))
-        .unwrap_or_default()
-}
-
-/// The successor every replica follows: the greatest seal.
-pub fn winner(seals: &[Seal]) -> Option<&Seal> {
-    seals.iter().max()
-}
-
 /// When a queue document is due for rotation: its finished tasks outweigh `ratio` times its
 /// live ones (and at least `ratio × min_live`). Counted from the view's O(1) counts.
 pub fn should_rotate(counts: &StateCounts, ratio: usize, min_live: usize) -> bool {
@@ -513,7 +436,7 @@ pub fn build_successor(
             tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
             // What the ended runs of an inline task produced (its failed runs' logs).
             if t.input.is_some() {
-                for (id, out) in crate::view::read_outputs(old, &t.id) {
+                for (id, out) in crate::read::read_outputs(old, &t.id) {
                     let key = packed::attempt_key(&t.id, &id);
                     tx.put(&output, key.as_str(), packed::encode(&out))?;
                 }
@@ -619,29 +542,6 @@ pub fn read_prev<R: ReadDoc>(doc: &R) -> Option<Prev> {
     Some(Prev { doc: doc_id, heads })
 }
 
-/// Every seal written into a queue document, in order (the last is the [`winner`]).
-pub fn read_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
-    let mut seals: Vec<Seal> = am::all_objects(doc, &ROOT, SEALS, ObjType::Map)
-        .into_iter()
-        .flat_map(|m| {
-            doc.map_range(&m, ..)
-                .filter_map(|item| {
-                    let rec: PackedSeal = packed::decode(am::as_str(&item.value)?)?;
-                    let claim = Claim::new(rec.t, PeerId::new(rec.p));
-                    claim.is_valid().then(|| Seal {
-                        claim,
-                        successor: item.key.to_string(),
-                        epoch: rec.e,
-                    })
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    seals.sort();
-    seals.dedup();
-    seals
-}
-
 /// The heads a queue document had when it was sealed into `successor`, if it holds that
 /// seal.
 pub fn seal_heads<R: ReadDoc>(doc: &R, successor: &str) -> Option<Vec<ChangeHash>> {
@@ -663,45 +563,14 @@ pub fn task_entry(doc: &Automerge, task: &TaskId) -> Option<crate::TaskEntry> {
     let tasks = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)?;
     let (v, o) = doc.get(&tasks, task.as_str()).ok()??;
     let value = match v {
-        automerge::Value::Object(ObjType::Map) => crate::view::EntryValue::Map(o),
+        automerge::Value::Object(ObjType::Map) => crate::read::EntryValue::Map(o),
         automerge::Value::Scalar(s) => match s.as_ref() {
-            automerge::ScalarValue::Str(s) => crate::view::EntryValue::Packed(s.to_string()),
+            automerge::ScalarValue::Str(s) => crate::read::EntryValue::Packed(s.to_string()),
             _ => return None,
         },
         _ => return None,
     };
-    crate::view::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {})
-}
-
-/// The newest epoch recorded in a queue's first document, if any.
-pub fn read_latest<R: ReadDoc>(doc: &R) -> Option<Latest> {
-    doc.get_all(ROOT, LATEST)
-        .ok()?
-        .into_iter()
-        .filter_map(|(v, _)| match v {
-            automerge::Value::Scalar(s) => match s.as_ref() {
-                automerge::ScalarValue::Str(s) => packed::decode::<PackedLatest>(s),
-                _ => None,
-            },
-            _ => None,
-        })
-        .map(|l| Latest {
-            epoch: l.e,
-            doc: l.d,
-        })
-        .max()
-}
-
-pub(crate) fn encode_heads(heads: &[ChangeHash]) -> String {
-    heads
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-pub(crate) fn decode_heads(s: &str) -> Vec<ChangeHash> {
-    s.split(',').filter_map(|h| h.parse().ok()).collect()
+    crate::read::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {})
 }
 
 /// The heads among `heads` that `doc` has.

@@ -50,3 +50,20 @@ pub(crate) const ERROR: &str = "error";
 pub(crate) const RUNS: &str = "runs";
 pub(crate) const RESULT: &str = "result";
 pub(crate) const LOGS: &str = "logs";
+
+// Epochs (`epoch.rs`, `chain.rs`).
+pub(crate) const EPOCH: &str = "epoch";
+pub(crate) const ORIGIN: &str = "origin";
+pub(crate) const PREV: &str = "prev";
+pub(crate) const PREV_HEADS: &str = "prev_heads";
+pub(crate) const SEALS: &str = "seals";
+pub(crate) const LATEST: &str = "latest";
+pub(crate) const LINEAGE: &str = "lineage";
+/// Root map of a successor: for each document carried into it directly, the heads of that
+/// document whose writes have been carried ([`carry`](crate::epoch::carry)'s `mark`).
+pub(crate) const CARRIED_FROM: &str = "carried_from";
+/// Root map of a queue document: for each earlier document of its queue whose writes its
+/// chain absorbed (sealed into a successor, or carried), a [`Cover`](crate::epoch::Cover) of
+/// those writes.
+pub(crate) const COVERED: &str = "covered";
+pub(crate) const RETIRED: &str = "retired";

@@ -82,22 +82,24 @@
 mod am;
 pub mod beat;
 mod cache;
+mod chain;
 mod config;
+mod entry;
 pub mod epoch;
 mod ids;
 mod keys;
 mod packed;
 pub mod queue;
+mod read;
 pub mod task;
 mod view;
 
 pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
+pub use entry::{Attempt, AttemptOutcome, Finished, Started, TaskEntry, TaskState};
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use packed::Output;
 pub use queue::{Assignment, Submission};
-pub use view::{
-    Attempt, AttemptOutcome, Finished, Member, QueueView, Started, StateCounts, TaskEntry,
-    TaskState, read_outputs,
-};
+pub use read::read_outputs;
+pub use view::{Member, QueueView, StateCounts};

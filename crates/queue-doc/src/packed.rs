@@ -107,7 +107,7 @@ pub(crate) struct End {
 }
 
 impl End {
-    pub(crate) fn of(f: &crate::view::Finished) -> Self {
+    pub(crate) fn of(f: &crate::entry::Finished) -> Self {
         End {
             a: f.at,
             o: f.outcome.as_str().to_owned(),

@@ -7,13 +7,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::am;
 use crate::config::QueueConfig;
+use crate::entry::{AttemptOutcome, Started};
 use crate::ids::{AttemptId, Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
 use crate::packed;
-use crate::view::{
-    AttemptOutcome, QueueView, Started, input_seen, packed_finished, packed_started, read_finished,
-    read_started,
-};
+use crate::read::{input_seen, packed_finished, packed_started, read_finished, read_started};
+use crate::view::QueueView;
+
+pub use crate::entry::MAX_PRIORITY;
 
 /// A task to index in a queue document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,9 +54,6 @@ pub struct Assignment {
     /// that finds an assignment made to its earlier life) refuses it instead of starting it.
     pub incarnation: u64,
 }
-
-/// Relative priorities are clamped to this magnitude.
-pub const MAX_PRIORITY: i64 = 99_999;
 
 /// Creating a queue document failed.
 #[derive(Debug, thiserror::Error)]

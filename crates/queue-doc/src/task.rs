@@ -6,9 +6,9 @@ use automerge::{Automerge, AutomergeError, ObjId, ObjType, ROOT, ReadDoc};
 use serde::{Deserialize, Serialize};
 
 use crate::am;
+use crate::entry::AttemptOutcome;
 use crate::ids::{AttemptId, Claim, PeerId, QueueId, WorkerId};
 use crate::keys;
-use crate::view::AttemptOutcome;
 
 /// What a task document is created with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
