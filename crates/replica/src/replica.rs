@@ -1,4 +1,12 @@
 //! The [`Replica`]: loaded documents, the accept policy, and the sync state per peer.
+//!
+//! This file owns the replica's state (every type it keeps), its bounds and tunables, and the
+//! driving surface: the getters, the document commands, the inputs, `poll_event` and
+//! `poll_timeout`, messages for loaded and loading documents, and the documents themselves.
+//! The rest of `Replica`'s methods are in modules of their own: the accept policy (groups,
+//! scopes, held pushes) in `policy.rs`, fetches in `fetch.rs`, and sending and flow control
+//! per peer in `flow.rs`. Each imports only this file's items (they call one another's methods
+//! on the one `Replica`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -7,6 +15,10 @@ use automerge::sync::{self, SyncDoc};
 use automerge::{ActorId, Automerge, ChangeHash};
 
 use crate::{DocId, Message, PeerId};
+
+mod fetch;
+mod flow;
+mod policy;
 
 /// How long a fetch waits for a peer to send the document's changes, from the moment it asks
 /// peers. A fetch answered by nobody, or only by peers holding an empty shell (announced to them
@@ -392,87 +404,6 @@ impl Replica {
 
     // ----- commands -----
 
-    /// Sets a group's members (replacing them). Connected peers that became members are sent the
-    /// group's announced documents; peers that stopped being members are no longer synced with
-    /// its documents (unless a document is requestable and they asked for it).
-    pub fn set_group(&mut self, group: &DocId, members: BTreeSet<PeerId>) {
-        let old = self
-            .groups
-            .insert(group.clone(), members.clone())
-            .unwrap_or_default();
-        let added: Vec<PeerId> = members
-            .difference(&old)
-            .filter(|p| self.peers.contains(*p))
-            .cloned()
-            .collect();
-        let removed = old.difference(&members).next().is_some();
-        if added.is_empty() && !removed {
-            return;
-        }
-        for (doc, announce) in self.loaded_in(group) {
-            if removed {
-                self.prune(&doc);
-            }
-            if announce {
-                for p in &added {
-                    self.sync_one(&doc, p);
-                }
-            }
-        }
-    }
-
-    /// Forgets a group, and the scopes of its documents (see [`Replica::clear_scope`]): leaving a
-    /// queue. Its loaded documents stay loaded until evicted.
-    pub fn remove_group(&mut self, group: &DocId) {
-        self.groups.remove(group);
-        let docs: Vec<DocId> = self
-            .scopes
-            .iter()
-            .filter(|(_, s)| s.group == *group)
-            .map(|(d, _)| d.clone())
-            .collect();
-        for d in docs {
-            self.clear_scope(&d);
-        }
-    }
-
-    /// Puts a document in a group (replacing its scope): from now on it is accepted from, stored
-    /// for and synced with that group's members. Works whether or not it is loaded. If it is not
-    /// loaded and a peer pushed it before it had a scope (see [`MAX_HELD`]), it is asked for
-    /// again: [`Event::Load`] first, then, if storage does not have it, a request to those peers
-    /// (or, if none of them is connected and a member, the group's connected members).
-    pub fn set_scope(&mut self, doc: &DocId, scope: Scope) {
-        let prev = self.scopes.insert(doc.clone(), scope.clone());
-        if self.docs.contains_key(doc) {
-            self.prune(doc);
-            let newly = prev
-                .as_ref()
-                .is_none_or(|p| !p.announce || p.group != scope.group);
-            if scope.announce && newly {
-                self.announce(doc);
-            }
-            self.resume_held(doc);
-            return;
-        }
-        if self.fetching.contains_key(doc) {
-            // Already asking peers.
-            return;
-        }
-        let pushers = self.take_held(doc);
-        if !pushers.is_empty() {
-            self.load_for_retry(doc, pushers);
-        }
-    }
-
-    /// Takes a document out of every group: it is no longer synced with anyone, nor accepted
-    /// from peers (except while this replica fetches it). Stays loaded until evicted.
-    pub fn clear_scope(&mut self, doc: &DocId) {
-        if self.scopes.remove(doc).is_some() {
-            self.prune(doc);
-        }
-        self.take_held(doc);
-    }
-
     /// Adds a document created here, or loaded by the driver unprompted. Replaces nothing: if
     /// the id is already loaded, `doc` is merged into it. `scope`: as [`Replica::set_scope`];
     /// `None` leaves the document's scope as it is (it may have one already).
@@ -527,57 +458,6 @@ impl Replica {
             self.sync_all(id);
         }
         Some(r)
-    }
-
-    /// Asks for a document. Loaded with content → [`Event::Arrived`] at once. Otherwise load it
-    /// from storage ([`Event::Load`]) and, failing that, request it from the connected peers (a
-    /// scoped document only from its group's connected members, an unscoped one from all) and
-    /// from peers connecting meanwhile. Ends in `Arrived`, or [`Event::Unavailable`] when every
-    /// peer asked said so, or none is connected, or [`FETCH_TIMEOUT`] passes without changes.
-    /// The peers asked may send it although it has no scope: set one when it arrives.
-    pub fn fetch(&mut self, id: &DocId, now: Instant) {
-        if let Some(e) = self.docs.get(id) {
-            if e.doc.get_heads().is_empty() {
-                // Announced by a peer but no change received yet: ask for it and wait.
-                if !self.fetching.contains_key(id) {
-                    self.request(id, None, now);
-                }
-            } else {
-                self.events.push_back(Event::Arrived(id.clone()));
-            }
-            return;
-        }
-        if self.fetching.contains_key(id) {
-            // Storage did not have it; peers were asked.
-            return;
-        }
-        if !self.loading.contains_key(id) {
-            self.events.push_back(Event::Load(id.clone()));
-        }
-        self.loading.entry(id.clone()).or_default().fetch = true;
-    }
-
-    /// Asks every connected peer a fetch of `id` may ask again, for a fetch still waiting for
-    /// the document's changes: a request or its answer lost on a stream that was reset, or a
-    /// peer that did not have the document when first asked and may have it now. Does nothing
-    /// for a document that has content or is not being fetched (see [`Replica::fetch`]).
-    pub fn ask_again(&mut self, id: &DocId) {
-        if self.has_content(id) || self.fetching.get(id).is_none_or(|f| f.arrived) {
-            return;
-        }
-        let targets: Vec<PeerId> = self
-            .peers
-            .iter()
-            .filter(|p| self.may_ask(id, p))
-            .cloned()
-            .collect();
-        for p in targets {
-            if self.send_control(&p, Message::Request { doc: id.clone() })
-                && let Some(f) = self.fetching.get_mut(id)
-            {
-                f.asked.insert(p);
-            }
-        }
     }
 
     /// Drops a loaded document from memory (storage keeps it). Refused (false) while it has
@@ -689,23 +569,6 @@ impl Replica {
         let waiting: Vec<DocId> = self.fetching.keys().cloned().collect();
         for id in waiting {
             self.unavailable_from(&id, peer);
-        }
-    }
-
-    /// The transport to `peer` has no send credit: [`Replica::poll_transmit`] generates nothing
-    /// for it until [`Replica::handle_unblocked`]. What it owes the peer is kept (a set of
-    /// documents, and at most [`MAX_QUEUED_PER_PEER`] requests and answers).
-    pub fn handle_blocked(&mut self, peer: &PeerId) {
-        if let Some(l) = self.links.get_mut(peer) {
-            l.blocked = true;
-        }
-    }
-
-    /// The transport to `peer` can send again: what waited is generated when polled, the
-    /// changes made meanwhile in one message per document.
-    pub fn handle_unblocked(&mut self, peer: &PeerId) {
-        if let Some(l) = self.links.get_mut(peer) {
-            l.blocked = false;
         }
     }
 
@@ -870,60 +733,6 @@ impl Replica {
 
     // ----- outputs -----
 
-    /// The next message to send, and to whom. Messages to one peer come in order; peers are
-    /// served in turn; nothing is generated for a blocked peer. Sync messages are generated
-    /// here, from the sync state, so the changes made between two polls travel together.
-    ///
-    /// A document whose last message to a peer carried changes and is not answered yet is held
-    /// back for that peer until the answer comes or [`SYNC_ANSWER_WAIT`] has passed since `now`
-    /// of that message (then [`Replica::poll_timeout`] says when).
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<(PeerId, Message)> {
-        let mut turn: Vec<PeerId> = self
-            .links
-            .iter()
-            .filter(|(_, l)| !l.blocked && (!l.ready.is_empty() || !l.sync.is_empty()))
-            .map(|(p, _)| p.clone())
-            .collect();
-        if let Some(c) = &self.cursor {
-            // Start after the peer served last.
-            let split = turn.partition_point(|p| p <= c);
-            turn.rotate_left(split);
-        }
-        for peer in turn {
-            let link = self.links.get_mut(&peer)?;
-            if let Some(msg) = link.ready.pop_front() {
-                self.cursor = Some(peer.clone());
-                return Some((peer, msg));
-            }
-            while let Some(doc) = self.links.get_mut(&peer).and_then(|l| l.sync.pop_first()) {
-                if let Some(l) = self.links.get_mut(&peer)
-                    && l.unanswered.get(&doc).is_some_and(|at| *at > now)
-                {
-                    l.held.insert(doc);
-                    continue;
-                }
-                let heads_only = match self.links.get_mut(&peer) {
-                    Some(l) => {
-                        l.relay.remove(&doc);
-                        l.heads_only.remove(&doc)
-                    }
-                    None => false,
-                };
-                if let Some((msg, changes)) = self.generate(&doc, &peer, heads_only) {
-                    if let Some(l) = self.links.get_mut(&peer) {
-                        match changes {
-                            true => l.unanswered.insert(doc, now + SYNC_ANSWER_WAIT),
-                            false => l.unanswered.remove(&doc),
-                        };
-                    }
-                    self.cursor = Some(peer.clone());
-                    return Some((peer, msg));
-                }
-            }
-        }
-        None
-    }
-
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
@@ -941,177 +750,6 @@ impl Replica {
             .copied();
         let relay = self.relay_due.first().map(|(at, _, _)| *at);
         [fetch, held, answer, relay].into_iter().flatten().min()
-    }
-
-    // ----- policy -----
-
-    fn is_member(&self, group: &DocId, peer: &PeerId) -> bool {
-        self.groups.get(group).is_some_and(|m| m.contains(peer))
-    }
-
-    /// Whether `peer` may send `doc` to this replica, and be sent it.
-    fn admits(&self, doc: &DocId, peer: &PeerId) -> bool {
-        if self
-            .fetching
-            .get(doc)
-            .is_some_and(|f| f.asked.contains(peer))
-        {
-            return true;
-        }
-        self.scopes
-            .get(doc)
-            .is_some_and(|s| s.requestable || self.is_member(&s.group, peer))
-    }
-
-    /// Whether a fetch of `doc` may ask `peer`: a scoped document only its group's members.
-    fn may_ask(&self, doc: &DocId, peer: &PeerId) -> bool {
-        self.scopes
-            .get(doc)
-            .is_none_or(|s| self.is_member(&s.group, peer))
-    }
-
-    /// Loaded documents of a group, and whether each is announced.
-    fn loaded_in(&self, group: &DocId) -> Vec<(DocId, bool)> {
-        self.scopes
-            .iter()
-            .filter(|(d, s)| s.group == *group && self.docs.contains_key(*d))
-            .map(|(d, s)| (d.clone(), s.announce))
-            .collect()
-    }
-
-    /// Stops syncing `doc` with the peers no longer admitted.
-    fn prune(&mut self, doc: &DocId) {
-        let Some(e) = self.docs.get(doc) else {
-            return;
-        };
-        let gone: Vec<PeerId> = e
-            .peers
-            .keys()
-            .filter(|p| !self.admits(doc, p))
-            .cloned()
-            .collect();
-        if let Some(e) = self.docs.get_mut(doc) {
-            for p in gone {
-                e.peers.remove(&p);
-            }
-        }
-    }
-
-    /// Answers a message this replica does not accept.
-    fn refuse(&mut self, doc: &DocId, peer: &PeerId, push: bool, now: Instant) {
-        self.send_control(peer, Message::Unavailable { doc: doc.clone() });
-        self.events.push_back(Event::Refused {
-            peer: peer.clone(),
-            doc: doc.clone(),
-        });
-        if push && !self.scopes.contains_key(doc) {
-            self.hold(doc, peer, now);
-        }
-    }
-
-    /// Answers a message this replica cannot take now (a bound is reached).
-    fn turn_away(&mut self, doc: &DocId, peer: &PeerId, push: bool, now: Instant) {
-        self.send_control(peer, Message::Unavailable { doc: doc.clone() });
-        if push {
-            self.hold(doc, peer, now);
-        }
-    }
-
-    // ----- held pushes -----
-
-    fn hold(&mut self, doc: &DocId, peer: &PeerId, now: Instant) {
-        self.expire_held(now);
-        let key = (doc.clone(), peer.clone());
-        if let Some(at) = self.held.insert(key, now) {
-            self.held_order.remove(&(at, doc.clone(), peer.clone()));
-        }
-        self.held_order.insert((now, doc.clone(), peer.clone()));
-        while self.held.len() > MAX_HELD {
-            let Some((_, d, p)) = self.held_order.pop_first() else {
-                break;
-            };
-            self.held.remove(&(d, p));
-        }
-    }
-
-    fn expire_held(&mut self, now: Instant) {
-        while let Some((at, d, p)) = self.held_order.first().cloned() {
-            if at + HELD_FOR > now {
-                break;
-            }
-            self.held_order.pop_first();
-            self.held.remove(&(d, p));
-        }
-    }
-
-    /// Forgets the held pushes of `doc`, returning who pushed it.
-    fn take_held(&mut self, doc: &DocId) -> BTreeSet<PeerId> {
-        let from = (doc.clone(), PeerId::new(""));
-        let keys: Vec<(DocId, PeerId)> = self
-            .held
-            .range(from..)
-            .take_while(|((d, _), _)| d == doc)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut peers = BTreeSet::new();
-        for (d, p) in keys {
-            if let Some(at) = self.held.remove(&(d.clone(), p.clone())) {
-                self.held_order.remove(&(at, d, p.clone()));
-            }
-            peers.insert(p);
-        }
-        peers
-    }
-
-    /// A loaded document: sync with the admitted peers that pushed it before.
-    fn resume_held(&mut self, doc: &DocId) {
-        if !self.scopes.contains_key(doc) {
-            return;
-        }
-        for p in self.take_held(doc) {
-            if self.peers.contains(&p) && self.admits(doc, &p) {
-                self.sync_one(doc, &p);
-            }
-        }
-    }
-
-    /// Loads `doc` to ask `pushers` for it (see [`Replica::set_scope`]).
-    fn load_for_retry(&mut self, doc: &DocId, pushers: BTreeSet<PeerId>) {
-        match self.loading.get_mut(doc) {
-            Some(l) => l.retry.extend(pushers),
-            None => {
-                self.loading.insert(
-                    doc.clone(),
-                    Loading {
-                        retry: pushers,
-                        ..Loading::default()
-                    },
-                );
-                self.events.push_back(Event::Load(doc.clone()));
-            }
-        }
-    }
-
-    /// Loads ended: retry pushes turned away by [`MAX_PENDING_LOADS`] that are now acceptable.
-    fn retry_refused_loads(&mut self) {
-        if !self.loads_refused {
-            return;
-        }
-        while self.loading.len() < MAX_PENDING_LOADS {
-            let next = self.held_order.iter().find_map(|(_, d, p)| {
-                let ready = self.admits(d, p)
-                    && !self.docs.contains_key(d)
-                    && !self.loading.contains_key(d)
-                    && !self.fetching.contains_key(d);
-                ready.then(|| d.clone())
-            });
-            let Some(doc) = next else {
-                self.loads_refused = false;
-                return;
-            };
-            let pushers = self.take_held(&doc);
-            self.load_for_retry(&doc, pushers);
-        }
     }
 
     // ----- messages -----
@@ -1209,67 +847,6 @@ impl Replica {
         }
     }
 
-    /// Asks peers for `id`: `only` these (those connected), or else the connected peers a
-    /// fetch may ask.
-    fn request(&mut self, id: &DocId, only: Option<BTreeSet<PeerId>>, now: Instant) {
-        let targets: Vec<PeerId> = match only {
-            Some(only) if only.iter().any(|p| self.peers.contains(p)) => only
-                .into_iter()
-                .filter(|p| self.peers.contains(p))
-                .collect(),
-            _ => self
-                .peers
-                .iter()
-                .filter(|p| self.may_ask(id, p))
-                .cloned()
-                .collect(),
-        };
-        let mut asked = BTreeSet::new();
-        for p in targets {
-            if self.send_control(&p, Message::Request { doc: id.clone() }) {
-                asked.insert(p);
-            }
-        }
-        if asked.is_empty() {
-            self.drop_empty(id);
-            self.events.push_back(Event::Unavailable(id.clone()));
-            return;
-        }
-        let deadline = now + FETCH_TIMEOUT;
-        self.end_fetch(id);
-        self.deadlines.insert((deadline, id.clone()));
-        self.fetching.insert(
-            id.clone(),
-            Fetch {
-                asked,
-                deadline,
-                arrived: false,
-            },
-        );
-    }
-
-    fn unavailable_from(&mut self, id: &DocId, peer: &PeerId) {
-        let Some(f) = self.fetching.get_mut(id) else {
-            return;
-        };
-        f.asked.remove(peer);
-        if !f.asked.is_empty() {
-            return;
-        }
-        let arrived = f.arrived;
-        self.end_fetch(id);
-        if !arrived && !self.has_content(id) {
-            self.drop_empty(id);
-            self.events.push_back(Event::Unavailable(id.clone()));
-        }
-    }
-
-    fn end_fetch(&mut self, id: &DocId) -> Option<Fetch> {
-        let f = self.fetching.remove(id)?;
-        self.deadlines.remove(&(f.deadline, id.clone()));
-        Some(f)
-    }
-
     // ----- documents -----
 
     /// Adds a document (or merges it into the loaded one), with this replica's actor.
@@ -1344,139 +921,6 @@ impl Replica {
             self.announce(id);
         }
     }
-
-    // ----- sending -----
-
-    /// Announces a document to its group's connected members.
-    fn announce(&mut self, id: &DocId) {
-        let Some(s) = self.scopes.get(id) else {
-            return;
-        };
-        let members: Vec<PeerId> = self
-            .groups
-            .get(&s.group)
-            .map(|m| m.intersection(&self.peers).cloned().collect())
-            .unwrap_or_default();
-        for p in members {
-            self.sync_one(id, &p);
-        }
-    }
-
-    /// Schedules a message for every peer this document is being synced with (and, if
-    /// announced, every connected member of its group).
-    fn sync_all(&mut self, id: &DocId) {
-        for p in self.sync_targets(id) {
-            self.sync_one(id, &p);
-        }
-    }
-
-    /// The peers this document is being synced with (and, if announced, the connected
-    /// members of its group).
-    fn sync_targets(&self, id: &DocId) -> BTreeSet<PeerId> {
-        let Some(e) = self.docs.get(id) else {
-            return BTreeSet::new();
-        };
-        let mut targets: BTreeSet<PeerId> = e.peers.keys().cloned().collect();
-        if let Some(s) = self.scopes.get(id)
-            && s.announce
-            && let Some(m) = self.groups.get(&s.group)
-        {
-            targets.extend(m.intersection(&self.peers).cloned());
-        }
-        targets
-    }
-
-    /// Schedules the changes `from` sent for every other peer [`Replica::sync_all`] would
-    /// send them to, after [`RELAY_AFTER`] (or [`RELAY_AFTER_HIGHER`]); a message already
-    /// owed goes as it would.
-    fn relay(&mut self, id: &DocId, from: &PeerId, now: Instant) {
-        let mut targets = self.sync_targets(id);
-        targets.remove(from);
-        for p in targets {
-            let (lower, higher) = self
-                .relay_waits
-                .unwrap_or((RELAY_AFTER, RELAY_AFTER_HIGHER));
-            let wait = match &self.me {
-                Some(me) if *me > p => higher,
-                _ => lower,
-            };
-            let Some(l) = self.links.get_mut(&p) else {
-                continue;
-            };
-            if l.sync.contains(id) || l.held.contains(id) || l.relay.contains_key(id) {
-                continue;
-            }
-            let at = now + wait;
-            l.relay.insert(id.clone(), at);
-            self.relay_due.insert((at, p, id.clone()));
-        }
-    }
-
-    /// Schedules a message for one peer.
-    fn sync_one(&mut self, id: &DocId, peer: &PeerId) {
-        if let Some(l) = self.links.get_mut(peer) {
-            l.heads_only.remove(id);
-            l.sync.insert(id.clone());
-        }
-    }
-
-    /// Queues a request or an answer for a connected peer; false if it was dropped.
-    fn send_control(&mut self, peer: &PeerId, msg: Message) -> bool {
-        match self.links.get_mut(peer) {
-            Some(l) if l.ready.len() < MAX_QUEUED_PER_PEER => {
-                l.ready.push_back(msg);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The next sync message for `peer`, and whether it carries changes. `heads_only`: a
-    /// message that says what we have without sending changes (as if the peer had not said
-    /// what it has yet); a peer that lacks them asks.
-    fn generate(&mut self, id: &DocId, peer: &PeerId, heads_only: bool) -> Option<(Message, bool)> {
-        if !self.admits(id, peer) {
-            return None;
-        }
-        let e = self.docs.get_mut(id)?;
-        let state = e.peers.entry(peer.clone()).or_default();
-        // A peer that holds part of the document gets the changes it lacks, never the whole
-        // document: Automerge sends a whole save to a peer that supports it once a third of
-        // the changes are missing, which for a document of a few changes is every change,
-        // and the peer then decodes the whole document to find the one it lacked.
-        let whole = hide_whole_document(state);
-        let msg = if heads_only {
-            let have = state.their_have.take();
-            let msg = e.doc.generate_sync_message(state);
-            state.their_have = have;
-            msg
-        } else {
-            e.doc.generate_sync_message(state)
-        };
-        if let Some(caps) = whole {
-            state.their_capabilities = Some(caps);
-        }
-        let msg = msg?;
-        let changes = !msg.changes.is_empty();
-        let msg = Message::Sync {
-            doc: id.clone(),
-            data: msg.encode(),
-        };
-        Some((msg, changes))
-    }
-}
-
-/// Takes the whole-document capability out of `state` while the peer holds part of the
-/// document, and returns the capabilities to restore.
-fn hide_whole_document(state: &mut sync::State) -> Option<Vec<sync::Capability>> {
-    let has_some = state.their_heads.as_ref().is_some_and(|h| !h.is_empty());
-    let caps = state.their_capabilities.as_mut()?;
-    if !has_some || !caps.contains(&sync::Capability::MessageV2) {
-        return None;
-    }
-    let all = caps.clone();
-    caps.retain(|c| *c != sync::Capability::MessageV2);
-    Some(all)
 }
 
 fn sorted(mut heads: Vec<ChangeHash>) -> Vec<ChangeHash> {
