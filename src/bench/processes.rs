@@ -15,7 +15,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::{oneshot, watch};
 
 use super::routers::{Observer, Routers};
-use super::{Display, Options, Throughput, deadline_for, submit_http, wall_ms};
+use super::throughput::{Throughput, submit_http};
+use super::{Display, Options, deadline_for, wall_ms};
 use crate::client::Client;
 
 /// How often the bench asks node 0 for its task counts while tasks run.
@@ -63,7 +64,7 @@ impl Proc {
     /// `VmHWM` of the process, in MiB, while it runs.
     fn peak_rss_mib(&self) -> Option<f64> {
         let pid = self.child.id()?;
-        super::vm_hwm_mib(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+        super::probes::vm_hwm_mib(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
     }
 }
 
@@ -337,7 +338,7 @@ pub(super) async fn throughput(
         })
     };
     let q = &procs.queue;
-    let (ids, acks, t0) = super::submit_all(opts, display, ended_rx, |turn, reqs| {
+    let (ids, acks, t0) = super::throughput::submit_all(opts, display, ended_rx, |turn, reqs| {
         let client = clients[turn % clients.len()].clone();
         async move { submit_http(&client, q, reqs).await }
     })
@@ -362,7 +363,7 @@ pub(super) async fn latency(
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let clients = procs.clients();
     let queue = &procs.queue;
-    super::measure_latency(opts, display, all, ", through HTTP", |i, req| {
+    super::latency::measure_latency(opts, display, all, ", through HTTP", |i, req| {
         let c = clients[i % clients.len()].clone();
         async move {
             let id = c
@@ -409,14 +410,14 @@ pub(super) async fn failover_round(
         let (c, q) = (c2.clone(), q.clone());
         async move { Ok(c.submit(&q, &req).await?.task_id) }
     };
-    let mut trickling = tokio::spawn(super::trickle(
+    let mut trickling = tokio::spawn(super::failover::trickle(
         submit,
         opts.kind,
         all.len(),
         stop_rx,
         acked_tx,
     ));
-    super::flowing(&mut acked, &mut trickling, via).await?;
+    super::failover::flowing(&mut acked, &mut trickling, via).await?;
 
     procs.sample_rss();
     let mut killed = procs.nodes[victim]
