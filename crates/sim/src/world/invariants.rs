@@ -69,8 +69,10 @@ impl World {
         self.runs_stay_within_the_concurrency_limit(queue, claim);
     }
 
-    /// Invariant 4: the attempt's claim is not below the greatest claim the node has seen
-    /// (`Core::fence`).
+    /// Invariant 4: the attempt's claim is not below the greatest claim the node has seen:
+    /// in a router heartbeat the simulator delivered to it (`delivered_claims`), or as the
+    /// effective router of its view. Judged from what the simulator delivered, not from the
+    /// value the node fences with (`Core::fence`).
     fn no_worker_starts_below_the_greatest_claim_seen(
         &mut self,
         i: usize,
@@ -78,7 +80,18 @@ impl World {
         task: &TaskId,
         claim: &Claim,
     ) {
-        if let Some(seen) = self.nodes[i].core.fence(queue).cloned()
+        let in_view = self.nodes[i]
+            .core
+            .view(queue)
+            .and_then(|v| v.router.clone());
+        let seen = self
+            .delivered_claims
+            .get(&(i, queue.clone()))
+            .cloned()
+            .into_iter()
+            .chain(in_view)
+            .max();
+        if let Some(seen) = seen
             && *claim < seen
         {
             self.violate(
@@ -314,14 +327,10 @@ impl World {
     /// Invariant 9, at every save a core asks for: a node stores only documents of queues it
     /// joined.
     pub(super) fn a_saved_document_belongs_to_a_joined_queue(&mut self, i: usize, doc: &DocId) {
-        let core = &self.nodes[i].core;
-        let ok = core.queues().any(|q| {
-            q.as_str() == doc.as_str()
-                || core.epoch_docs(q).contains(doc)
-                || core
-                    .view(q)
-                    .is_some_and(|v| v.tasks().contains_key(&TaskId::new(doc.as_str())))
-        }) || self.of_joined_queue(i, doc);
+        // Judged from the node's disk (the queues it remembers joining) and the document's
+        // own content, never from the core's queues or views.
+        let joined = &self.nodes[i].disk.queues;
+        let ok = joined.iter().any(|q| q.as_str() == doc.as_str()) || self.of_joined_queue(i, doc);
         if !ok {
             self.violate(
                 9,
@@ -343,7 +352,7 @@ impl World {
             Some(d) => origin(d),
             None => n.disk.read(doc, origin).flatten(),
         };
-        queue.is_some_and(|q| n.core.view(&q).is_some())
+        queue.is_some_and(|q| n.disk.queues.contains(&q))
     }
 
     // ----- once healed and settled, or at the settle limit -----
@@ -444,27 +453,15 @@ impl World {
     /// Invariant 9, at the end on every disk: every stored document is a joined queue's
     /// document, one of its epoch documents, or the document of one of its tasks.
     fn every_stored_document_belongs_to_a_joined_queue(&mut self) {
-        // The node outside queue 1 never stored any of its documents. A task document that no
-        // index names is allowed only if this node wrote it for a queue it joined: a submit
-        // whose index entry was lost with the node before it was acknowledged.
+        // The node outside queue 1 never stored any of its documents. Judged from each disk:
+        // the queues it remembers joining, and what each stored document says it is (an
+        // epoch of such a queue, or a task of one: a finished task no epoch carries, or one
+        // this node wrote for a submit lost with it before its acknowledgement).
         let mut strays = vec![];
         for (i, n) in self.nodes.iter().enumerate() {
             for doc in n.disk.docs.keys() {
-                // The document is read (loaded) only if the cheaper checks do not place it.
-                let ours = || {
-                    n.disk
-                        .read(doc, |d| piecework_queue_doc::task::read(d).ok())
-                        .flatten()
-                        .is_some_and(|t| t.submitter == n.peer && n.core.view(&t.queue).is_some())
-                };
-                let ok = self.of_joined_queue(i, doc)
-                    || n.core.queues().any(|q| {
-                        q.as_str() == doc.as_str()
-                            || n.core
-                                .view(q)
-                                .is_some_and(|v| v.tasks().contains_key(&TaskId::new(doc.as_str())))
-                    })
-                    || ours();
+                let ok = n.disk.queues.iter().any(|q| q.as_str() == doc.as_str())
+                    || self.of_joined_queue(i, doc);
                 if !ok {
                     strays.push(format!("node{i} holds {doc} on disk"));
                 }
