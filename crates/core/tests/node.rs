@@ -18,7 +18,7 @@ use piecework_core::{
 use piecework_queue_doc::{
     Claim, PeerId, QueueConfig, QueueId, RouterBeat, TaskId, TaskState, queue,
 };
-use piecework_replica::DocId;
+use piecework_replica::{DocId, Message};
 
 /// A core and everything around it: a disk, a clock, and what it asked for.
 struct One {
@@ -2503,4 +2503,145 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
     let stored = piecework_replica::load_chunks(&one.disk[&qdoc]).unwrap();
     let view = piecework_queue_doc::QueueView::read(&stored).unwrap();
     assert_eq!(view.tasks().len(), 6, "every entry is on the disk");
+}
+
+/// The core's second fence check: a worker asked to run a task whose document it must first
+/// fetch hears, while the fetch is out, a heartbeat of a router above the one that assigned
+/// it. When the document arrives the start is refused as fenced; it never runs. (The pool
+/// fenced the assignment when it accepted it; only the core sees the fence rise afterwards.)
+#[test]
+fn a_start_whose_fence_rose_while_its_document_was_fetched_is_refused() {
+    let (refused, fenced_ran) = fence_rises_while_fetching(false);
+    assert!(!fenced_ran, "a fenced start ran");
+    assert!(refused, "no fenced refusal");
+}
+
+/// The same story with the core's fence checks switched off (its pool still fencing): the
+/// start runs, so the core's check is what refuses it.
+#[test]
+fn a_core_that_does_not_fence_runs_a_start_whose_fence_rose_during_its_fetch() {
+    let (refused, fenced_ran) = fence_rises_while_fetching(true);
+    assert!(fenced_ran && !refused, "the broken core still refused");
+}
+
+/// A task assigned to `b` by `a`'s claim, whose document `b` fetches while a greater claim
+/// beats; whether `b` refused it as fenced, and whether it ran it anyway. `break_core` turns
+/// `b`'s core's fence checks off.
+fn fence_rises_while_fetching(break_core: bool) -> (bool, bool) {
+    // The router has no workers: its task goes to the worker's node. No input is inline.
+    let mut a = One::with(|c| {
+        c.workers = 0;
+        c.inline_input_max = 0;
+    });
+    let q = a.create_queue(quick());
+    let mut b = One::with(|c| {
+        c.peer = PeerId::new("you");
+        c.seed = 8;
+        c.workers = 1;
+        c.inline_input_max = 0;
+    });
+    if break_core {
+        b.core.break_fencing(false, true);
+    }
+    let mut t = join_second(&mut a, &mut b, &q);
+    while !a.core.is_active(&q) || t < 1_000 {
+        t += 50;
+        assert!(t < 10_000, "a never routed");
+        both_at(&mut a, &mut b, t);
+    }
+    // A task submitted while b is away; every message about its document is held.
+    part(&mut a, &mut b);
+    let task = submit_acked(&mut a, &q);
+    let doc = DocId::parse(task.as_str()).expect("the task's document");
+    meet(&mut a, &mut b);
+    let about_doc = |f: &[u8]| match Message::decode(f) {
+        Ok(Message::Sync { doc: d, .. })
+        | Ok(Message::Request { doc: d })
+        | Ok(Message::Unavailable { doc: d }) => d == doc,
+        Err(_) => false,
+    };
+    let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
+    let mut held: Vec<(bool, Vec<u8>)> = vec![];
+    let mut exchange_but_doc = |a: &mut One, b: &mut One, held: &mut Vec<(bool, Vec<u8>)>| {
+        for (_, f) in std::mem::take(&mut a.frames) {
+            if about_doc(&f) {
+                held.push((true, f));
+            } else {
+                b.core.handle_sync(b.now, &pa, &f);
+                b.drain();
+            }
+        }
+        for (_, f) in std::mem::take(&mut b.frames) {
+            if about_doc(&f) {
+                held.push((false, f));
+            } else {
+                a.core.handle_sync(a.now, &pb, &f);
+                a.drain();
+            }
+        }
+    };
+    let asked = |held: &[(bool, Vec<u8>)]| {
+        held.iter()
+            .any(|(to_b, f)| !to_b && matches!(Message::decode(f), Ok(Message::Request { .. })))
+    };
+    while !asked(&held) {
+        t += 50;
+        assert!(t < 30_000, "b never asked for the document");
+        a.at(t);
+        b.at(t);
+        a.ack_saves();
+        b.ack_saves();
+        a.answer_loads();
+        b.answer_loads();
+        exchange_but_doc(&mut a, &mut b, &mut held);
+        gossip(&mut a, &mut b);
+        gossip(&mut b, &mut a);
+        assert!(b.runs.is_empty());
+    }
+    assert!(!b.core.is_loaded(&doc));
+    let state = b
+        .core
+        .view(&q)
+        .and_then(|v| v.task(&task).map(|e| e.state()));
+    assert_eq!(
+        state,
+        Some(TaskState::Assigned),
+        "b fetches for its assignment"
+    );
+    // A claim above the one that assigned the task beats (a's own, at the next term: as if a
+    // had restarted and claimed again); then the held messages go through, the document comes.
+    let claim = a.core.fence(&q).expect("a's claim").clone();
+    let beat = RouterBeat {
+        queue: q.clone(),
+        claim: Claim::new(claim.term + 1, pa.clone()),
+        counter: u64::MAX / 2,
+        epoch: None,
+        handover: None,
+    };
+    let topic = piecework_core::topic_for(&q);
+    b.core
+        .handle_gossip(b.now, &topic, &pa, &Wire::Router(beat).encode());
+    b.drain();
+    b.drain();
+    for (to_b, f) in held {
+        if to_b {
+            b.core.handle_sync(b.now, &pa, &f);
+            b.drain();
+        } else {
+            a.core.handle_sync(a.now, &pb, &f);
+            a.drain();
+        }
+    }
+    let mut fenced_ran = false;
+    for _ in 0..20 {
+        t += 50;
+        both_at(&mut a, &mut b, t);
+        // (Later attempts, under a router that claimed since, may run.)
+        fenced_ran |= b.runs.iter().any(|r| r.attempt.claim == claim);
+    }
+    assert!(b.core.is_loaded(&doc), "the document never came");
+    let refused = b.events.iter().any(|e| {
+        matches!(e, Event::NotRun { task: t, reason, .. } if *t == task && reason.starts_with("fenced"))
+    });
+    (refused, fenced_ran)
 }

@@ -228,9 +228,14 @@ pub struct Config {
     /// (`piecework_core::Config::relay_waits`); `None` for a node's defaults. Other waits
     /// give other interleavings of the same faults.
     pub relay_ms: Option<(u64, u64)>,
-    /// Make every node skip fencing: a deliberately broken protocol (tests only).
+    /// Make every node's pool skip fencing: a deliberately broken protocol (tests only).
     #[cfg(feature = "broken")]
     pub broken_fencing: bool,
+    /// Make every node's core skip its own fence checks of a start (after a task document is
+    /// fetched, at the end of a turn), its pool still fencing: a deliberately broken protocol
+    /// (tests only).
+    #[cfg(feature = "broken")]
+    pub broken_core_fencing: bool,
 }
 
 impl Default for Config {
@@ -250,6 +255,8 @@ impl Default for Config {
             relay_ms: None,
             #[cfg(feature = "broken")]
             broken_fencing: false,
+            #[cfg(feature = "broken")]
+            broken_core_fencing: false,
         }
     }
 }

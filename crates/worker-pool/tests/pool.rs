@@ -232,6 +232,21 @@ fn fences_assignments_from_a_superseded_router() {
     );
 }
 
+/// The mutation the story above catches: a pool with its fence switched off starts the
+/// superseded router's assignment.
+#[test]
+fn a_pool_that_does_not_fence_starts_a_superseded_routers_assignment() {
+    let mut f = Fixture::new(2, 1);
+    f.pool.break_fencing();
+    queue::claim_router(&mut f.doc, &router(1, "old"), 0).unwrap();
+    let t1 = f.submit(1);
+    f.assign(&t1, &router(1, "old"), 0);
+    queue::claim_router(&mut f.doc, &router(2, "new"), 0).unwrap();
+    let actions = f.step();
+    assert_eq!(starts(&actions), 1, "{actions:?}");
+    assert!(refusals(&actions).is_empty(), "{actions:?}");
+}
+
 #[test]
 fn refuses_work_for_a_busy_or_missing_worker() {
     let mut f = Fixture::new(1, 1);

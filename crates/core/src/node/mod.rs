@@ -178,12 +178,16 @@ impl Core {
         }
     }
 
-    /// Breaks this node on purpose: its workers stop fencing (they start assignments from
-    /// deposed routers). Only for proving that the simulator catches it.
+    /// Breaks this node on purpose, for proving that the tests catch it: its pool stops
+    /// fencing (it starts assignments from deposed routers, `pool`), or the core's own fence
+    /// checks of a start stop (after its task's document was fetched, and at the end of the
+    /// turn: `core`).
     #[cfg(feature = "broken")]
-    pub fn break_fencing(&mut self) {
-        self.pool.break_fencing();
-        self.broken = true;
+    pub fn break_fencing(&mut self, pool: bool, core: bool) {
+        if pool {
+            self.pool.break_fencing();
+        }
+        self.broken = core;
     }
 
     fn fencing(&self) -> bool {

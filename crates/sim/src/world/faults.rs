@@ -356,9 +356,8 @@ impl World {
         n.up = true;
         n.core = Core::new(config, t);
         #[cfg(feature = "broken")]
-        if self.config.broken_fencing {
-            n.core.break_fencing();
-        }
+        n.core
+            .break_fencing(self.config.broken_fencing, self.config.broken_core_fencing);
         n.submits.clear();
         n.joins.clear();
         n.subscribed.clear();

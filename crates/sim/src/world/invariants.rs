@@ -35,7 +35,7 @@
 //! 2. `default_mix_seeds_pass_and_every_fault_kind_fires`.
 //! 3. `tests/takeover_props.rs` `two_routers_claim_at_once`,
 //!    `the_router_is_partitioned_away_then_healed`, `the_cluster_splits_in_halves_then_heals`.
-//! 4. `a_pool_that_does_not_fence_is_caught`; `tests/takeover_props.rs`
+//! 4. `a_node_that_does_not_fence_is_caught`, `a_core_that_does_not_fence_its_starts_is_caught`; `tests/takeover_props.rs`
 //!    `the_routers_heartbeats_are_delayed_past_the_timeout`.
 //! 5. `crash_only_seeds_pass_with_no_unexplained_second_run`,
 //!    `seed_11_crashes_a_restarted_pool_never_runs_a_superseded_attempt`.

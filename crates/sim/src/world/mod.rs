@@ -337,10 +337,9 @@ impl World {
             settled: false,
         };
         #[cfg(feature = "broken")]
-        if config.broken_fencing {
-            for n in &mut w.nodes {
-                n.core.break_fencing();
-            }
+        for n in &mut w.nodes {
+            n.core
+                .break_fencing(config.broken_fencing, config.broken_core_fencing);
         }
         w.setup();
         w
