@@ -54,8 +54,11 @@ pub struct Summary {
     pub executions: usize,
     /// Tasks whose handler succeeded more than once.
     pub duplicates: usize,
-    /// Submitted tasks that never completed.
+    /// Submitted tasks that never completed: the acknowledged task ids that did not end
+    /// `succeeded`, counted one by one.
     pub lost: usize,
+    /// Those tasks' ids.
+    pub lost_tasks: Vec<String>,
     /// The router killed.
     pub router_before: String,
     /// The router that took over.
@@ -68,8 +71,13 @@ pub struct Summary {
     pub takeover_ms: u64,
     /// From the first submit to the last completion.
     pub elapsed_ms: u64,
-    /// Tasks completed when the router was killed.
+    /// Tasks completed when the router was killed, as the observing node saw them just before
+    /// the kill.
     pub completed_at_kill: usize,
+    /// Tasks whose successful run was routed by a router that claimed after the killed one (a
+    /// greater claim), per task id in the state read after the run: work that was still to do
+    /// when the router died. More than zero shows that the kill landed before the end.
+    pub completed_after_kill: usize,
 }
 
 /// The fastest queue timings the docs recommend (`docs/benchmarks.md`, failover): a router
@@ -354,14 +362,25 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
     let mut executions = 0;
     let mut duplicates = 0;
     // Per task id: a task counts as completed only if its own state says succeeded (in the
-    // final view, or in its status once the view no longer carries it), never by subtracting
-    // counts.
+    // final view, or in its status once the view no longer carries it), and as lost otherwise;
+    // never by subtracting counts.
     let mut completed = 0;
+    let mut lost_tasks = Vec::new();
+    let mut completed_after_kill = 0;
+    // An attempt that succeeded, routed under a claim greater than the killed router's.
+    let by_a_later_router = |a: &piecework_queue_doc::Attempt| {
+        a.id.claim > old
+            && a.finished
+                .as_ref()
+                .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+    };
     for id in &task_ids {
         let (mut ended, mut ok) = (0, 0);
         let mut succeeded = false;
+        let mut after_kill = false;
         if let Some(t) = final_view.task(id) {
             succeeded = t.state() == TaskState::Succeeded;
+            after_kill = t.attempts.iter().any(by_a_later_router);
             let ran = t.attempts.iter().filter(|a| a.started.is_some());
             let finished: Vec<_> = ran.filter_map(|a| a.finished.as_ref()).collect();
             ended = finished.len();
@@ -372,6 +391,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         }
         if let Ok(s) = reader.task_status(id).await {
             succeeded |= s.state == TaskState::Succeeded;
+            after_kill |= s.attempts.iter().any(by_a_later_router);
             let runs: Vec<_> = s.runs.iter().filter_map(|r| r.end.as_ref()).collect();
             ended = ended.max(runs.len());
             ok = ok.max(
@@ -386,6 +406,11 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         }
         if succeeded {
             completed += 1;
+            if after_kill {
+                completed_after_kill += 1;
+            }
+        } else {
+            lost_tasks.push(id.to_string());
         }
     }
     let after = final_view
@@ -401,7 +426,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         tasks_completed: completed,
         executions,
         duplicates,
-        lost: task_ids.len() - completed,
+        lost: lost_tasks.len(),
+        lost_tasks,
         router_before: old.peer.to_string(),
         router_after: after.peer.to_string(),
         term_before: old.term,
@@ -409,6 +435,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
         takeover_ms: takeover_ms.unwrap_or(0),
         elapsed_ms,
         completed_at_kill,
+        completed_after_kill,
     })
 }
 
@@ -448,6 +475,13 @@ pub fn print_summary(s: &Summary) {
         s.duplicates
     );
     println!("lost               {}", s.lost);
+    for id in &s.lost_tasks {
+        println!("  lost task        {id}");
+    }
+    println!(
+        "after the kill     {}  (tasks that succeeded on a run the new router routed)",
+        s.completed_after_kill
+    );
     println!(
         "router before      {} (term {})",
         s.router_before, s.term_before

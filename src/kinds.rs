@@ -5,8 +5,13 @@
 //! | `noop` | anything | `null` |
 //! | `sleep` | `{"ms": N}` (N ≤ 3 600 000) | `{"slept_ms": N}` |
 //! | `sha256` | `{"data": STRING, "rounds": N}` (1 ≤ N ≤ 10 000 000, default 1) | the hex digest of `data` hashed `rounds` times |
+//! | `wait_file` | `{"path": PATH}`, an absolute path inside the system's temporary directory | `{"path": PATH}` once a file exists there (at most 1 h, then it fails) |
 //!
 //! `sha256` runs on tokio's blocking pool so that long hashing does not stall the node.
+//! `wait_file` is a run that stays in flight until someone releases it (creates the file): for
+//! demos and tests that must act while a run is certainly under way (kill its node, say). It
+//! looks every 20 ms and ends early if its run is cancelled. Its path is confined to the
+//! temporary directory, so a submitter cannot learn through it what exists elsewhere on a node.
 
 use piecework_worker_pool::{Context, HandlerError, Registry};
 use serde::Deserialize;
@@ -26,6 +31,7 @@ pub fn builtin() -> Registry {
     });
     r.register("sleep", sleep);
     r.register("sha256", sha256);
+    r.register("wait_file", wait_file);
     r
 }
 
@@ -45,6 +51,47 @@ async fn sleep(ctx: Context, input: Value) -> Result<Value, HandlerError> {
     tokio::select! {
         () = tokio::time::sleep(std::time::Duration::from_millis(ms)) => Ok(json!({ "slept_ms": ms })),
         () = ctx.cancellation().cancelled() => Err(HandlerError::new("cancelled")),
+    }
+}
+
+#[derive(Deserialize)]
+struct WaitFileInput {
+    path: std::path::PathBuf,
+}
+
+/// How often `wait_file` looks for its file.
+const WAIT_FILE_EVERY: std::time::Duration = std::time::Duration::from_millis(20);
+
+async fn wait_file(ctx: Context, input: Value) -> Result<Value, HandlerError> {
+    let WaitFileInput { path } = serde_json::from_value(input)
+        .map_err(|e| HandlerError::new(format!("wait_file wants {{\"path\": PATH}}: {e}")))?;
+    let inside_temp = path.is_absolute()
+        && path.starts_with(std::env::temp_dir())
+        && !path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir));
+    if !inside_temp {
+        return Err(HandlerError::new(format!(
+            "wait_file: {} is not an absolute path inside {}",
+            path.display(),
+            std::env::temp_dir().display()
+        )));
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(MAX_SLEEP_MS);
+    loop {
+        if tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            return Ok(json!({ "path": path }));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(HandlerError::new(format!(
+                "wait_file: {} did not appear within {MAX_SLEEP_MS} ms",
+                path.display()
+            )));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(WAIT_FILE_EVERY) => {}
+            () = ctx.cancellation().cancelled() => return Err(HandlerError::new("cancelled")),
+        }
     }
 }
 
@@ -98,5 +145,42 @@ mod tests {
         );
         let twice = hex::encode(Sha256::digest(Sha256::digest(b"abc")));
         assert_eq!(sha256_rounds(b"abc", 2), twice);
+    }
+
+    fn context() -> Context {
+        use piecework_queue_doc::{AttemptId, Claim, PeerId, TaskId, WorkerId};
+        let peer = PeerId::new("peer-a");
+        let attempt = AttemptId {
+            n: 1,
+            claim: Claim::new(1, peer.clone()),
+        };
+        Context::new(TaskId::new("automerge:t"), attempt, WorkerId::new(peer, 0))
+    }
+
+    #[tokio::test]
+    async fn wait_file_runs_until_its_file_exists_or_its_run_is_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("release");
+        let input = json!({ "path": path });
+        // Released: the run is under way (it has not ended) until the file is created.
+        let run = tokio::spawn(wait_file(context(), input.clone()));
+        tokio::task::yield_now().await;
+        assert!(!run.is_finished(), "it waits for its file");
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(run.await.unwrap().unwrap(), json!({ "path": path }));
+        // Cancelled: it ends at once, with an error.
+        let never = json!({ "path": dir.path().join("never") });
+        let ctx = context();
+        ctx.cancellation().cancel();
+        assert!(wait_file(ctx, never).await.is_err());
+        // Outside the temporary directory, or climbing out of it: refused.
+        for p in ["/etc/passwd", "relative"] {
+            assert!(
+                wait_file(context(), json!({ "path": p })).await.is_err(),
+                "{p}"
+            );
+        }
+        let out = std::env::temp_dir().join("..").join("etc").join("passwd");
+        assert!(wait_file(context(), json!({ "path": out })).await.is_err());
     }
 }

@@ -191,7 +191,7 @@ enum TaskCommand {
     Submit {
         /// The queue's id.
         queue_id: String,
-        /// The handler kind (built in: noop, sleep, sha256).
+        /// The handler kind (built in: noop, sleep, sha256, wait_file).
         #[arg(long, required_unless_present = "file")]
         kind: Option<String>,
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
@@ -301,12 +301,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 piecework::demo::print_summary(&summary);
             }
-            if summary.lost > 0 || summary.router_before == summary.router_after {
+            if summary.lost > 0
+                || summary.router_before == summary.router_after
+                || summary.completed_after_kill == 0
+            {
                 bail!(
-                    "the demo did not go as it should: {} lost, router {} -> {}",
+                    "the demo did not go as it should: {} lost, router {} -> {}, {} tasks completed by the new router",
                     summary.lost,
                     summary.router_before,
-                    summary.router_after
+                    summary.router_after,
+                    summary.completed_after_kill
                 );
             }
             Ok(())

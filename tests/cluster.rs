@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use piecework::demo::demo_config;
 use piecework::node::{Config, IsolatedNode, NodeHandle, api, spawn_isolated};
-use piecework::queue_doc::{QueueId, QueueView, TaskState};
+use piecework::queue_doc::{AttemptOutcome, QueueId, QueueView, TaskState};
 use tokio::sync::watch;
 
 const TASKS: usize = 100;
@@ -135,29 +135,40 @@ async fn every_task_completes_after_the_active_router_is_killed() {
         .unwrap();
     let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
     drop(nodes[victim].take().unwrap().kill());
-    assert!(
-        at_kill.counts().succeeded < TASKS,
-        "the kill landed before the end"
-    );
 
+    // Every acknowledged task, by id, succeeds on both survivors.
+    let mut finals = vec![];
     for &i in &survivors {
         let v = until(
             &mut views[i],
             "every task to succeed and a new router",
             |v| {
-                v.counts().succeeded == TASKS
-                    && v.router.as_ref().is_some_and(|r| r.peer != before.peer)
+                ids.iter().all(|id| {
+                    v.task(id)
+                        .is_some_and(|t| t.state() == TaskState::Succeeded)
+                }) && v.router.as_ref().is_some_and(|r| r.peer != before.peer)
             },
         )
         .await;
-        for id in &ids {
-            assert_eq!(
-                v.tasks()[id].state(),
-                TaskState::Succeeded,
-                "{id} on node {i}"
-            );
-        }
+        finals.push(v);
     }
+    // The kill landed before the end, judged from the state after it: some tasks succeeded on
+    // a run routed under a claim greater than the killed router's, i.e. by its successor.
+    let after_kill = ids
+        .iter()
+        .filter(|id| {
+            finals[0].tasks()[*id].attempts.iter().any(|a| {
+                a.id.claim > before
+                    && a.finished
+                        .as_ref()
+                        .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+            })
+        })
+        .count();
+    assert!(
+        after_kill > 0,
+        "the kill landed before the end: no task succeeded on a run the new router routed"
+    );
     // Both survivors name the same router, with a greater term, and only it is active.
     let after: Vec<_> = survivors
         .iter()
@@ -205,14 +216,17 @@ async fn the_demo_reports_a_takeover_with_nothing_lost() {
     let s = piecework::demo::run(&opts).await.unwrap();
     assert_eq!(s.tasks_submitted, 60);
     assert_eq!(s.tasks_completed, 60);
-    assert_eq!(s.lost, 0);
+    assert_eq!((s.lost, &s.lost_tasks[..]), (0, &[][..]), "{s:?}");
     assert_ne!(s.router_before, s.router_after);
     assert!(s.term_after > s.term_before);
     assert!(
         s.executions >= 60,
         "every completed task ran at least once: {s:?}"
     );
-    assert!(s.completed_at_kill < 60, "the router died mid-run: {s:?}");
+    assert!(
+        s.completed_after_kill > 0,
+        "the router died mid-run (the new router routed runs that succeeded): {s:?}"
+    );
 }
 
 /// `NodeHandle::shutdown`, the library's planned stop: the router's node hands its role to

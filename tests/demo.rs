@@ -42,10 +42,16 @@ fn check(s: &serde_json::Value, nodes: u64, tasks: u64) {
     assert_eq!(n("tasks_submitted"), tasks, "{s}");
     assert_eq!(n("tasks_completed"), tasks, "{s}");
     assert_eq!(n("lost"), 0, "{s}");
+    assert_eq!(
+        s["lost_tasks"].as_array().map(Vec::len),
+        Some(0),
+        "no task id left unanswered: {s}"
+    );
     assert!(n("executions") >= tasks, "every task ran: {s}");
     assert!(n("duplicates") <= n("executions") - tasks, "{s}");
+    // Judged after the run, per task: some tasks succeeded on runs the new router routed.
     assert!(
-        n("completed_at_kill") < tasks,
+        n("completed_after_kill") > 0,
         "the kill landed mid-run: {s}"
     );
     assert!(n("term_after") > n("term_before"), "{s}");

@@ -2,11 +2,13 @@
 //! directory (same identity, same redb store).
 //!
 //! Three node processes on loopback share a queue with short timings (see
-//! [`support::fast_config`]: lease 2 s). Six `sleep` tasks of 5 s occupy the six workers. The
-//! test picks a node that is not the active router and whose workers run tasks it has recorded
-//! as started, and SIGKILLs it. The other two re-route its tasks once its lease expires; once
-//! each of those tasks has a started attempt on a survivor, the victim is restarted on its data
-//! directory, bootstrapping from the survivors. What is checked:
+//! [`support::fast_config`]: lease 2 s). Six `wait_file` tasks occupy the six workers: each run
+//! stays in flight until the test creates its release file, so a run seen started is certainly
+//! still running when its node is killed. The test picks a node that is not the active router
+//! and whose workers run tasks it has recorded as started, SIGKILLs it, and only then releases
+//! the runs. The other two re-route its tasks once its lease expires; once each of those tasks
+//! has a started attempt on a survivor, the victim is restarted on its data directory,
+//! bootstrapping from the survivors. What is checked:
 //!
 //! 1. The restarted node has the same peer id and the next incarnation (`status.incarnation`
 //!    is one more than before the kill).
@@ -18,10 +20,10 @@
 //!    restarted node and a survivor.
 //! 4. Every submitted task reaches `succeeded` with its result, as seen by both survivors and
 //!    by the restarted node: the six before the kill (whose documents the restarted node had on
-//!    its disk without their runs' ends, and must bring up to date), and the batches of six
-//!    submitted through the restarted node afterwards, until one of them ran on it (so that
-//!    the checks below see its new incarnation at work). Nothing is lost: the queue counts
-//!    exactly as many succeeded tasks as were submitted.
+//!    its disk without their runs' ends, and must bring up to date), and six more submitted
+//!    through the restarted node afterwards, held until one of them runs on it (so that the
+//!    checks below see its new incarnation at work). Nothing is lost: the queue counts exactly
+//!    as many succeeded tasks as were submitted.
 //! 5. No stale attempt ran. For every task:
 //!    - no attempt started by the restarted node's new incarnation has a lower number than
 //!      another started attempt of the task (it never started an attempt that had been
@@ -41,14 +43,32 @@ use std::time::Instant;
 
 use piecework::client::Client;
 use piecework::node::api;
-use piecework::queue_doc::{AttemptId, AttemptOutcome, TaskId, TaskState};
-use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, submit_sleep, wait_final};
+use piecework::queue_doc::{AttemptId, AttemptOutcome, QueueId, TaskId, TaskState};
+use support::{NodeOptions, NodeProcess, fast_config, poll, spawn, wait_final};
 
-/// How long each task of the first batch sleeps: long enough that a run seen started is still
-/// running when the node is killed right after.
-const SLEEP_MS: u64 = 5_000;
-/// Tasks submitted before the kill: one per worker.
+/// Tasks submitted before the kill: one per worker. As many are submitted after the restart.
 const FIRST_BATCH: usize = 6;
+
+/// Submits, through `node`, a `wait_file` task whose run lasts until `release` exists.
+async fn submit_held(node: &NodeProcess, queue: &QueueId, release: &std::path::Path) -> TaskId {
+    let req = api::SubmitTask {
+        kind: "wait_file".into(),
+        input: serde_json::json!({ "path": release }),
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+    };
+    node.client()
+        .submit(queue, &req)
+        .await
+        .expect("submit")
+        .task_id
+}
+
+/// Ends every run waiting on `release` (and lets later ones end at once).
+fn release(path: &std::path::Path) {
+    std::fs::write(path, b"").expect("the release file is written");
+}
 
 /// Waits through `via` until `id` is final; checks that it succeeded, with its result.
 async fn succeeded(urls: &[String], via: &str, id: &TaskId) -> api::TaskStatus {
@@ -107,10 +127,11 @@ async fn a_node_restarted_on_its_data_directory_interrupts_its_old_runs_and_lose
         n(&nodes, i).join_queue(&queue).await.unwrap();
     }
 
-    // Six long tasks for six workers.
+    // Six held tasks for six workers: none can end before the kill.
+    let first_release = dir.path().join("release-first");
     let mut tasks = vec![];
     for i in 0..FIRST_BATCH {
-        tasks.push(submit_sleep(nodes[i % 3].as_ref().unwrap(), &queue, SLEEP_MS).await);
+        tasks.push(submit_held(nodes[i % 3].as_ref().unwrap(), &queue, &first_release).await);
     }
 
     // A victim: a node that is not the active router, running tasks it recorded as started.
@@ -147,6 +168,8 @@ async fn a_node_restarted_on_its_data_directory_interrupts_its_old_runs_and_lose
         t0.elapsed()
     );
     tokio::task::block_in_place(|| nodes[victim].take().unwrap().kill());
+    // The victim's runs were in flight when it died; now every run may end.
+    release(&first_release);
     let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
     let survivor = nodes[survivors[0]].as_ref().unwrap().client();
     let survivor_url = nodes[survivors[0]].as_ref().unwrap().http.clone();
@@ -258,39 +281,54 @@ async fn a_node_restarted_on_its_data_directory_interrupts_its_old_runs_and_lose
         }
     }
 
-    // More tasks, submitted through the restarted node, until its new incarnation has run some
-    // (batches of one task per worker: the router spreads them across pools, worker 0 of every
-    // pool first, so a batch reaches every pool it has heard from).
-    let mut ran_after_restart = false;
-    for batch in 0..5 {
-        let mut ids = vec![];
-        for _ in 0..FIRST_BATCH {
-            ids.push(submit_sleep(nodes[victim].as_ref().unwrap(), &queue, 1_000).await);
-        }
-        for id in &ids {
-            for via in &all_views {
-                let s = succeeded(&urls, via, id).await;
-                ran_after_restart |= s.attempts.iter().any(|a| {
-                    a.worker.peer.as_str() == victim_peer
-                        && a.started
-                            .as_ref()
-                            .is_some_and(|s| s.incarnation == new_incarnation)
-                });
+    // Six more held tasks, submitted through the restarted node: the survivors' four workers
+    // can hold only four of them (the router hands tasks to idle workers only), so the
+    // restarted node's new incarnation runs at least one. Released once it does.
+    let second_release = dir.path().join("release-second");
+    let mut ids = vec![];
+    for _ in 0..FIRST_BATCH {
+        ids.push(submit_held(nodes[victim].as_ref().unwrap(), &queue, &second_release).await);
+    }
+    poll(
+        "the restarted node to run a task submitted after its restart",
+        || {
+            let (client, ids) = (nodes[victim].as_ref().unwrap().client(), &ids);
+            async move {
+                let status = client.status().await.map_err(|e| e.to_string())?;
+                let running: Vec<_> = status
+                    .workers
+                    .iter()
+                    .filter_map(|w| w.running.as_ref())
+                    .filter(|r| ids.contains(&r.task))
+                    .collect();
+                (!running.is_empty())
+                    .then_some(())
+                    .ok_or_else(|| format!("its workers: {:?}", status.workers))
             }
-        }
-        tasks.extend(ids);
-        eprintln!(
-            "[{:?}] batch {batch} after the restart succeeded",
-            t0.elapsed()
-        );
-        if ran_after_restart {
-            break;
+        },
+    )
+    .await;
+    release(&second_release);
+    let mut ran_after_restart = false;
+    for id in &ids {
+        for via in &all_views {
+            let s = succeeded(&urls, via, id).await;
+            ran_after_restart |= s.attempts.iter().any(|a| {
+                a.worker.peer.as_str() == victim_peer
+                    && a.started
+                        .as_ref()
+                        .is_some_and(|s| s.incarnation == new_incarnation)
+            });
         }
     }
+    tasks.extend(ids);
+    eprintln!(
+        "[{:?}] the tasks submitted after the restart succeeded",
+        t0.elapsed()
+    );
     assert!(
         ran_after_restart,
-        "the restarted node ran none of {} tasks submitted after its restart",
-        tasks.len() - FIRST_BATCH
+        "the restarted node's new incarnation started none of the tasks submitted after its restart"
     );
 
     // Every attempt the old incarnation started has ended (before the kill, or interrupted).

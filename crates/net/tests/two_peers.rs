@@ -111,8 +111,12 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
 }
 
 /// A peer whose bootstrap peer is not up yet dials it again: its first dial fails (the
-/// address answers with a plain TCP socket that closes), then the real peer starts on that
-/// address and the two connect.
+/// address answers with a plain TCP socket that closes), then the real peer starts and answers
+/// on that address, and the two connect.
+///
+/// The address stays the test's own from start to end: its listener is never released (another
+/// process could take a released port before the real peer binds it). Once the real peer is up
+/// (on a port of its own), the listener forwards every further connection to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootstrap_peer_that_starts_later_is_dialed_again() -> anyhow::Result<()> {
     let squatter = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -125,10 +129,42 @@ async fn a_bootstrap_peer_that_starts_later_is_dialed_again() -> anyhow::Result<
     // The first dial reaches the squatter, which closes it: that dial fails.
     let (conn, _) = timeout(WAIT, squatter.accept()).await??;
     drop(conn);
-    drop(squatter);
     let key_a = identity::Keypair::generate_ed25519();
     let id_a = key_a.public().to_peer_id();
-    let _a = spawn(Config::new(key_a, vec![addr]))?;
+    let mut a = spawn(Config::new(
+        key_a,
+        vec!["/ip4/127.0.0.1/tcp/0".parse().unwrap()],
+    ))?;
+    let real = timeout(
+        WAIT,
+        next_matching(&mut a, |e| match e {
+            Event::Listening(x) => Some(x),
+            _ => None,
+        }),
+    )
+    .await?;
+    let real_port = real
+        .iter()
+        .find_map(|p| match p {
+            libp2p::multiaddr::Protocol::Tcp(port) => Some(port),
+            _ => None,
+        })
+        .expect("a TCP address");
+    // From now on the address answers as the real peer does.
+    let forward = tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = squatter.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut outbound) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", real_port)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
     timeout(
         WAIT,
         next_matching(&mut b, |e| {
@@ -136,5 +172,6 @@ async fn a_bootstrap_peer_that_starts_later_is_dialed_again() -> anyhow::Result<
         }),
     )
     .await?;
+    forward.abort();
     Ok(())
 }

@@ -454,8 +454,9 @@ proptest! {
         }
     }
 
-    /// Any u64 for every field, written into the document: the view's config is the clamped
-    /// one.
+    /// Any u64 for every field, written into the document: the view's config is what the
+    /// documented ranges make of those values ([`documented_reading`], written apart from the
+    /// reader and its `clamped`).
     #[test]
     fn any_document_config_reads_valid(values in proptest::collection::vec(edgy_u64(), FIELDS.len())) {
         let mut doc = new_queue();
@@ -463,21 +464,146 @@ proptest! {
         write_config(&mut doc, &pairs);
         let c = QueueView::read(&doc).unwrap().config;
         assert_in_ranges(&c);
-        let small = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
-        let raw = QueueConfig {
-            heartbeat_ms: values[0],
-            takeover_after_ms: values[1],
-            settle_ms: values[2],
-            pool_heartbeat_ms: values[3],
-            lease_ms: values[4],
-            max_attempts: small(values[5]),
-            retry_backoff_ms: values[6],
-            retry_backoff_max_ms: values[7],
-            concurrency: small(values[8]),
-            rate_interval_ms: values[9],
-            order: Order::Fifo,
-        };
-        prop_assert_eq!(c, raw.clamped());
+        prop_assert_eq!(c, documented_reading(&values));
+    }
+}
+
+/// Puts `v` between `lo` and `hi`.
+fn between(v: u64, lo: u64, hi: u64) -> u64 {
+    if v < lo {
+        lo
+    } else if v > hi {
+        hi
+    } else {
+        v
+    }
+}
+
+/// What a reader must make of raw document values (in the order of [`FIELDS`]), worked out from
+/// the table of ranges in `QueueConfig`'s documentation with its numbers written out here, not
+/// from the crate's constants or `clamped`: absolute ranges first, then the relative minimums
+/// against the values the absolute ranges gave. `max_attempts` and `concurrency` are `u32`s, so
+/// anything larger is first read as `u32::MAX`.
+fn documented_reading(raw: &[u64]) -> QueueConfig {
+    const MINUTE: u64 = 60_000;
+    const DAY: u64 = 86_400_000;
+    let heartbeat = between(raw[0], 10, MINUTE);
+    let pool_heartbeat = between(raw[3], 10, MINUTE);
+    let backoff = between(raw[6], 1, DAY);
+    let as_u32 = |v: u64| v.min(4_294_967_295);
+    QueueConfig {
+        heartbeat_ms: heartbeat,
+        takeover_after_ms: between(raw[1], 2 * heartbeat, 10 * MINUTE),
+        settle_ms: between(raw[2], 1, MINUTE),
+        pool_heartbeat_ms: pool_heartbeat,
+        lease_ms: between(raw[4], 2 * pool_heartbeat, DAY),
+        max_attempts: between(as_u32(raw[5]), 1, 1_000) as u32,
+        retry_backoff_ms: backoff,
+        retry_backoff_max_ms: between(raw[7], backoff, DAY),
+        concurrency: between(as_u32(raw[8]), 0, 1_000_000) as u32,
+        rate_interval_ms: between(raw[9], 0, DAY),
+        order: Order::Fifo,
+    }
+}
+
+/// Raw document values and what they read as, worked out by hand (fields in the order of
+/// [`FIELDS`]).
+#[test]
+fn document_configs_read_as_worked_out_by_hand() {
+    let cases: [([u64; 10], QueueConfig); 4] = [
+        // Within every range: unchanged.
+        (
+            [20, 45, 3, 15, 31, 7, 2, 9, 5, 11],
+            QueueConfig {
+                heartbeat_ms: 20,
+                takeover_after_ms: 45,
+                settle_ms: 3,
+                pool_heartbeat_ms: 15,
+                lease_ms: 31,
+                max_attempts: 7,
+                retry_backoff_ms: 2,
+                retry_backoff_max_ms: 9,
+                concurrency: 5,
+                rate_interval_ms: 11,
+                order: Order::Fifo,
+            },
+        ),
+        // Relative minimums below their bases: raised to twice (or once) the base.
+        (
+            [500, 999, 500, 700, 1_399, 3, 5_000, 4_999, 0, 0],
+            QueueConfig {
+                heartbeat_ms: 500,
+                takeover_after_ms: 1_000,
+                settle_ms: 500,
+                pool_heartbeat_ms: 700,
+                lease_ms: 1_400,
+                max_attempts: 3,
+                retry_backoff_ms: 5_000,
+                retry_backoff_max_ms: 5_000,
+                concurrency: 0,
+                rate_interval_ms: 0,
+                order: Order::Fifo,
+            },
+        ),
+        // Bases above their maximums: the relative minimums follow the clamped bases (a
+        // takeover of 100 s is raised to twice the 60 s heartbeat the 90 s one reads as).
+        (
+            [
+                90_000, 100_000, 0, 61_000, 100_000, 0, 90_000_000, 1, 1_000_001, 86_400_001,
+            ],
+            QueueConfig {
+                heartbeat_ms: 60_000,
+                takeover_after_ms: 120_000,
+                settle_ms: 1,
+                pool_heartbeat_ms: 60_000,
+                lease_ms: 120_000,
+                max_attempts: 1,
+                retry_backoff_ms: 86_400_000,
+                retry_backoff_max_ms: 86_400_000,
+                concurrency: 1_000_000,
+                rate_interval_ms: 86_400_000,
+                order: Order::Fifo,
+            },
+        ),
+        // Counts beyond u32 and timings at the absolute ends.
+        (
+            [
+                9,
+                600_001,
+                60_001,
+                9,
+                86_400_001,
+                1 << 40,
+                0,
+                0,
+                1 << 40,
+                86_400_000,
+            ],
+            QueueConfig {
+                heartbeat_ms: 10,
+                takeover_after_ms: 600_000,
+                settle_ms: 60_000,
+                pool_heartbeat_ms: 10,
+                lease_ms: 86_400_000,
+                max_attempts: 1_000,
+                retry_backoff_ms: 1,
+                retry_backoff_max_ms: 1,
+                concurrency: 1_000_000,
+                rate_interval_ms: 86_400_000,
+                order: Order::Fifo,
+            },
+        ),
+    ];
+    for (raw, expected) in cases {
+        let mut doc = new_queue();
+        let pairs: Vec<(&str, u64)> = FIELDS.iter().copied().zip(raw).collect();
+        write_config(&mut doc, &pairs);
+        assert_eq!(QueueView::read(&doc).unwrap().config, expected, "{raw:?}");
+        assert_eq!(
+            documented_reading(&raw),
+            expected,
+            "the proptest's oracle, {raw:?}"
+        );
     }
 }
 
