@@ -2562,7 +2562,7 @@ fn fence_rises_while_fetching(break_core: bool) -> (bool, bool) {
     };
     let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
     let mut held: Vec<(bool, Vec<u8>)> = vec![];
-    let mut exchange_but_doc = |a: &mut One, b: &mut One, held: &mut Vec<(bool, Vec<u8>)>| {
+    let exchange_but_doc = |a: &mut One, b: &mut One, held: &mut Vec<(bool, Vec<u8>)>| {
         for (_, f) in std::mem::take(&mut a.frames) {
             if about_doc(&f) {
                 held.push((true, f));
