@@ -173,7 +173,7 @@ fn carry_with(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(piecework_proptest_config::config(64))]
 
     #[test]
     fn carrying_late_writes_is_idempotent(

@@ -324,7 +324,7 @@ fn run(n: usize, ops: &[Op]) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(piecework_proptest_config::config(200))]
 
     #[test]
     fn two_replicas_converge_without_regressing(ops in proptest::collection::vec(op(), 1..80)) {
