@@ -66,7 +66,7 @@ fn cases() -> u32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(piecework_proptest_config::config(cases()))]
 
     #[test]
     fn takeover_holds_under_generated_fault_schedules(

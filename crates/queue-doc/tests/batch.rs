@@ -279,6 +279,8 @@ fn write_strategy() -> impl proptest::strategy::Strategy<Value = Write> {
 }
 
 proptest::proptest! {
+    #![proptest_config(piecework_proptest_config::config(256))]
+
     /// Checking a batch against the document's view gives the same answers and the same
     /// document as checking it against the document, whatever the batch and whatever earlier
     /// batches left.
@@ -317,6 +319,8 @@ proptest::proptest! {
 }
 
 proptest::proptest! {
+    #![proptest_config(piecework_proptest_config::config(256))]
+
     /// A round of assignments checked against the document's view is refused or written as
     /// the same round checked against the document.
     #[test]

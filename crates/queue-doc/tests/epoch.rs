@@ -3,23 +3,41 @@
 //! starts, outcomes, input marks), and the writes are carried into the successor once, in
 //! steps, twice, or by two carriers concurrently whose successors then merge. Every way gives
 //! the state of carrying once, and that state is the sealed document's own view of every task
-//! that was live at the seal or submitted after it.
+//! that was live at the seal or submitted after it. The late writes include ends of every
+//! outcome, input marks, restarts of the worker's pool (a new incarnation: its earlier life's
+//! runs end `interrupted`, stale assignments `refused`) and one attempt ended on both offline
+//! replicas with different outcomes; the carried state holds, for each attempt, the greatest
+//! start and end written anywhere, and each task's state is the one its attempts give
+//! (`rules`).
 
 use automerge::{ActorId, Automerge};
 use piecework_queue_doc::epoch::{self, Latest, Link, Rotation, Seal};
 use piecework_queue_doc::{
-    AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, Submission, TaskId,
-    WorkerId, queue,
+    AttemptId, AttemptOutcome, Claim, Finished, PeerId, QueueConfig, QueueId, QueueView, Started,
+    Submission, TaskId, WorkerId, queue,
 };
 use proptest::prelude::*;
+
+mod rules;
 
 #[derive(Clone, Debug)]
 enum Op {
     Submit,
-    Assign { pick: u8 },
-    Start { pick: u8 },
-    Finish { pick: u8, outcome: u8 },
-    Mark { pick: u8 },
+    Assign {
+        pick: u8,
+    },
+    Start {
+        pick: u8,
+    },
+    Finish {
+        pick: u8,
+        outcome: u8,
+    },
+    Mark {
+        pick: u8,
+    },
+    /// The worker's node restarts: its pool's next incarnation.
+    Restart,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -29,6 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<u8>().prop_map(|pick| Op::Start { pick }),
         3 => (any::<u8>(), any::<u8>()).prop_map(|(pick, outcome)| Op::Finish { pick, outcome }),
         1 => any::<u8>().prop_map(|pick| Op::Mark { pick }),
+        1 => Just(Op::Restart),
     ]
 }
 
@@ -42,9 +61,23 @@ struct Writer {
     /// Distinct task ids per writer, and its own router claim (one writer per attempt key,
     /// as in the system: routers on either side of a partition hold distinct claims).
     prefix: &'static str,
+    /// The worker's pool incarnation as this writer knows it.
+    incarnation: u64,
+    /// What this writer wrote that took.
+    written: rules::Written,
 }
 
 impl Writer {
+    fn new(prefix: &'static str, clock: u64) -> Self {
+        Writer {
+            next: 0,
+            clock,
+            prefix,
+            incarnation: 1,
+            written: rules::Written::default(),
+        }
+    }
+
     fn router(&self) -> Claim {
         Claim::new(1, PeerId::new(format!("router-{}", self.prefix)))
     }
@@ -88,7 +121,7 @@ impl Writer {
                         claim: self.router(),
                     },
                     worker: worker(),
-                    incarnation: 1,
+                    incarnation: self.incarnation,
                 };
                 let _ = queue::record_assignments(doc, &[a], now);
             }
@@ -97,12 +130,20 @@ impl Writer {
                     return;
                 };
                 let t = &tasks[i];
-                if let Some(a) = t
-                    .attempts
-                    .iter()
-                    .find(|a| a.is_open() && a.started.is_none())
-                {
-                    let _ = queue::record_start(doc, &t.id, &a.id, &worker(), 1, now);
+                // The pool starts only what is addressed to its incarnation.
+                if let Some(a) = t.attempts.iter().find(|a| {
+                    a.is_open()
+                        && a.started.is_none()
+                        && a.pool_incarnation == Some(self.incarnation)
+                }) {
+                    let i = self.incarnation;
+                    if queue::record_start(doc, &t.id, &a.id, &worker(), i, now).is_ok() {
+                        let s = Started {
+                            at: now,
+                            incarnation: i,
+                        };
+                        self.written.start(&t.id, &a.id, s);
+                    }
                 }
             }
             Op::Finish { pick: p, outcome } => {
@@ -113,12 +154,12 @@ impl Writer {
                 if let Some(a) = t.attempts.iter().find(|a| a.is_open()) {
                     let outcome = match (a.started.is_some(), outcome % 3) {
                         (true, 0) => AttemptOutcome::Failed,
-                        (true, _) => AttemptOutcome::Succeeded,
+                        (true, 1) => AttemptOutcome::Succeeded,
                         (false, 0) => AttemptOutcome::Unavailable,
-                        (false, _) => AttemptOutcome::Refused,
+                        (false, 1) => AttemptOutcome::Refused,
+                        (_, _) => AttemptOutcome::Interrupted,
                     };
-                    let _ =
-                        queue::record_finish(doc, &t.id, &a.id, &worker(), outcome, Some("e"), now);
+                    self.finish(doc, &t.id, &a.id, outcome, self.prefix, now);
                 }
             }
             Op::Mark { pick: p } => {
@@ -126,8 +167,51 @@ impl Writer {
                     return;
                 };
                 let t = &tasks[i];
-                let _ = queue::mark_input_available(doc, &t.id, t.last_n());
+                if queue::mark_input_available(doc, &t.id, t.last_n()).is_ok() {
+                    self.written.mark(&t.id, t.last_n());
+                }
             }
+            Op::Restart => {
+                // What a restarted pool does with its open attempts (`Pool::sync`): its
+                // earlier life's runs end `interrupted`, what it did not start and is addressed
+                // to another incarnation (or whose task has an outcome) is refused.
+                self.incarnation += 1;
+                for t in &tasks {
+                    for a in t.attempts.iter().filter(|a| a.is_open()) {
+                        let outcome = match &a.started {
+                            Some(s) if s.incarnation != self.incarnation => {
+                                AttemptOutcome::Interrupted
+                            }
+                            Some(_) => continue,
+                            None if t.state().is_final() => AttemptOutcome::Refused,
+                            None if a.pool_incarnation != Some(self.incarnation) => {
+                                AttemptOutcome::Refused
+                            }
+                            None => continue,
+                        };
+                        self.finish(doc, &t.id, &a.id, outcome, "restarted", now);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(
+        &mut self,
+        doc: &mut Automerge,
+        task: &TaskId,
+        attempt: &AttemptId,
+        outcome: AttemptOutcome,
+        error: &str,
+        now: u64,
+    ) {
+        if queue::record_finish(doc, task, attempt, &worker(), outcome, Some(error), now).is_ok() {
+            let f = Finished {
+                at: now,
+                outcome,
+                error: Some(error.to_owned()),
+            };
+            self.written.end(task, attempt, f);
         }
     }
 }
@@ -173,18 +257,19 @@ fn carry_with(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(piecework_proptest_config::config(64))]
 
     #[test]
     fn carrying_late_writes_is_idempotent(
         before in prop::collection::vec(op(), 0..40),
         late_a in prop::collection::vec(op(), 0..25),
         late_b in prop::collection::vec(op(), 0..25),
+        twice in prop::option::of((any::<u8>(), any::<u8>(), any::<u8>())),
     ) {
         let origin = QueueId::new("automerge:q0");
         let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
         queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
-        let mut w = Writer { next: 0, clock: 0, prefix: "t" };
+        let mut w = Writer::new("t", 0);
         for o in &before {
             w.apply(&mut old, o);
         }
@@ -215,8 +300,8 @@ proptest! {
         // Two offline replicas of the sealed epoch write late, concurrently.
         let mut a = fork(&old, 2);
         let mut b = fork(&old, 3);
-        let mut wa = Writer { next: 0, clock: 2_000, prefix: "a" };
-        let mut wb = Writer { next: 0, clock: 3_000, prefix: "b" };
+        let mut wa = Writer::new("a", 2_000);
+        let mut wb = Writer::new("b", 3_000);
         let half = late_a.len() / 2;
         for o in &late_a[..half] {
             wa.apply(&mut a, o);
@@ -227,6 +312,11 @@ proptest! {
         }
         for o in &late_b {
             wb.apply(&mut b, o);
+        }
+        // One attempt ended on both offline replicas, with different outcomes (a node that
+        // restarted from a copy lacking its own end ends it again).
+        if let Some((pick, oa, ob)) = twice {
+            finish_on_both(&mut a, &mut wa, &mut b, &mut wb, pick, oa, ob);
         }
         let mut merged = fork(&a, 5);
         merged.merge(&mut b.clone()).unwrap();
@@ -301,7 +391,73 @@ proptest! {
         for id in reference.tasks().keys() {
             prop_assert!(full.task(id).is_some());
         }
+
+        // And that state follows the merge rules: for each attempt the greatest start and end
+        // written on any replica, before or after the seal; the greatest input mark; the
+        // state its attempts give.
+        let mut written = rules::Written::default();
+        for x in [&w, &wa, &wb] {
+            written.extend(&x.written);
+        }
+        for id in full.tasks().keys() {
+            written.check_task(&full, id)?;
+        }
+        for id in reference.tasks().keys() {
+            written.check_task(&reference, id)?;
+        }
     }
+}
+
+/// Ends, on `a` and on `b`, an attempt open on both, each with an outcome its copy allows and
+/// the two different.
+fn finish_on_both(
+    a: &mut Automerge,
+    wa: &mut Writer,
+    b: &mut Automerge,
+    wb: &mut Writer,
+    pick: u8,
+    oa: u8,
+    ob: u8,
+) {
+    let (va, vb) = (QueueView::read(a).unwrap(), QueueView::read(b).unwrap());
+    let mut both = Vec::new();
+    for t in va.tasks().values() {
+        for x in t.attempts.iter().filter(|x| x.is_open()) {
+            if let Some(y) = vb
+                .task(&t.id)
+                .and_then(|u| u.attempt(&x.id))
+                .filter(|y| y.is_open())
+            {
+                both.push((
+                    t.id.clone(),
+                    x.id.clone(),
+                    x.started.is_some(),
+                    y.started.is_some(),
+                ));
+            }
+        }
+    }
+    if both.is_empty() {
+        return;
+    }
+    let (task, id, started_a, started_b) = &both[usize::from(pick) % both.len()];
+    let outcome = |started: bool, p: u8| match (started, p % 3) {
+        (true, 0) => AttemptOutcome::Failed,
+        (true, 1) => AttemptOutcome::Succeeded,
+        (false, 0) => AttemptOutcome::Unavailable,
+        (false, 1) => AttemptOutcome::Refused,
+        (_, _) => AttemptOutcome::Interrupted,
+    };
+    let first = outcome(*started_a, oa);
+    let mut second = outcome(*started_b, ob);
+    if second == first {
+        second = outcome(*started_b, ob % 3 + 1);
+    }
+    wa.clock += 1;
+    wb.clock += 1;
+    let (ta, tb) = (wa.clock, wb.clock);
+    wa.finish(a, task, id, first, "fork a", ta);
+    wb.finish(b, task, id, second, "fork b", tb);
 }
 
 /// A claim a follower wrote into the sealed document after the seal, above the sealer's, reaches
@@ -338,11 +494,7 @@ fn a_late_claim_is_carried_and_only_when_written() {
     assert_eq!(c.writes, 1, "the claim");
     assert_eq!(epoch::effective_claim(&succ), Some(follower.clone()));
     // A late submit after it: only the task is carried.
-    let mut w = Writer {
-        next: 0,
-        clock: 5_000,
-        prefix: "z",
-    };
+    let mut w = Writer::new("z", 5_000);
     w.apply(&mut late, &Op::Submit);
     let c = carry_all(&late, &c.heads, &mut succ, &old, &seal_heads);
     assert_eq!(c.writes, 1, "the task alone");
@@ -353,11 +505,7 @@ fn a_late_claim_is_carried_and_only_when_written() {
 fn new_queue() -> (Automerge, Writer) {
     let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
     queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
-    let w = Writer {
-        next: 0,
-        clock: 10,
-        prefix: "a",
-    };
+    let w = Writer::new("a", 10);
     (old, w)
 }
 
@@ -425,11 +573,7 @@ fn covers_tell_a_task_the_chain_knew_from_a_late_submit_without_history() {
     assert_eq!(cover.epoch, 0);
     assert!(epoch::read_covers(&s3).contains_key("automerge:q2"));
 
-    let mut late_writer = Writer {
-        next: 0,
-        clock: 20,
-        prefix: "late",
-    };
+    let mut late_writer = Writer::new("late", 20);
     late_writer.apply(&mut away, &Op::Submit);
     let late = task_ids(&away).into_iter().find(|t| *t != known).unwrap();
     // The member lacks the sealer's last change: it cannot read the seal heads.

@@ -440,7 +440,7 @@ fn edgy_u64() -> impl Strategy<Value = u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1_000, ..ProptestConfig::default() })]
+    #![proptest_config(piecework_proptest_config::config(1_000))]
 
     /// Any values clamp into the ranges, the clamped config validates, clamping twice changes
     /// nothing, and a config that validates is left as it is.

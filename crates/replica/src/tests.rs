@@ -1065,7 +1065,7 @@ fn s24_changes_wait_for_the_answer_to_the_last_message_and_travel_together() {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #![proptest_config(piecework_proptest_config::config(64))]
 
     #[test]
     fn s23_replicas_converge_once_connected_and_unblocked(
