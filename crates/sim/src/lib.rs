@@ -32,14 +32,18 @@ mod world;
 use std::collections::BTreeMap;
 
 use piecework_queue_doc::QueueConfig;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 pub use world::Fault;
 
 /// Where a scheduled fault strikes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Target {
-    /// A node by index.
+    /// A node by index, below [`Config::nodes`] (a run whose schedule names a node beyond the
+    /// cluster panics at once rather than strike nothing).
     Node(usize),
     /// Whichever node is the effective router (per the greatest claim any node knows) when the
     /// fault fires.
@@ -180,6 +184,39 @@ impl FaultMix {
         }
     }
 
+    /// A mix drawn by `rng`, for swarm testing ([`Config::swarm`]): each kind of fault is on
+    /// in about half the draws, at a rate drawn around the other mixes' (planned stops
+    /// included), so that a seed without some kinds goes deeper into the others. Every value
+    /// is drawn whether its kind is on or not, so each draw takes the same randomness.
+    fn swarm(rng: &mut ChaCha8Rng) -> Self {
+        fn maybe(rng: &mut ChaCha8Rng, lo: f64, hi: f64) -> f64 {
+            let on = rng.random_bool(0.5);
+            let v = rng.random_range(lo..=hi);
+            if on { v } else { 0.0 }
+        }
+        FaultMix {
+            name: "swarm".into(),
+            delay_us: (200, rng.random_range(2_000..=60_000)),
+            drop: maybe(rng, 0.01, 0.15),
+            duplicate: maybe(rng, 0.01, 0.05),
+            reset: maybe(rng, 0.0005, 0.005),
+            crash_rate: maybe(rng, 0.01, 0.15),
+            downtime_ms: (500, rng.random_range(2_000..=25_000)),
+            partition_rate: maybe(rng, 0.01, 0.1),
+            oneway_rate: maybe(rng, 0.01, 0.08),
+            cut_ms: (1_000, rng.random_range(3_000..=15_000)),
+            drift_ppm: maybe(rng, 0.0, 20_000.0) as i64,
+            handler_failure: maybe(rng, 0.02, 0.2),
+            run_ms: (5, rng.random_range(200..=3_000)),
+            write_us: (50, rng.random_range(500..=8_000)),
+            write_failure_rate: maybe(rng, 0.005, 0.05),
+            read_failure_rate: maybe(rng, 0.005, 0.05),
+            disk_window_ms: (100, rng.random_range(500..=4_000)),
+            stop_rate: maybe(rng, 0.02, 0.15),
+            stop_grace_ms: (0, rng.random_range(0..=3_000)),
+        }
+    }
+
     /// Whether this mix loses or cuts messages (invariant 5 holds only where it does not).
     pub fn loses_messages(&self) -> bool {
         self.drop > 0.0 || self.reset > 0.0 || self.partition_rate > 0.0 || self.oneway_rate > 0.0
@@ -261,6 +298,40 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// Swarm testing: the default run, with its node count (3–9), the replicas' relay waits
+    /// and its fault mix ([`FaultMix`] named `swarm`, each kind on or off and its rate drawn)
+    /// drawn from `seed`. The shape has its own random stream, derived from the seed; the run
+    /// itself draws from the seed as any other. [`Report::shape`] states what was drawn, and
+    /// `piecework-sim --swarm --seeds 1 --seed S` replays it.
+    pub fn swarm(seed: u64) -> Config {
+        let h = Sha256::digest(format!("piecework-sim swarm {seed}"));
+        let mut rng = ChaCha8Rng::from_seed(h.into());
+        let nodes = rng.random_range(3..=9);
+        // A quarter of the seeds keep a node's waits (10 and 60 ms).
+        let keep = rng.random_bool(0.25);
+        let lower = rng.random_range(2..=150);
+        let higher = rng.random_range(lower..=lower * 4 + 60);
+        let relay_ms = (!keep).then_some((lower, higher));
+        let mix = FaultMix::swarm(&mut rng);
+        Config {
+            nodes,
+            relay_ms,
+            mix,
+            ..Config::default()
+        }
+    }
+
+    /// The shape of this run: its node count, relay waits and mix.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            nodes: self.nodes,
+            relay_ms: self.relay_ms,
+            mix: self.mix.clone(),
+        }
+    }
+}
+
 /// An invariant that did not hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
@@ -272,11 +343,25 @@ pub struct Violation {
     pub what: String,
 }
 
+/// The shape of a run's cluster and faults: what [`Config::swarm`] draws from the seed, and a
+/// report states so that a failing seed can be told apart and replayed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Shape {
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// The replicas' relay waits in ms, lower and higher peer id (`None`: a node's defaults).
+    pub relay_ms: Option<(u64, u64)>,
+    /// The fault mix, with its rates.
+    pub mix: FaultMix,
+}
+
 /// What a run did and found.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     /// The seed.
     pub seed: u64,
+    /// The run's cluster and fault mix (drawn from the seed in swarm mode).
+    pub shape: Shape,
     /// Tasks whose submit was acknowledged (durable on the submitting node).
     pub tasks: usize,
     /// Acknowledged tasks without an outcome on some member's replica after settling.
@@ -288,11 +373,18 @@ pub struct Report {
     pub rerun_tasks: usize,
     /// The most runs of one task.
     pub max_runs: usize,
-    /// Routers that became active (the first election included).
+    /// Routers that became active (the first election of each of the two queues included).
     pub activations: usize,
+    /// Activations after a queue's first: a router became active where another had been
+    /// (after a crash, a partition, a stop, or a claim won at once by two).
+    pub takeovers: usize,
     /// Claims that lost to a concurrent greater claim during their settle wait (two or more
     /// routers claimed at once).
     pub claims_lost: usize,
+    /// Starts refused as fenced: assignments a node's pool or core answered `Refused` because
+    /// they came from a router below the greatest claim it had seen (each core reports these
+    /// as `Event::NotRun` with a reason beginning `fenced`; the simulator only counts them).
+    pub fenced: usize,
     /// Faults injected, and situations reached, by kind (see `docs/testing.md`).
     pub faults: BTreeMap<String, u64>,
     /// Invariant violations (empty when the run passes).

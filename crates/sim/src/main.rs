@@ -1,13 +1,16 @@
 //! `piecework-sim`: runs many seeds (or replays one) and prints what they found.
 //!
 //! `cargo run -p piecework-sim --release -- --seeds 1000 [--seed S] [--nodes K] [--faults MIX] [--json]`
+//!
+//! `--swarm` draws each seed's node count, relay waits and fault rates from the seed
+//! (`Config::swarm`) instead of `--nodes`, `--relay-ms` and `--faults`.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use piecework_sim::{Config, FaultMix, Report};
+use piecework_sim::{Config, FaultMix, Report, Shape, Violation};
 use serde::Serialize;
 
 /// Runs Piecework's deterministic simulator over many seeds.
@@ -21,7 +24,7 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Nodes per cluster.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, conflicts_with = "swarm")]
     nodes: usize,
     /// Tasks per run.
     #[arg(long, default_value_t = 40)]
@@ -30,13 +33,17 @@ struct Args {
     #[arg(long, default_value_t = 60)]
     fault_secs: u64,
     /// The fault mix: default, crashes, stops, calm or partitions.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", conflicts_with = "swarm")]
     faults: String,
+    /// Swarm testing: each seed draws its node count (3–9), relay waits and fault rates from
+    /// the seed; a failing seed replays with `--swarm --seeds 1 --seed S`.
+    #[arg(long)]
+    swarm: bool,
     /// Sealed epoch documents each node keeps on disk (default: as a node, 256).
     #[arg(long)]
     keep_sealed_epochs: Option<usize>,
     /// The replicas' relay waits in ms, `LOWER,HIGHER` (default: a node's, 10,60).
-    #[arg(long, value_parser = parse_relay_ms)]
+    #[arg(long, value_parser = parse_relay_ms, conflicts_with = "swarm")]
     relay_ms: Option<(u64, u64)>,
     /// Print the summary as one JSON object.
     #[arg(long)]
@@ -53,6 +60,8 @@ struct Args {
 struct Summary {
     seeds_run: u64,
     failing_seeds: Vec<u64>,
+    /// Each failing seed's shape and violations.
+    failures: Vec<Failure>,
     tasks: u64,
     lost: u64,
     runs_with_duplicates: u64,
@@ -60,11 +69,21 @@ struct Summary {
     duplicated_tasks: u64,
     rerun_tasks: u64,
     takeovers: u64,
+    fenced: u64,
+    /// Seeds run per node count (several only with --swarm).
+    seeds_by_nodes: BTreeMap<usize, u64>,
     faults: BTreeMap<String, u64>,
     violations_by_invariant: BTreeMap<u8, u64>,
     virtual_seconds: f64,
     real_seconds: f64,
     virtual_seconds_per_real_second: f64,
+}
+
+#[derive(Serialize)]
+struct Failure {
+    seed: u64,
+    shape: Shape,
+    violations: Vec<Violation>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,22 +97,32 @@ fn main() -> anyhow::Result<()> {
             args.faults
         )
     })?;
-    let config = Config {
-        nodes: args.nodes,
-        tasks: args.tasks,
-        fault_ms: args.fault_secs * 1000,
-        mix,
-        trace_lines: args.trace_lines,
-        keep_sealed_epochs: args
-            .keep_sealed_epochs
-            .unwrap_or(piecework_core::KEEP_SEALED_EPOCHS),
-        relay_ms: args.relay_ms,
-        ..Config::default()
+    let shape = |seed: u64| {
+        let base = if args.swarm {
+            Config::swarm(seed)
+        } else {
+            Config {
+                nodes: args.nodes,
+                mix: mix.clone(),
+                relay_ms: args.relay_ms,
+                ..Config::default()
+            }
+        };
+        Config {
+            tasks: args.tasks,
+            fault_ms: args.fault_secs * 1000,
+            trace_lines: args.trace_lines,
+            keep_sealed_epochs: args
+                .keep_sealed_epochs
+                .unwrap_or(piecework_core::KEEP_SEALED_EPOCHS),
+            ..base
+        }
     };
     let started = Instant::now();
     let mut s = Summary::default();
     let mut first_failure: Option<Report> = None;
     for seed in args.seed..args.seed + args.seeds {
+        let config = shape(seed);
         let r = piecework_sim::run(seed, &config);
         if args.verbose {
             eprintln!("{}", serde_json::to_string(&r)?);
@@ -107,7 +136,9 @@ fn main() -> anyhow::Result<()> {
         s.most_duplicates_in_one_run = s.most_duplicates_in_one_run.max(r.duplicated_tasks);
         s.duplicated_tasks += r.duplicated_tasks as u64;
         s.rerun_tasks += r.rerun_tasks as u64;
-        s.takeovers += r.activations.saturating_sub(1) as u64;
+        s.takeovers += r.takeovers as u64;
+        s.fenced += r.fenced as u64;
+        *s.seeds_by_nodes.entry(r.shape.nodes).or_default() += 1;
         for (k, v) in &r.faults {
             *s.faults.entry(k.clone()).or_default() += v;
         }
@@ -117,6 +148,11 @@ fn main() -> anyhow::Result<()> {
         s.virtual_seconds += r.virtual_ms as f64 / 1000.0;
         if !r.passed() {
             s.failing_seeds.push(seed);
+            s.failures.push(Failure {
+                seed,
+                shape: r.shape.clone(),
+                violations: r.violations.clone(),
+            });
             first_failure.get_or_insert(r);
         }
     }
@@ -137,6 +173,10 @@ fn main() -> anyhow::Result<()> {
             s.rerun_tasks
         );
         println!("takeovers          {}", s.takeovers);
+        println!("starts fenced      {}", s.fenced);
+        if args.swarm {
+            println!("seeds by nodes     {:?}", s.seeds_by_nodes);
+        }
         println!("faults injected    {:?}", s.faults);
         println!(
             "speed              {:.0} virtual s in {:.1} real s: {:.0} virtual s per real s",
@@ -153,19 +193,28 @@ fn main() -> anyhow::Result<()> {
             eprintln!("  {l}");
         }
         eprintln!(
-            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {} --nodes {} --tasks {} --fault-secs {} --faults {}{} (add --trace-lines 100000 for the whole trace)",
-            r.seed,
-            args.nodes,
-            args.tasks,
-            args.fault_secs,
-            args.faults,
-            args.keep_sealed_epochs
-                .map(|k| format!(" --keep-sealed-epochs {k}"))
-                .unwrap_or_default()
+            "shape: {} nodes, relay waits {:?} ms, mix {}",
+            r.shape.nodes,
+            r.shape.relay_ms,
+            serde_json::to_string(&r.shape.mix)?
+        );
+        let shape = if args.swarm {
+            " --swarm".to_owned()
+        } else {
+            format!(" --nodes {} --faults {}", args.nodes, args.faults)
                 + &args
                     .relay_ms
                     .map(|(l, h)| format!(" --relay-ms {l},{h}"))
                     .unwrap_or_default()
+        };
+        eprintln!(
+            "replay: cargo run -p piecework-sim --release -- --seeds 1 --seed {}{shape} --tasks {} --fault-secs {}{} (add --trace-lines 100000 for the whole trace)",
+            r.seed,
+            args.tasks,
+            args.fault_secs,
+            args.keep_sealed_epochs
+                .map(|k| format!(" --keep-sealed-epochs {k}"))
+                .unwrap_or_default()
         );
         bail!("{} of {} seeds failed", s.failing_seeds.len(), s.seeds_run);
     }

@@ -53,6 +53,20 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The node index this fault names, if it names one.
+    pub(super) fn node(&self) -> Option<usize> {
+        match self {
+            Fault::Crash(Target::Node(i))
+            | Fault::Isolate(Target::Node(i))
+            | Fault::SilenceOut(Target::Node(i))
+            | Fault::DelayBeats {
+                target: Target::Node(i),
+                ..
+            } => Some(*i),
+            _ => None,
+        }
+    }
+
     /// Whether this fault loses or delays messages beyond the normal range (invariants 5 and 7
     /// are not expected to hold in runs that have one).
     pub fn disturbs_messages(&self) -> bool {
@@ -93,11 +107,14 @@ impl World {
         }
     }
 
-    fn target(&self, t: Target) -> Option<usize> {
-        match t {
-            Target::Node(i) => (i < self.nodes.len()).then_some(i),
-            Target::Router => {
-                let q = self.queues[0].as_ref()?;
+    /// The node a scheduled fault strikes. A node index is within the cluster (the schedule is
+    /// checked when the world is built). The router may be unknown (no node up knows one): the
+    /// fault then strikes nothing, and that is counted (`fault_without_router`) and traced,
+    /// so that a test can tell its scenario did not happen.
+    fn target(&mut self, t: Target) -> Option<usize> {
+        let found = match t {
+            Target::Node(i) => return Some(i),
+            Target::Router => self.queues[0].as_ref().and_then(|q| {
                 let best = self
                     .nodes
                     .iter()
@@ -105,8 +122,13 @@ impl World {
                     .filter_map(|n| n.core.view(q).and_then(|v| v.router.clone()))
                     .max()?;
                 self.index_of(&best.peer)
-            }
+            }),
+        };
+        if found.is_none() {
+            self.count("fault_without_router");
+            self.trace(|| "a fault aimed at the router finds none".into());
         }
+        found
     }
 
     pub(super) fn background(&mut self, kind: Kind) {

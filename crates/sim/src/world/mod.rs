@@ -217,7 +217,12 @@ pub(crate) struct World {
     assigned: BTreeSet<(TaskId, u64, Claim)>,
     last_assign: BTreeMap<(QueueId, Claim), u64>,
     activations: usize,
+    /// Queues that have had an active router: an activation of one of them is a takeover.
+    activated: BTreeSet<QueueId>,
+    takeovers: usize,
     claims_lost: usize,
+    /// Starts the cores reported refused as fenced.
+    fenced: usize,
     violations: Vec<Violation>,
     check_duplicates: bool,
     steps: u64,
@@ -261,6 +266,15 @@ impl World {
             !mix.loses_messages() && !config.schedule.iter().any(|(_, f)| f.disturbs_messages());
         let base = Instant::now();
         let n = config.nodes;
+        // A fault aimed at a node beyond the cluster would strike nothing, silently.
+        for (at_ms, f) in &config.schedule {
+            if let Some(i) = f.node() {
+                assert!(
+                    i < n,
+                    "the fault at {at_ms} ms strikes node {i}, but the cluster has {n} nodes: {f:?}"
+                );
+            }
+        }
         let mut nodes = Vec::with_capacity(n);
         for i in 0..n {
             let drift_ppm = if mix.drift_ppm > 0 {
@@ -328,7 +342,10 @@ impl World {
             assigned: BTreeSet::new(),
             last_assign: BTreeMap::new(),
             activations: 0,
+            activated: BTreeSet::new(),
+            takeovers: 0,
             claims_lost: 0,
+            fenced: 0,
             violations: vec![],
             check_duplicates,
             steps: 0,
@@ -619,13 +636,16 @@ impl World {
         let lost = self.lost();
         Report {
             seed: self.seed,
+            shape: self.config.shape(),
             tasks: self.submitted.len(),
             lost,
             duplicated_tasks,
             rerun_tasks,
             max_runs,
             activations: self.activations,
+            takeovers: self.takeovers,
             claims_lost: self.claims_lost,
+            fenced: self.fenced,
             faults: self.faults,
             violations: self.violations,
             virtual_ms: self.now_us / 1000,

@@ -21,7 +21,7 @@ use piecework_core::api::BatchEntry;
 use piecework_core::{
     CommandId, EpochEvent, Event, Io, Reply, RotateId, RouterEvent, RunId, RunResult,
 };
-use piecework_queue_doc::{QueueId, QueueView, TaskState};
+use piecework_queue_doc::{AttemptOutcome, QueueId, QueueView, TaskState};
 use rand::Rng;
 
 use super::{BUILD_US, End, Ev, Live, READ_US, RETRY_US, RunRec, World};
@@ -323,7 +323,14 @@ impl World {
             Event::Router { event, queue } => match event {
                 RouterEvent::BecameActive(c) => {
                     self.activations += 1;
+                    if !self.activated.insert(queue.clone()) {
+                        self.takeovers += 1;
+                    }
                     self.trace(|| format!("node{i} active for {queue} as {c}"));
+                }
+                RouterEvent::SteppedDown { .. } => {
+                    self.count("router_stepped_down");
+                    self.trace(|| format!("node{i} router: {event:?}"));
                 }
                 RouterEvent::ClaimLost { .. } => {
                     self.claims_lost += 1;
@@ -337,6 +344,12 @@ impl World {
                 outcome,
                 reason,
             } => {
+                // The core's own word that it refused a start as fenced (its pool at the
+                // assignment, or the core itself once the task document was fetched or at the
+                // end of the turn): counted, not decided here.
+                if outcome == AttemptOutcome::Refused && reason.starts_with("fenced") {
+                    self.fenced += 1;
+                }
                 self.trace(|| {
                     format!("node{i} did not run {task} {attempt}: {outcome:?} {reason}")
                 });
