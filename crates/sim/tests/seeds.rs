@@ -652,6 +652,7 @@ mod regressions {
     fn seed_5016_default_at_7_a_sideways_move_reads_the_fork_back() {
         passes_at_7(5016, FaultMix::default_mix(), Some((100, 300)));
     }
+}
 
 /// Swarm seeds in CI: each draws its node count (3–9), relay waits and fault rates from the seed
 /// (`Config::swarm`). Seeds 5013, 5014 and 5016 failed only at 7 nodes or with other relay waits
