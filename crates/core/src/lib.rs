@@ -724,6 +724,14 @@ pub enum Io {
     Save(Save),
     /// Run a handler; answer with [`Core::handle_run_ended`].
     Run(RunRequest),
+    /// Cancel the handler of this run: the core ended its attempt as interrupted (a stop's
+    /// grace time ran out) and ignores its end. A handler left running would be work in
+    /// flight that no router counts (against a concurrency limit, say) while its task runs
+    /// again elsewhere.
+    Abort {
+        /// The run.
+        run: RunId,
+    },
     /// Connect to a peer (no answer: a stream that opens is reported by
     /// [`Core::handle_connected`]).
     Dial {

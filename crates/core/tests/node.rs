@@ -31,6 +31,8 @@ struct One {
     /// Every load asked for, in order (the test reads and clears it).
     load_log: Vec<DocId>,
     runs: Vec<piecework_core::RunRequest>,
+    /// Runs the core asked to cancel (`Io::Abort`), in order.
+    aborted: Vec<piecework_core::RunId>,
     replies: Vec<(CommandId, Reply)>,
     events: Vec<Event>,
     /// Frames the core sent, for a test that carries them to another core.
@@ -74,6 +76,7 @@ impl One {
             loads: vec![],
             load_log: vec![],
             runs: vec![],
+            aborted: vec![],
             replies: vec![],
             events: vec![],
             frames: vec![],
@@ -106,6 +109,7 @@ impl One {
                         self.loads.push(doc);
                     }
                     Io::Run(r) => self.runs.push(r),
+                    Io::Abort { run } => self.aborted.push(run),
                     Io::Archive { records } => self.archive.extend(records),
                     Io::Lookup { task } => self.lookups.push(task),
                     Io::Publish { topic, data } => self.published.push((topic, data)),
@@ -2212,6 +2216,16 @@ fn a_stopping_router_hands_over_at_once_and_interrupts_the_runs_that_outlive_its
         "a second stop gets the same answer"
     );
     assert_eq!(report.runs_interrupted, 2, "{report:?}");
+    // Their handlers are cancelled: left running, they would be work no router counts.
+    let mut asked: Vec<_> = a.runs.iter().map(|r| r.id).collect();
+    let mut aborted = a.aborted.clone();
+    asked.sort();
+    aborted.sort();
+    assert_eq!(aborted.len(), 2, "{aborted:?}");
+    assert_eq!(
+        aborted, asked,
+        "each interrupted run's handler is cancelled"
+    );
     assert_eq!(report.runs_finished, 0, "{report:?}");
     assert_eq!(report.unsaved_documents, 0, "{report:?}");
     assert_eq!(

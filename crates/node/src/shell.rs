@@ -78,6 +78,8 @@ pub(crate) struct Shell {
     pace: Pace,
     /// A stop ([`Command::Stop`]) was answered: the loop ends.
     stopped: bool,
+    /// The handlers running, to cancel one the core interrupted ([`Io::Abort`]).
+    handlers: HashMap<piecework_core::RunId, tokio::task::AbortHandle>,
 }
 
 /// A turn at least this long is logged (at info): at the fastest timings the docs recommend,
@@ -299,6 +301,7 @@ impl Shell {
             epochs: spawn_epoch_thread(),
             pace: Pace::default(),
             stopped: false,
+            handlers: HashMap::new(),
         }
     }
 
@@ -449,7 +452,10 @@ impl Shell {
         match input {
             Input::Loaded { doc, chunks } => self.core.handle_loaded(now(), &doc, chunks),
             Input::Saved { id, result } => self.core.handle_saved(now(), id, result),
-            Input::RunEnded { id, result } => self.core.handle_run_ended(now(), id, result),
+            Input::RunEnded { id, result } => {
+                self.handlers.remove(&id);
+                self.core.handle_run_ended(now(), id, result)
+            }
             Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
             Input::Rotated(built) => self.core.handle_rotated(now(), built),
         }
@@ -641,6 +647,12 @@ impl Shell {
                 });
             }
             Io::Run(req) => self.run_handler(req),
+            Io::Abort { run } => {
+                if let Some(h) = self.handlers.remove(&run) {
+                    tracing::info!(?run, "a run interrupted by the stop is cancelled");
+                    h.abort();
+                }
+            }
             Io::Rotate(job) => {
                 if self.epochs.send((job, self.inputs_tx.clone())).is_err() {
                     tracing::error!("the epoch thread is gone: a rotation is dropped");
@@ -758,7 +770,8 @@ impl Shell {
         let registry = self.shared.registry.clone();
         let tx = self.inputs_tx.clone();
         let ctx = Context::new(req.task.clone(), req.attempt.clone(), req.worker.clone());
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
+        let id = req.id;
+        let handle = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let outcome = execute(&registry, &req.kind, ctx, req.input).await;
             let result = RunResult {
                 result: outcome.result,
@@ -766,6 +779,7 @@ impl Shell {
             };
             let _ = tx.send(Input::RunEnded { id: req.id, result }).await;
         }));
+        self.handlers.insert(id, handle.abort_handle());
     }
 
     fn event(&mut self, ev: Event) {

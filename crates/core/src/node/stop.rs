@@ -73,7 +73,8 @@ impl Core {
         }
         let runs = std::mem::take(&mut self.runs.live);
         s.report.runs_interrupted += runs.len();
-        for Running { run, .. } in runs.into_values() {
+        for (id, Running { run, .. }) in runs {
+            self.io.push_back(Io::Abort { run: id });
             self.runs
                 .outputs
                 .remove(&(run.task.clone(), run.attempt.clone()));

@@ -117,6 +117,26 @@ impl World {
         self.drive(node);
     }
 
+    /// The core interrupted a run (a stop's grace ran out) and the handler is cancelled at
+    /// once: its run ends now, as a crash ends it (its task runs again elsewhere), and its
+    /// scheduled end finds nothing.
+    fn run_aborted(&mut self, node: usize, run: RunId) {
+        let Some(live) = self.nodes[node].live.remove(&run) else {
+            return;
+        };
+        let now = self.now_us;
+        if let Some(r) = self.runs.get_mut(&live.task).and_then(|v| {
+            v.iter_mut()
+                .rev()
+                .find(|r| r.node == node && r.end.is_none())
+        }) {
+            r.end = Some(End::Crashed);
+            r.end_us = Some(now);
+        }
+        self.count("run_aborted");
+        self.trace(|| format!("node{node} run of {} aborted", live.task));
+    }
+
     /// A successor built off the node's thread is handed back.
     pub(super) fn rotated(&mut self, node: usize, incarnation: u64, id: RotateId) {
         let Some(built) = self.nodes[node].built.remove(&id) else {
@@ -158,6 +178,7 @@ impl World {
                     },
                 );
             }
+            Io::Abort { run } => self.run_aborted(i, run),
             Io::Run(req) => {
                 let claim = req.attempt.claim.clone();
                 self.check_start(i, &req.queue, &req.task, &claim);
@@ -328,6 +349,10 @@ impl World {
                     }
                     self.trace(|| format!("node{i} active for {queue} as {c}"));
                 }
+                RouterEvent::Reunited { .. } => {
+                    self.count("router_reunited");
+                    self.trace(|| format!("node{i} router: {event:?}"));
+                }
                 RouterEvent::SteppedDown { .. } => {
                     self.count("router_stepped_down");
                     self.trace(|| format!("node{i} router: {event:?}"));
@@ -349,6 +374,19 @@ impl World {
                 // end of the turn): counted, not decided here.
                 if outcome == AttemptOutcome::Refused && reason.starts_with("fenced") {
                     self.fenced += 1;
+                }
+                // The other refusals, by the pool's reason (the signatures of pinned seeds).
+                if outcome == AttemptOutcome::Refused {
+                    for (prefix, key) in [
+                        ("stale", "refused_stale"),
+                        ("superseded", "refused_superseded"),
+                        ("the task already has an outcome", "refused_final"),
+                        ("the task is running already", "refused_running_elsewhere"),
+                    ] {
+                        if reason.starts_with(prefix) {
+                            self.count(key);
+                        }
+                    }
                 }
                 self.trace(|| {
                     format!("node{i} did not run {task} {attempt}: {outcome:?} {reason}")
