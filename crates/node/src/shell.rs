@@ -79,7 +79,13 @@ pub(crate) struct Shell {
     /// A stop ([`Command::Stop`]) was answered: the loop ends.
     stopped: bool,
     /// The handlers running, to cancel one the core interrupted ([`Io::Abort`]).
-    handlers: HashMap<piecework_core::RunId, tokio::task::AbortHandle>,
+    handlers: HashMap<
+        piecework_core::RunId,
+        (
+            tokio_util::sync::CancellationToken,
+            tokio::task::AbortHandle,
+        ),
+    >,
 }
 
 /// A turn at least this long is logged (at info): at the fastest timings the docs recommend,
@@ -648,9 +654,12 @@ impl Shell {
             }
             Io::Run(req) => self.run_handler(req),
             Io::Abort { run } => {
-                if let Some(h) = self.handlers.remove(&run) {
+                if let Some((cancel, task)) = self.handlers.remove(&run) {
                     tracing::info!(?run, "a run interrupted by the stop is cancelled");
-                    h.abort();
+                    // The token first (a handler on the blocking pool can only stop there),
+                    // then the task itself.
+                    cancel.cancel();
+                    task.abort();
                 }
             }
             Io::Rotate(job) => {
@@ -771,6 +780,7 @@ impl Shell {
         let tx = self.inputs_tx.clone();
         let ctx = Context::new(req.task.clone(), req.attempt.clone(), req.worker.clone());
         let id = req.id;
+        let cancel = ctx.cancellation().clone();
         let handle = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let outcome = execute(&registry, &req.kind, ctx, req.input).await;
             let result = RunResult {
@@ -779,7 +789,7 @@ impl Shell {
             };
             let _ = tx.send(Input::RunEnded { id: req.id, result }).await;
         }));
-        self.handlers.insert(id, handle.abort_handle());
+        self.handlers.insert(id, (cancel, handle.abort_handle()));
     }
 
     fn event(&mut self, ev: Event) {
