@@ -285,7 +285,7 @@ impl Core {
     pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
         BTreeMap::from([
             ("queues", self.queues.len()),
-            ("connected", self.members.connected.len()),
+            ("connected", self.members.connected_count()),
             ("loads", self.docs.loads.len()),
             ("load_retries", self.docs.load_retries.len()),
             ("stale", self.stale.len()),
@@ -316,10 +316,9 @@ impl Core {
 
     /// The node's advertised addresses changed: record them in every joined queue.
     pub fn handle_addresses(&mut self, now: Time, addrs: Vec<String>) {
-        if addrs == self.members.advertised {
+        if !self.members.advertise(addrs) {
             return;
         }
-        self.members.advertised = addrs;
         let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
         for id in ids {
             self.write_member(now, &id);
@@ -330,7 +329,7 @@ impl Core {
     /// A sync stream to `peer` opened: start syncing with it.
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
         self.submits.dirty = true;
-        self.members.connected.insert(peer.clone());
+        self.members.connected(peer.clone());
         for q in self.queues.values_mut() {
             if q.view.members.contains_key(&peer) {
                 q.router.handle_member_connected(now.mono);
@@ -373,7 +372,7 @@ impl Core {
     /// starts over).
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
         self.submits.dirty = true;
-        self.members.connected.remove(peer);
+        self.members.disconnected(peer);
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
         let tasks: Vec<TaskId> = self.lookup.asks.keys().cloned().collect();
@@ -470,7 +469,7 @@ impl Core {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t = [
             Some(self.pool.poll_timeout()),
-            Some(self.members.next_dial).filter(|_| !self.queues.is_empty()),
+            Some(self.members.next_dial()).filter(|_| !self.queues.is_empty()),
             self.queues
                 .values()
                 .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
@@ -656,9 +655,8 @@ impl Core {
         self.expire_doc_waiters(now);
         self.ask_joins_again(now);
         self.answer_stop(now);
-        if now.mono >= self.members.next_dial {
+        if self.members.dial_due(now.mono, DIAL_EVERY) {
             self.dial_members();
-            self.members.next_dial = now.mono + DIAL_EVERY;
         }
     }
 }

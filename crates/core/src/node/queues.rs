@@ -71,7 +71,7 @@ impl Core {
         queue::set_member(
             &mut doc,
             &self.config.peer,
-            &self.members.advertised,
+            self.members.advertised(),
             now.unix_ms,
         )?;
         let id = DocId::generate(&mut self.rng);
@@ -118,11 +118,11 @@ impl Core {
         if q.view
             .members
             .get(&me)
-            .is_some_and(|m| m.addrs == self.members.advertised)
+            .is_some_and(|m| m.addrs == self.members.advertised())
         {
             return;
         }
-        let addrs = self.members.advertised.clone();
+        let addrs = self.members.advertised().to_vec();
         self.write_queue(now, id, "this node's membership", |d| {
             queue::set_member(d, &me, &addrs, now.unix_ms)
         });
@@ -187,8 +187,7 @@ impl Core {
             // A member reached before the queue was opened: the silence counts from now.
             if self
                 .members
-                .connected
-                .iter()
+                .connected_peers()
                 .any(|p| q.view.members.contains_key(p))
             {
                 q.router.handle_member_connected(now.mono);
@@ -198,7 +197,7 @@ impl Core {
                 self.pool.set_heartbeat(beat);
             }
         }
-        self.members.next_dial = now.mono;
+        self.members.dial_now(now.mono);
     }
 
     /// Re-reads a queue's view and hands it to the router and the pool.
@@ -258,7 +257,7 @@ impl Core {
                 if final_now && let Some(d) = self.replica.get(&q.doc) {
                     let status = inline_status(id, t, d);
                     if let Ok(json) = serde_json::to_vec(&status) {
-                        self.archive.pending.push((tid.clone(), json));
+                        self.archive.record(tid.clone(), json);
                     }
                 }
                 continue;
@@ -297,7 +296,7 @@ impl Core {
                 .chain([self.config.peer.clone()])
                 .collect();
             self.replica.set_group(&qdoc, members);
-            self.members.next_dial = now.mono;
+            self.members.dial_now(now.mono);
         }
         if self.queues.get(id).is_some_and(|q| q.doc != left) {
             self.archive_left_behind(id, &old, &view, &left);
@@ -351,7 +350,7 @@ impl Core {
                 Some(inline_status(id, &entry, doc))
             });
             match found.map(|status| serde_json::to_vec(&status)) {
-                Some(Ok(json)) => self.archive.pending.push((tid.clone(), json)),
+                Some(Ok(json)) => self.archive.record(tid.clone(), json),
                 Some(Err(e)) => tracing::warn!(task = %tid, "cannot encode a final status: {e}"),
                 None => tracing::debug!(task = %tid, "left an epoch live, final nowhere here"),
             }
@@ -544,7 +543,7 @@ impl Core {
         let mut wanted: BTreeMap<PeerId, Vec<String>> = BTreeMap::new();
         for q in self.queues.values() {
             for (peer, member) in &q.view.members {
-                if *peer == self.config.peer || self.members.connected.contains(peer) {
+                if *peer == self.config.peer || self.members.is_connected(peer) {
                     continue;
                 }
                 wanted

@@ -21,7 +21,7 @@ impl Core {
             return;
         }
         if !indexed {
-            if let Some(json) = self.archive.recent.get(&task) {
+            if let Some(json) = self.archive.recent(&task) {
                 let reply = archived_status(&task, json);
                 self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
                 return;
@@ -51,8 +51,7 @@ impl Core {
         }
         let members: BTreeSet<PeerId> = self
             .members
-            .connected
-            .iter()
+            .connected_peers()
             .filter(|p| {
                 self.queues
                     .values()
@@ -129,7 +128,7 @@ impl Core {
                         if s.state.is_final()
                             && let Ok(json) = serde_json::to_vec(&s)
                         {
-                            self.archive.pending.push((task.clone(), json));
+                            self.archive.record(task.clone(), json);
                         }
                         for cmd in a {
                             self.replies
@@ -178,7 +177,7 @@ impl Core {
                     .flatten(),
             );
         }
-        if let Some(json) = self.archive.recent.get(task) {
+        if let Some(json) = self.archive.recent(task) {
             return Some(self.shareable(peer, json));
         }
         None
@@ -266,25 +265,10 @@ impl Core {
 
     /// Hands the turn's archive records to the driver, and keeps the latest in memory.
     pub(super) fn flush_archive(&mut self) {
-        if self.archive.pending.is_empty() {
+        if !self.archive.is_pending() {
             return;
         }
-        let records = std::mem::take(&mut self.archive.pending);
-        for (task, json) in &records {
-            if self
-                .archive
-                .recent
-                .insert(task.clone(), json.clone())
-                .is_none()
-            {
-                self.archive.order.push_back(task.clone());
-            }
-        }
-        while self.archive.order.len() > RECENT_ARCHIVED {
-            if let Some(t) = self.archive.order.pop_front() {
-                self.archive.recent.remove(&t);
-            }
-        }
+        let records = self.archive.take(RECENT_ARCHIVED);
         self.io.push_back(Io::Archive { records });
     }
 

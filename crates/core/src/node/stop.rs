@@ -100,7 +100,7 @@ impl Core {
             && self.runs.starting.is_empty()
             && self.runs.attempt_writes.values().all(Vec::is_empty)
             && self.runs.task_writes.is_empty()
-            && self.archive.pending.is_empty();
+            && !self.archive.is_pending();
         let flush = match (&s.flush, written) {
             (Some(f), _) => Some(f.clone()),
             (None, true) => Some(self.saves.unsaved()),

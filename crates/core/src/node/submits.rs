@@ -238,7 +238,7 @@ impl Core {
                 !q.view
                     .members
                     .keys()
-                    .any(|m| *m != self.config.peer && self.members.connected.contains(m))
+                    .any(|m| *m != self.config.peer && self.members.is_connected(m))
             });
             let held = w.tasks.iter().all(|(d, h, _)| self.replica.peer_has(d, h))
                 && self.replica.peer_has(&w.queue_doc, &w.queue_heads);
