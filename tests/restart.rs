@@ -51,18 +51,13 @@ const FIRST_BATCH: usize = 6;
 
 /// Submits, through `node`, a `wait_file` task whose run lasts until `release` exists.
 async fn submit_held(node: &NodeProcess, queue: &QueueId, release: &std::path::Path) -> TaskId {
-    let req = api::SubmitTask {
-        kind: "wait_file".into(),
-        input: serde_json::json!({ "path": release }),
-        priority: 0,
-        urgent: false,
-        max_attempts: None,
-    };
-    node.client()
-        .submit(queue, &req)
-        .await
-        .expect("submit")
-        .task_id
+    support::submit_kind(
+        node,
+        queue,
+        "wait_file",
+        serde_json::json!({ "path": release }),
+    )
+    .await
 }
 
 /// Ends every run waiting on `release` (and lets later ones end at once).

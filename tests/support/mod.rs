@@ -275,9 +275,19 @@ where
 
 /// Submits a `sleep` task of `ms` milliseconds through `node`'s HTTP API.
 pub async fn submit_sleep(node: &NodeProcess, queue: &QueueId, ms: u64) -> TaskId {
+    submit_kind(node, queue, "sleep", serde_json::json!({ "ms": ms })).await
+}
+
+/// Submits a task of `kind` with `input` through `node`'s HTTP API.
+pub async fn submit_kind(
+    node: &NodeProcess,
+    queue: &QueueId,
+    kind: &str,
+    input: serde_json::Value,
+) -> TaskId {
     let req = api::SubmitTask {
-        kind: "sleep".into(),
-        input: serde_json::json!({ "ms": ms }),
+        kind: kind.into(),
+        input,
         priority: 0,
         urgent: false,
         max_attempts: None,

@@ -84,23 +84,30 @@ impl World {
         self.drive(node);
     }
 
-    /// A handler run ends, unless its node went down meanwhile.
-    pub(super) fn run_ended(&mut self, node: usize, incarnation: u64, run: RunId, ok: bool) {
-        if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
-            return;
-        }
-        let Some(live) = self.nodes[node].live.remove(&run) else {
-            return;
-        };
+    /// Ends node `node`'s run `run` in the simulator's records (`end`, now), if it is live.
+    fn end_run(&mut self, node: usize, run: RunId, end: End) -> Option<Live> {
+        let live = self.nodes[node].live.remove(&run)?;
         let now = self.now_us;
         if let Some(r) = self.runs.get_mut(&live.task).and_then(|v| {
             v.iter_mut()
                 .rev()
                 .find(|r| r.node == node && r.end.is_none())
         }) {
-            r.end = Some(if ok { End::Succeeded } else { End::Failed });
+            r.end = Some(end);
             r.end_us = Some(now);
         }
+        Some(live)
+    }
+
+    /// A handler run ends, unless its node went down meanwhile.
+    pub(super) fn run_ended(&mut self, node: usize, incarnation: u64, run: RunId, ok: bool) {
+        if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+            return;
+        }
+        let end = if ok { End::Succeeded } else { End::Failed };
+        let Some(live) = self.end_run(node, run, end) else {
+            return;
+        };
         if !ok {
             self.count("handler_failure");
         }
@@ -121,18 +128,9 @@ impl World {
     /// once: its run ends now, as a crash ends it (its task runs again elsewhere), and its
     /// scheduled end finds nothing.
     fn run_aborted(&mut self, node: usize, run: RunId) {
-        let Some(live) = self.nodes[node].live.remove(&run) else {
+        let Some(live) = self.end_run(node, run, End::Crashed) else {
             return;
         };
-        let now = self.now_us;
-        if let Some(r) = self.runs.get_mut(&live.task).and_then(|v| {
-            v.iter_mut()
-                .rev()
-                .find(|r| r.node == node && r.end.is_none())
-        }) {
-            r.end = Some(End::Crashed);
-            r.end_us = Some(now);
-        }
         self.count("run_aborted");
         self.trace(|| format!("node{node} run of {} aborted", live.task));
     }
