@@ -47,6 +47,10 @@ pub struct RunningReport {
     pub attempt: AttemptId,
 }
 
+/// The most workers a pool has (and a pool heartbeat reports): a node runs at most this many.
+/// A heartbeat is read from a peer, so a reader keeps only the reports of indexes below it.
+pub const MAX_POOL_WORKERS: u32 = 256;
+
 /// "My pool is alive and its workers are doing this."
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PoolBeat {
@@ -65,4 +69,28 @@ pub struct PoolBeat {
     /// The pool's node is stopping: it starts nothing new, and routers assign it nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+}
+
+impl PoolBeat {
+    /// The heartbeat as a reader should count it: one report per worker index below
+    /// [`MAX_POOL_WORKERS`], in index order. A worker listed more than once is kept once
+    /// (its first report), so a beat that repeats an index cannot win more assignments
+    /// than one worker's.
+    pub fn normalized(&self) -> PoolBeat {
+        let mut workers: Vec<WorkerReport> = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for w in &self.workers {
+            if w.index < MAX_POOL_WORKERS && seen.insert(w.index) {
+                workers.push(w.clone());
+            }
+            if seen.len() == MAX_POOL_WORKERS as usize {
+                break;
+            }
+        }
+        workers.sort_by_key(|w| w.index);
+        PoolBeat {
+            workers,
+            ..self.clone()
+        }
+    }
 }

@@ -59,7 +59,8 @@ pub(crate) struct PackedLatest {
     pub(crate) d: String,
 }
 
-/// Tasks that ended in earlier epochs and were not carried into this one.
+/// Tasks that ended in earlier epochs and were not carried into this one. The counts are read
+/// from peers' documents and only shown: they saturate at `u64::MAX` rather than wrap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retired {
     /// Ended succeeded.

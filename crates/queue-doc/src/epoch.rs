@@ -86,29 +86,56 @@ pub fn on_lineage(lineage: &[Link], doc: &str, epoch: Option<u64>) -> bool {
 /// a document that descends from the other is greater. Every replica computes the same order,
 /// so all follow the same chain after a double seal, however far either side went on.
 pub fn cmp_lineage(a: &[Link], b: &[Link]) -> std::cmp::Ordering {
+    cmp_lineage_counted(a, b).0
+}
+
+/// [`cmp_lineage`], with the number of epochs it looked at: at most `a.len() + b.len()`,
+/// whatever the epoch numbers say (a peer's lineage may hold any, up to `u64::MAX`). Lineages
+/// are read from peers' documents, so the comparison visits the epochs the links name, never
+/// the range between them.
+pub fn cmp_lineage_counted(a: &[Link], b: &[Link]) -> (std::cmp::Ordering, usize) {
     use std::cmp::Ordering;
-    let at = |l: &[Link], e: u64| l.iter().find(|x| x.epoch == e).cloned();
-    let lo = a.iter().chain(b).map(|l| l.epoch).min().unwrap_or(0);
-    let hi = a.iter().chain(b).map(|l| l.epoch).max().unwrap_or(0);
-    for e in lo..=hi {
-        match (at(a, e), at(b, e)) {
+    // The first link of each epoch, as a lookup by epoch would find it.
+    fn firsts(l: &[Link]) -> BTreeMap<u64, &Link> {
+        let mut m = BTreeMap::new();
+        for x in l {
+            m.entry(x.epoch).or_insert(x);
+        }
+        m
+    }
+    let (fa, fb) = (firsts(a), firsts(b));
+    let max_a = fa.keys().next_back().copied();
+    let max_b = fb.keys().next_back().copied();
+    let epochs: BTreeSet<u64> = fa.keys().chain(fb.keys()).copied().collect();
+    let mut looked = 0;
+    for e in epochs {
+        looked += 1;
+        match (fa.get(&e), fb.get(&e)) {
             (Some(x), Some(y)) if x != y => {
-                return (&x.claim, &x.doc).cmp(&(&y.claim, &y.doc));
+                return ((&x.claim, &x.doc).cmp(&(&y.claim, &y.doc)), looked);
             }
-            (Some(_), None) if b.iter().all(|l| l.epoch < e) => return Ordering::Greater,
-            (None, Some(_)) if a.iter().all(|l| l.epoch < e) => return Ordering::Less,
+            (Some(_), None) if max_b.is_none_or(|m| m < e) => return (Ordering::Greater, looked),
+            (None, Some(_)) if max_a.is_none_or(|m| m < e) => return (Ordering::Less, looked),
             _ => {}
         }
     }
-    Ordering::Equal
+    (Ordering::Equal, looked)
 }
 
 /// A queue document's lineage: the seals from the queue's first epoch to this one (empty in
 /// epoch 0; at most [`MAX_LINEAGE`], the newest).
+///
+/// A peer's document may hold more links than that: only the newest [`MAX_LINEAGE`] (by
+/// epoch) are read.
 pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
-    am::string(doc, &ROOT, LINEAGE)
+    let mut links: Vec<Link> = am::string(doc, &ROOT, LINEAGE)
         .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if links.len() > MAX_LINEAGE {
+        links.sort_by_key(|l| l.epoch);
+        links.drain(..links.len() - MAX_LINEAGE);
+    }
+    links
 }
 
 /// The writes of one queue document that the chain of a later document absorbed, as a clock:
@@ -371,7 +398,7 @@ pub fn build_successor(
     // `old` held of the documents before it, as far back as `COVER_EPOCHS`.
     let mut covers: BTreeMap<String, Cover> = read_covers(old)
         .into_iter()
-        .filter(|(_, c)| c.epoch + COVER_EPOCHS >= r.epoch)
+        .filter(|(_, c)| c.epoch.saturating_add(COVER_EPOCHS) >= r.epoch)
         .collect();
     let old_epoch = read_epoch(old).map_or(0, |e| e.0);
     covers
@@ -382,8 +409,8 @@ pub fn build_successor(
     let mut retired = view.retired;
     for t in view.tasks().values() {
         match t.state() {
-            crate::TaskState::Succeeded => retired.succeeded += 1,
-            crate::TaskState::Failed => retired.failed += 1,
+            crate::TaskState::Succeeded => retired.succeeded = retired.succeeded.saturating_add(1),
+            crate::TaskState::Failed => retired.failed = retired.failed.saturating_add(1),
             _ => {}
         }
     }

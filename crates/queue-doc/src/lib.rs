@@ -94,7 +94,7 @@ mod read;
 pub mod task;
 mod view;
 
-pub use beat::{PoolBeat, RouterBeat, RunningReport, WorkerReport};
+pub use beat::{MAX_POOL_WORKERS, PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use entry::{Attempt, AttemptOutcome, Finished, Started, TaskEntry, TaskState};

@@ -346,8 +346,12 @@ impl QueueView {
     /// tasks that ended in earlier epochs ([`QueueView::retired`]), as succeeded or failed.
     pub fn total_counts(&self) -> StateCounts {
         let mut c = self.counts();
-        c.succeeded += usize::try_from(self.retired.succeeded).unwrap_or(usize::MAX);
-        c.failed += usize::try_from(self.retired.failed).unwrap_or(usize::MAX);
+        c.succeeded = c
+            .succeeded
+            .saturating_add(usize::try_from(self.retired.succeeded).unwrap_or(usize::MAX));
+        c.failed = c
+            .failed
+            .saturating_add(usize::try_from(self.retired.failed).unwrap_or(usize::MAX));
         c
     }
 }

@@ -422,7 +422,7 @@ impl Router {
             beat.peer.clone(),
             PoolState {
                 heard_at: now,
-                beat: beat.clone(),
+                beat: beat.normalized(),
             },
         );
         self.dirty = true;

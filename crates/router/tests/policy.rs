@@ -112,6 +112,28 @@ impl Lone {
     /// Moves to `at` ms: the pool beats (reporting what its workers run), then the router's
     /// timers fire; its actions are carried out. Returns the assignments made then.
     fn to(&mut self, at: u64) -> Vec<Assignment> {
+        let workers = self.reports();
+        self.to_reporting(at, workers)
+    }
+
+    /// What the pool's four workers run, as its heartbeat reports it.
+    fn reports(&self) -> Vec<WorkerReport> {
+        (0..4u32)
+            .map(|index| WorkerReport {
+                index,
+                running: self.running[index as usize]
+                    .as_ref()
+                    .map(|(task, attempt)| RunningReport {
+                        queue: QueueId::new("automerge:q"),
+                        task: task.clone(),
+                        attempt: attempt.clone(),
+                    }),
+            })
+            .collect()
+    }
+
+    /// [`Lone::to`], with the pool's heartbeat listing `workers`.
+    fn to_reporting(&mut self, at: u64, workers: Vec<WorkerReport>) -> Vec<Assignment> {
         self.at = at;
         let now = self.t0 + ms(at);
         self.pool_counter += 1;
@@ -119,18 +141,7 @@ impl Lone {
             peer: pool_peer(),
             incarnation: 1,
             counter: self.pool_counter,
-            workers: (0..4u32)
-                .map(|index| WorkerReport {
-                    index,
-                    running: self.running[index as usize]
-                        .as_ref()
-                        .map(|(task, attempt)| RunningReport {
-                            queue: QueueId::new("automerge:q"),
-                            task: task.clone(),
-                            attempt: attempt.clone(),
-                        }),
-                })
-                .collect(),
+            workers,
             epoch: None,
             draining: false,
         };
@@ -350,4 +361,21 @@ fn a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
     let next = l.to(600);
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].task, second);
+}
+
+/// A pool heartbeat that lists one idle worker a thousand times gets it one assignment, not a
+/// thousand: a worker is counted once, whatever its pool's beat says.
+#[test]
+fn a_pool_beat_that_lists_one_worker_a_thousand_times_gets_one_assignment() {
+    let mut l = Lone::new(QueueConfig::default());
+    for at in 0..10 {
+        l.submit(0, false, at);
+    }
+    let one = WorkerReport {
+        index: 0,
+        running: None,
+    };
+    let made = l.to_reporting(200, vec![one; 1_000]);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0].worker.index, 0);
 }
