@@ -71,6 +71,10 @@ enum Command {
         /// is on disk. A second signal exits at once.
         #[arg(long, default_value_t = 10.0)]
         stop_grace: f64,
+        /// A fault for tests: the node's shell panics this many milliseconds after start
+        /// (the process must then exit non-zero).
+        #[arg(long, hide = true)]
+        fault_panic_after_ms: Option<u64>,
     },
     /// Create or join queues.
     Queue {
@@ -266,6 +270,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             keep_task_docs,
             keep_sealed_epochs,
             stop_grace,
+            fault_panic_after_ms,
         } => {
             if !(stop_grace.is_finite() && (0.0..=3600.0).contains(&stop_grace)) {
                 bail!("--stop-grace must be between 0 and 3600 seconds, not {stop_grace}");
@@ -278,6 +283,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 keep_task_docs,
                 keep_sealed_epochs,
                 stop_grace: Duration::from_secs_f64(stop_grace),
+                fault_panic_after: fault_panic_after_ms.map(Duration::from_millis),
             };
             run_node(data_dir, listen, bootstrap, http, tuning).await
         }
@@ -517,6 +523,7 @@ struct Tuning {
     keep_task_docs: Option<usize>,
     keep_sealed_epochs: Option<usize>,
     stop_grace: Duration,
+    fault_panic_after: Option<Duration>,
 }
 
 /// Resolves at the first SIGTERM or SIGINT (Ctrl-C).
@@ -555,6 +562,7 @@ async fn run_node(
         keep_task_docs,
         keep_sealed_epochs,
         stop_grace,
+        fault_panic_after,
     } = tuning;
     let mut config = node::Config::new(data_dir.clone(), piecework::kinds::builtin());
     if let Some(k) = archive_keep {
@@ -600,11 +608,21 @@ async fn run_node(
     }
     println!("http api: http://{http_addr}");
     let server = tokio::spawn(node::http::serve(handle.clone(), listener));
+    if let Some(after) = fault_panic_after {
+        let h = handle.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            h.inject_shell_panic().await;
+        });
+    }
     let signal = tokio::select! {
         r = server => {
             r.context("the HTTP server task failed")?.context("the HTTP server stopped")?;
             return Ok(());
         }
+        // A node whose shell ended without being asked to (a panic, a failure) can answer
+        // nothing: the process exits non-zero rather than serve an API that says so forever.
+        why = handle.ended_with() => bail!("the node stopped: {why}"),
         s = stop_signal() => s?,
     };
     eprintln!(

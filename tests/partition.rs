@@ -144,6 +144,7 @@ async fn a_partition_between_node_processes_heals_into_one_router() {
             bootstrap: nodes.iter().map(|n| n.listen.clone()).collect(),
             workers: 2,
             netns: Some(slot.ns.clone()),
+            extra: vec![],
         };
         nodes.push(tokio::task::block_in_place(|| spawn(&opts)));
     }

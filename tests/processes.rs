@@ -244,3 +244,19 @@ fn wall_ms() -> u64 {
         .unwrap()
         .as_millis() as u64
 }
+
+/// A panic in a node's shell ends its process with a non-zero status (and the panic's message
+/// on stderr), rather than leaving a process whose API answers "the node stopped" forever.
+/// The panic is a fault injected by the binary's hidden `--fault-panic-after-ms`.
+#[test]
+fn a_panic_in_the_shell_exits_the_process_non_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = support::NodeOptions::loopback(&dir.path().join("n"));
+    opts.extra = vec!["--fault-panic-after-ms".into(), "100".into()];
+    let node = support::spawn(&opts);
+    let status = node.wait_exit("a panic in its shell");
+    assert!(
+        !status.success(),
+        "a node whose shell panicked exited with {status}"
+    );
+}

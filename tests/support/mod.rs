@@ -65,6 +65,8 @@ pub struct NodeOptions {
     pub workers: u32,
     /// Run it inside this network namespace (`ip netns exec NS piecework node …`).
     pub netns: Option<String>,
+    /// More arguments, after the others.
+    pub extra: Vec<String>,
 }
 
 impl NodeOptions {
@@ -77,6 +79,7 @@ impl NodeOptions {
             bootstrap: vec![],
             workers: 2,
             netns: None,
+            extra: vec![],
         }
     }
 }
@@ -101,12 +104,18 @@ impl NodeProcess {
 
     /// Sends the process SIGTERM (a planned stop) and waits, up to [`GENEROUS`], for it to
     /// exit; returns how it exited.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    pub fn terminate(self) -> std::process::ExitStatus {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .expect("kill runs");
         assert!(sent.success(), "SIGTERM could not be sent");
+        self.wait_exit("SIGTERM")
+    }
+
+    /// Waits, up to [`GENEROUS`], for the process to exit after `what`; returns how it
+    /// exited.
+    pub fn wait_exit(mut self, what: &str) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + GENEROUS;
         loop {
             if let Some(status) = self.child.try_wait().expect("the child can be waited for") {
@@ -114,7 +123,7 @@ impl NodeProcess {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the node did not exit within {GENEROUS:?} of SIGTERM"
+                "the node did not exit within {GENEROUS:?} of {what}"
             );
             std::thread::sleep(POLL_PAUSE);
         }
@@ -151,6 +160,7 @@ pub fn spawn(opts: &NodeOptions) -> NodeProcess {
     for b in &opts.bootstrap {
         cmd.args(["--bootstrap", b]);
     }
+    cmd.args(&opts.extra);
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -308,8 +308,18 @@ impl Client {
     }
 }
 
+/// The most connections a node keeps established, to all peers together: a member list
+/// of thousands (or a flood of inbound dials) cannot exhaust its sockets and memory.
+pub const MAX_CONNECTIONS: u32 = 512;
+/// The most inbound connections still in their handshake at once.
+pub const MAX_PENDING_INCOMING: u32 = 64;
+/// The most connections established with one peer: two lets a simultaneous dial of each
+/// other settle without a refusal.
+pub const MAX_CONNECTIONS_PER_PEER: u32 = 2;
+
 #[derive(NetworkBehaviour)]
 struct Behaviour {
+    limits: libp2p::connection_limits::Behaviour,
     gossipsub: gossipsub::Behaviour,
     identify: identify::Behaviour,
     ping: ping::Behaviour,
@@ -348,6 +358,12 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
         .map_err(|e| StartError::Transport(e.to_string()))?
         .with_behaviour(|key| {
             Ok(Behaviour {
+                limits: libp2p::connection_limits::Behaviour::new(
+                    libp2p::connection_limits::ConnectionLimits::default()
+                        .with_max_established(Some(MAX_CONNECTIONS))
+                        .with_max_pending_incoming(Some(MAX_PENDING_INCOMING))
+                        .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER)),
+                ),
                 gossipsub: gossipsub::Behaviour::new(
                     MessageAuthenticity::Signed(key.clone()),
                     gossip_config,

@@ -220,7 +220,10 @@ pub(crate) struct Shared {
     pub(crate) views: RwLock<HashMap<QueueId, watch::Receiver<Arc<QueueView>>>>,
     pub(crate) commands: mpsc::Sender<shell::Request>,
     /// Why the shell ended, once it has (a stop, or the failure that ended it).
-    pub(crate) ended: RwLock<Option<String>>,
+    pub(crate) ended: watch::Sender<Option<String>>,
+    /// A fault to inject, for tests of what a panic in the shell does
+    /// ([`NodeHandle::inject_shell_panic`]): the shell panics at its next turn.
+    pub(crate) panic_injected: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -295,7 +298,8 @@ impl Node {
             listen: RwLock::new(vec![]),
             views: RwLock::new(HashMap::new()),
             commands,
-            ended: RwLock::new(None),
+            ended: watch::Sender::new(None),
+            panic_injected: std::sync::atomic::AtomicBool::new(false),
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
         let t0 = piecework_core::Time {
@@ -363,7 +367,7 @@ impl Node {
                     }
                     Err(_) => "its runtime was shut down".to_owned(),
                 };
-                *ended_by.ended.write().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                ended_by.ended.send_replace(Some(why));
             },
             span,
         ));
@@ -442,10 +446,32 @@ impl NodeHandle {
     fn ended(&self) -> String {
         self.shared
             .ended
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+            .borrow()
             .clone()
             .unwrap_or_else(|| "its shell is gone".to_owned())
+    }
+
+    /// Waits until the node's shell ends, and says why: a planned stop
+    /// ([`NodeHandle::shutdown`]), or a failure (a panic, a closed channel). A process that
+    /// serves a node should exit non-zero when it ends by failure, rather than keep an API
+    /// that can only answer that the node is gone.
+    pub async fn ended_with(&self) -> String {
+        let mut rx = self.shared.ended.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            Err(_) => "its shell is gone".to_owned(),
+        }
+    }
+
+    /// Makes the node's shell panic at its next turn: a fault injected by tests (and by the
+    /// binary's hidden `--fault-panic-after-ms`) to show what a bug in the shell does.
+    #[doc(hidden)]
+    pub async fn inject_shell_panic(&self) {
+        self.shared
+            .panic_injected
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Any command wakes the shell for a turn.
+        let _ = self.status().await;
     }
 
     /// Stops the node for a planned restart or shutdown, and returns what it did. At once it

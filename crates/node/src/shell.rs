@@ -26,6 +26,10 @@ const BATCH: usize = 256;
 /// walk of the objects it touches) would otherwise hold its heartbeats for as long as a whole
 /// batch takes.
 const BATCH_TIME: Duration = Duration::from_millis(10);
+/// The most gossip messages (heartbeats) taken at once without a turn: the network's
+/// gossip queue can hold this many, and a peer that floods gossip must not hold a turn
+/// for as long as it keeps sending.
+const GOSSIP_PER_DRAIN: usize = net::GOSSIP_CAPACITY;
 /// Capacity of the shell's internal input queue (run results, storage answers).
 const INPUT_QUEUE: usize = 1024;
 
@@ -339,6 +343,13 @@ impl Shell {
                 req = commands.recv() => req.map(Wake::Request).ok_or("every handle to it was dropped"),
                 () = sleep => Ok(Wake::Timer),
             };
+            if self
+                .shared
+                .panic_injected
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("a fault injected for a test: the shell panics");
+            }
             // The turn counts from here: handling its first input is part of it.
             let woke = Instant::now();
             // Beats due go out before anything else is done.
@@ -361,10 +372,7 @@ impl Shell {
             let started = Instant::now();
             while taken < BATCH && started.elapsed() < BATCH_TIME {
                 let before = taken;
-                while let Ok(e) = gossip.try_recv() {
-                    self.handle_net(e);
-                    taken += 1;
-                }
+                taken += self.drain_gossip(&mut gossip);
                 if let Ok(i) = self.inputs.try_recv() {
                     self.handle_input(i);
                     taken += 1;
@@ -385,9 +393,7 @@ impl Shell {
             // The turn's timers decide from what the node has heard by now: a heartbeat that
             // arrived while the batch's last input was applied (a large sync message can take
             // tens of milliseconds) must count, or a busy follower deposes a live router.
-            while let Ok(e) = gossip.try_recv() {
-                self.handle_net(e);
-            }
+            self.drain_gossip(&mut gossip);
             let taken_in = woke.elapsed();
             self.beat();
             self.core.end_batch(now());
@@ -427,6 +433,17 @@ impl Shell {
         while let Some(io) = self.core.poll_io() {
             self.perform(io);
         }
+    }
+
+    /// Hands the core the gossip messages waiting, at most [`GOSSIP_PER_DRAIN`]; how many.
+    fn drain_gossip(&mut self, gossip: &mut mpsc::Receiver<net::Event>) -> usize {
+        let mut taken = 0;
+        while taken < GOSSIP_PER_DRAIN {
+            let Ok(e) = gossip.try_recv() else { break };
+            self.handle_net(e);
+            taken += 1;
+        }
+        taken
     }
 
     fn handle_request(&mut self, Request { command, reply }: Request) {
