@@ -2520,8 +2520,8 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
 }
 
 /// The core's second fence check: a worker asked to run a task whose document it must first
-/// fetch hears, while the fetch is out, a heartbeat of a router above the one that assigned
-/// it. When the document arrives the start is refused as fenced; it never runs. (The pool
+/// fetch learns, while the fetch is out, of a router claim above the one that assigned it (it
+/// claims itself). When the document arrives the start is refused as fenced; it never runs. (The pool
 /// fenced the assignment when it accepted it; only the core sees the fence rise afterwards.)
 #[test]
 fn a_start_whose_fence_rose_while_its_document_was_fetched_is_refused() {
@@ -2622,21 +2622,23 @@ fn fence_rises_while_fetching(break_core: bool) -> (bool, bool) {
         Some(TaskState::Assigned),
         "b fetches for its assignment"
     );
-    // A claim above the one that assigned the task beats (a's own, at the next term: as if a
-    // had restarted and claimed again); then the held messages go through, the document comes.
+    // A claim above the one that assigned the task reaches b's queue document: b stops
+    // hearing a's heartbeats and claims itself, at the next term, while the task's document
+    // is still being fetched. (Only the document raises a fence: a heartbeat would not.)
     let claim = a.core.fence(&q).expect("a's claim").clone();
-    let beat = RouterBeat {
-        queue: q.clone(),
-        claim: Claim::new(claim.term + 1, pa.clone()),
-        counter: u64::MAX / 2,
-        epoch: None,
-        handover: None,
-    };
-    let topic = piecework_core::topic_for(&q);
-    b.core
-        .handle_gossip(b.now, &topic, &pa, &Wire::Router(beat).encode());
-    b.drain();
-    b.drain();
+    while b.core.fence(&q).is_none_or(|f| *f <= claim) {
+        t += 50;
+        assert!(t < 60_000, "b never claimed");
+        a.at(t);
+        b.at(t);
+        a.ack_saves();
+        b.ack_saves();
+        a.answer_loads();
+        b.answer_loads();
+        exchange_but_doc(&mut a, &mut b, &mut held);
+        gossip(&mut b, &mut a);
+        assert!(b.runs.is_empty());
+    }
     for (to_b, f) in held {
         if to_b {
             b.core.handle_sync(b.now, &pa, &f);

@@ -134,12 +134,19 @@ pub enum Rejection {
     /// The term is above [`MAX_TERM`]: no honest router gets there, and nobody could out-claim
     /// it.
     TermTooLarge,
+    /// The queue document does not hold the claim (yet): the heartbeat counted as a sign of
+    /// life once, and deposes nobody.
+    NotInDocument,
 }
 
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Rejection::TermTooLarge => write!(f, "the term is above the maximum {MAX_TERM}"),
+            Rejection::NotInDocument => write!(
+                f,
+                "the queue document does not hold the claim: a sign of life once, nothing more"
+            ),
         }
     }
 }
@@ -344,6 +351,14 @@ impl Router {
 
     /// A router heartbeat was heard (its sender authenticated by the network layer). One whose
     /// term is above [`MAX_TERM`] is ignored ([`Event::RejectedBeat`]).
+    ///
+    /// Only the document deposes a router: a heartbeat is a sign of life, nothing more. One
+    /// under the claim the document holds (the effective router) keeps the follower's silence
+    /// from counting, every time. One under a claim the document does not hold (yet: the
+    /// claim of a router this node's replica has not synced, or a claim nobody wrote) counts
+    /// as a sign of life once per claim, so a member that beats under a claim of its own
+    /// choosing, up to the term bound, neither deposes the active router nor keeps a follower
+    /// from taking over, nor raises the term the next claim takes.
     pub fn handle_router_beat(&mut self, now: Instant, beat: &RouterBeat) {
         if beat.queue != self.queue || beat.claim.peer == self.me {
             return;
@@ -360,31 +375,31 @@ impl Router {
         {
             return; // stale or replayed
         }
+        let first_of_claim = self
+            .best_beat
+            .as_ref()
+            .is_none_or(|(best, _)| *best != beat.claim);
         self.best_beat = Some((beat.claim.clone(), beat.counter));
-        if self.effective().is_none_or(|e| beat.claim >= *e) {
-            self.heard_at = now;
-            if beat.handover.as_ref() == Some(&self.me)
-                && self.role == Role::Follower
-                && !self.handed
-            {
-                // A planned stop: the router names this node its successor.
-                self.handed = true;
-                self.events.push_back(Event::HandedOver {
-                    from: beat.claim.clone(),
-                });
+        match self.effective() {
+            Some(e) if *e == beat.claim => {
+                self.heard_at = now;
+                if beat.handover.as_ref() == Some(&self.me)
+                    && self.role == Role::Follower
+                    && !self.handed
+                {
+                    // A planned stop: the router names this node its successor.
+                    self.handed = true;
+                    self.events.push_back(Event::HandedOver {
+                        from: beat.claim.clone(),
+                    });
+                }
             }
-        }
-        match &self.role {
-            Role::Active { claim, .. } if beat.claim > *claim => {
-                let claim = claim.clone();
-                self.step_down(now, claim, beat.claim.clone());
-            }
-            Role::Claiming { claim, .. } if beat.claim > *claim => {
-                let claim = claim.clone();
-                self.role = Role::Follower;
-                self.events.push_back(Event::ClaimLost {
-                    claim,
-                    winner: Some(beat.claim.clone()),
+            Some(e) if beat.claim < *e => {} // a deposed router that does not know it yet
+            _ if first_of_claim => {
+                self.heard_at = now;
+                self.events.push_back(Event::RejectedBeat {
+                    claim: beat.claim.clone(),
+                    reason: Rejection::NotInDocument,
                 });
             }
             _ => {}
@@ -440,12 +455,9 @@ impl Router {
                     now.saturating_duration_since(self.heard_at) >= ms(config.takeover_after_ms);
                 if (view.router.is_none() && !self.exhausted) || silent || self.handed {
                     self.handed = false;
-                    let known = view
-                        .router
-                        .iter()
-                        .chain(self.best_beat.as_ref().map(|(c, _)| c))
-                        .max()
-                        .cloned();
+                    // The term to claim follows the document's claims only: a heartbeat's claim
+                    // the document does not hold raises nothing.
+                    let known = view.router.clone();
                     let next = known
                         .as_ref()
                         .map_or(Some(1), |c| c.term.checked_add(1))

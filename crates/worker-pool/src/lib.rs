@@ -12,8 +12,8 @@
 //!
 //! # Driving a pool
 //!
-//! Feed [`Pool::handle_view`] each queue's view and [`Pool::handle_router_beat`] each router
-//! heartbeat; carry out every [`Action`] from [`Pool::poll_action`]: record a `Start` in the
+//! Feed [`Pool::handle_view`] each queue's view (the only source of its fences: router
+//! heartbeats raise none); carry out every [`Action`] from [`Pool::poll_action`]: record a `Start` in the
 //! documents and run the handler, report its end with [`Pool::handle_finished`]; record a
 //! `Finish`; broadcast a `Beat`. Call [`Pool::handle_timeout`] at [`Pool::poll_timeout`].
 //!

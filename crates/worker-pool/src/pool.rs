@@ -1,13 +1,13 @@
 //! The pool state machine: which assignments to start, refuse or mark interrupted, and the
 //! pool's heartbeat. Pure: time comes in as `now`, effects go out as [`Action`]s.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Attempt, AttemptId, AttemptOutcome, Claim, PeerId, PoolBeat, QueueConfig, QueueId, QueueView,
-    RouterBeat, RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
+    Attempt, AttemptId, AttemptOutcome, PeerId, PoolBeat, QueueConfig, QueueId, QueueView,
+    RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
 };
 
 /// A pool's fixed settings.
@@ -85,8 +85,6 @@ pub enum RunEnd {
 pub struct Pool {
     config: Config,
     slots: Vec<Option<Run>>,
-    /// The greatest router claim heard in a heartbeat, per queue.
-    fences: HashMap<QueueId, Claim>,
     /// Attempts this pool already answered (start, refusal, interruption); the view may not
     /// show the answer yet.
     answered: BTreeSet<(QueueId, TaskId, AttemptId)>,
@@ -125,7 +123,6 @@ impl Pool {
         Pool {
             config,
             slots,
-            fences: HashMap::new(),
             answered: BTreeSet::new(),
             next_beat: now,
             counter: 0,
@@ -181,22 +178,6 @@ impl Pool {
         self.end_slot(index, AttemptOutcome::Interrupted, reason, started_by)
     }
 
-    /// A router heartbeat was heard: remember the greatest claim per queue, to fence with. A
-    /// claim above [`MAX_TERM`](piecework_queue_doc::MAX_TERM) is ignored: it would fence out
-    /// every router for good.
-    pub fn handle_router_beat(&mut self, beat: &RouterBeat) {
-        if !beat.claim.is_valid() {
-            return;
-        }
-        let fence = self
-            .fences
-            .entry(beat.queue.clone())
-            .or_insert_with(|| beat.claim.clone());
-        if beat.claim > *fence {
-            *fence = beat.claim.clone();
-        }
-    }
-
     /// The queue document of `queue` changed: answer every open attempt assigned to this pool.
     ///
     /// An attempt started by an earlier incarnation of this node is marked interrupted. An
@@ -208,8 +189,8 @@ impl Pool {
     ///   never starts work assigned to its earlier life, which may have been routed again
     ///   since,
     /// - it is the task's current attempt (no attempt with a greater number exists),
-    /// - its router's claim is not below the effective router (from the view and from
-    ///   heartbeats),
+    /// - its router's claim is not below the effective router (from the view: heartbeats
+    ///   raise no fence),
     /// - this node is not stopping ([`Pool::drain`]),
     /// - no other attempt of the task is running: none open and started with the same or a
     ///   greater number, and none on this pool (an open, started attempt with a smaller number
@@ -226,12 +207,9 @@ impl Pool {
             return;
         }
         let me = &self.config.peer;
-        let fence = [view.router.as_ref(), self.fences.get(queue)]
-            .into_iter()
-            .flatten()
-            .max()
-            .cloned()
-            .filter(|_| self.fencing());
+        // Only the document raises a fence: a heartbeat's claim the document does not hold
+        // could be anything a member chose, up to the term bound.
+        let fence = view.router.clone().filter(|_| self.fencing());
         // Forget answers the view now shows, so the set stays as small as the open attempts.
         self.answered.retain(|(q, t, a)| {
             q != queue

@@ -8,7 +8,7 @@ use automerge::transaction::Transactable;
 use automerge::{Automerge, AutomergeError, ROOT, ReadDoc};
 use piecework_queue_doc::{
     Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView,
-    RouterBeat, Submission, TaskId, TaskState, WorkerId, queue,
+    Submission, TaskId, TaskState, WorkerId, queue,
 };
 use piecework_worker_pool::{
     Action, Config, Context, HandlerError, Pool, Registry, RunEnd, execute,
@@ -203,14 +203,8 @@ fn fences_assignments_from_a_superseded_router() {
         matches!(&actions[..], [Action::Finish { outcome: AttemptOutcome::Refused, error: Some(e), .. }] if e.contains("fenced")),
         "{actions:?}"
     );
-    // A heartbeat alone fences too, before its claim reaches the document.
-    f.pool.handle_router_beat(&RouterBeat {
-        queue: qid(),
-        claim: router(3, "newer"),
-        counter: 1,
-        epoch: None,
-        handover: None,
-    });
+    // A claim that reaches the document later fences what its predecessor assigns from then.
+    queue::claim_router(&mut f.doc, &router(3, "newer"), 0).unwrap();
     f.assign(&t2, &router(2, "new"), 0);
     let actions = f.step();
     assert!(
@@ -525,23 +519,6 @@ fn assignments_written_before_incarnations_were_recorded_still_run() {
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks()[&t].attempts[0].pool_incarnation, None);
     assert_eq!(starts(&f.step()), 1);
-}
-
-#[test]
-fn a_heartbeat_beyond_max_term_does_not_fence() {
-    let mut f = Fixture::new(1, 1);
-    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
-    let t = f.submit(1);
-    f.pool.handle_router_beat(&RouterBeat {
-        queue: qid(),
-        claim: router(u64::MAX, "hostile"),
-        counter: 1,
-        epoch: None,
-        handover: None,
-    });
-    f.assign(&t, &router(1, "r"), 0);
-    let actions = f.step();
-    assert_eq!(starts(&actions), 1, "{actions:?}");
 }
 
 #[test]

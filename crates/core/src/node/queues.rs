@@ -42,9 +42,9 @@ impl Core {
                 {
                     self.stale.insert(id.clone());
                 }
+                // A sign of life for the router, nothing more: only the document deposes
+                // a router or raises a fence.
                 q.router.handle_router_beat(now.mono, &beat);
-                self.pool.handle_router_beat(&beat);
-                see(&mut self.seen, &id, &beat.claim);
             }
             Wire::Pool(beat) if beat.peer == *source => {
                 if let Some(l) = &beat.epoch
@@ -520,8 +520,6 @@ impl Core {
                 });
             }
             RouterAction::Beat(mut beat) => {
-                self.pool.handle_router_beat(&beat);
-                see(&mut self.seen, id, &beat.claim);
                 if let Some(q) = self.queues.get(id) {
                     if q.epoch > 0 {
                         beat.epoch = Some(Latest {

@@ -58,6 +58,24 @@ use super::{EPOCH_MS, End, RunRec, World};
 use crate::Violation;
 
 impl World {
+    /// Records the effective router of each of node `i`'s views, for invariant 4: the
+    /// greatest per queue.
+    pub(super) fn note_claims_held(&mut self, i: usize) {
+        let core = &self.nodes[i].core;
+        for q in core.queues() {
+            let Some(claim) = core.view(q).and_then(|v| v.router.clone()) else {
+                continue;
+            };
+            let held = self
+                .claims_held
+                .entry((i, q.clone()))
+                .or_insert_with(|| claim.clone());
+            if claim > *held {
+                *held = claim;
+            }
+        }
+    }
+
     // ----- at every run start -----
 
     /// Invariants 4, 5, 7 and 6, in that order, at the moment a worker starts a run.
@@ -69,10 +87,11 @@ impl World {
         self.runs_stay_within_the_concurrency_limit(queue, claim);
     }
 
-    /// Invariant 4: the attempt's claim is not below the greatest claim the node has seen:
-    /// in a router heartbeat the simulator delivered to it (`delivered_claims`), or as the
-    /// effective router of its view. Judged from what the simulator delivered, not from the
-    /// value the node fences with (`Core::fence`).
+    /// Invariant 4: the attempt's claim is not below the greatest claim the node's queue
+    /// documents have held: the effective router of its view now, or of any view it showed
+    /// at the end of a step before (`claims_held`). Only the document raises a fence (a
+    /// heartbeat does not), so this is judged from the documents as `QueueView` reads them,
+    /// not from the value the node fences with (`Core::fence`).
     fn no_worker_starts_below_the_greatest_claim_seen(
         &mut self,
         i: usize,
@@ -85,7 +104,7 @@ impl World {
             .view(queue)
             .and_then(|v| v.router.clone());
         let seen = self
-            .delivered_claims
+            .claims_held
             .get(&(i, queue.clone()))
             .cloned()
             .into_iter()

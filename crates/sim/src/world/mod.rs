@@ -209,10 +209,9 @@ pub(crate) struct World {
     last_state: BTreeMap<(usize, TaskId), TaskState>,
     runs: BTreeMap<TaskId, Vec<RunRec>>,
     crashes: Vec<(usize, u64)>,
-    /// The simulator's own truth for invariant 4: the greatest router claim it delivered to
-    /// each node, per queue, in a heartbeat the node accepted (from a member of the queue in
-    /// its view). A crash forgets it with the node.
-    delivered_claims: BTreeMap<(usize, QueueId), Claim>,
+    /// What invariant 4 judges from: the greatest effective router of each node's views, per
+    /// queue, as they stood at the end of each step (`World::note_claims_held`).
+    claims_held: BTreeMap<(usize, QueueId), Claim>,
     /// Assignments seen per claim (for the rate check), and when the claim last assigned.
     assigned: BTreeSet<(TaskId, u64, Claim)>,
     last_assign: BTreeMap<(QueueId, Claim), u64>,
@@ -338,7 +337,7 @@ impl World {
             last_state: BTreeMap::new(),
             runs: BTreeMap::new(),
             crashes: vec![],
-            delivered_claims: BTreeMap::new(),
+            claims_held: BTreeMap::new(),
             assigned: BTreeSet::new(),
             last_assign: BTreeMap::new(),
             activations: 0,

@@ -99,23 +99,6 @@ impl World {
         }
         let t = self.time(to);
         let peer = self.nodes[from].peer.clone();
-        // What invariant 4 judges from: the claim of a router heartbeat from a member.
-        if let Some(piecework_core::Wire::Router(beat)) = piecework_core::Wire::decode(&data)
-            && beat.claim.peer == peer
-            && beat.claim.is_valid()
-            && self.nodes[to]
-                .core
-                .view(&beat.queue)
-                .is_some_and(|v| v.members.contains_key(&peer))
-        {
-            let seen = self
-                .delivered_claims
-                .entry((to, beat.queue.clone()))
-                .or_insert_with(|| beat.claim.clone());
-            if beat.claim > *seen {
-                *seen = beat.claim.clone();
-            }
-        }
         self.nodes[to].core.handle_gossip(t, &topic, &peer, &data);
         self.drive(to);
     }

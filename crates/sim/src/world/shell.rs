@@ -58,6 +58,7 @@ impl World {
                 break;
             }
         }
+        self.note_claims_held(i);
         let next = self.nodes[i].core.poll_timeout();
         let n = &mut self.nodes[i];
         n.timer_generation += 1;
