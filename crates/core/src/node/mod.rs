@@ -23,10 +23,10 @@ use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::wire::Ask;
 use crate::{
-    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT,
-    Io, LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT,
-    Reply, Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running,
-    SAVE_RETRY, SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, queue_doc, task_doc,
+    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, Io,
+    MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply, Retired, Rotate,
+    RotateId, RotateWork, RunId, RunRequest, RunResult, Running, SaveId, Saved, Status, Successor,
+    TaskRunEnd, Time, Wire, queue_doc, task_doc,
 };
 
 mod carry;
@@ -47,7 +47,6 @@ mod switch;
 mod waiters;
 mod writes;
 
-use evict::*;
 use queue_state::*;
 use state::*;
 use statuses::*;
@@ -283,20 +282,12 @@ impl Core {
 
     /// The sizes of the core's collections, for tests that check they stay bounded.
     pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
-        BTreeMap::from([
+        let mut sizes = BTreeMap::from([
             ("queues", self.queues.len()),
             ("connected", self.members.connected_count()),
-            ("loads", self.docs.loads.len()),
-            ("load_retries", self.docs.load_retries.len()),
             ("stale", self.stale.len()),
-            (
-                "doc_waiters",
-                self.docs.waiters.values().map(Vec::len).sum(),
-            ),
-            ("join_retries", self.docs.join_retries.len()),
             ("task_waiters", self.lookup.waiters.len()),
             ("submit_waits", self.submits.waits.len()),
-            ("to_evict", self.docs.to_evict.len()),
             ("runs", self.runs.live.len()),
             ("loaded", self.replica.loaded()),
             ("epoch_docs", self.epochs.docs.len()),
@@ -311,7 +302,9 @@ impl Core {
             ("rotating", self.epochs.rotating.len()),
             ("retired_task_docs", self.retention.len().0),
             ("retired_epochs", self.retention.len().1),
-        ])
+        ]);
+        sizes.extend(self.docs.sizes());
+        sizes
     }
 
     /// The node's advertised addresses changed: record them in every joined queue.
@@ -358,7 +351,7 @@ impl Core {
                     .insert((qid.clone(), t.id.clone(), t.last_n()));
             }
         }
-        for w in std::mem::take(&mut self.docs.join_retries) {
+        for w in self.docs.take_join_retries() {
             if let DocWaiter::Join { id, .. } = &w
                 && let Some(doc) = queue_doc(id)
             {
@@ -475,9 +468,10 @@ impl Core {
                 .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
                 .min(),
             self.saves.poll_timeout(),
-            self.docs.load_retries.first().map(|(at, _)| *at),
+            self.docs.next_retry(),
             self.replica.poll_timeout(),
-            self.docs.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
+            self.docs.next_eviction(),
+            self.docs.next_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -516,32 +510,12 @@ impl Core {
         for w in &self.lookup.waiters {
             earliest(w.until);
         }
-        for ws in self.docs.waiters.values() {
-            for w in ws {
-                match w {
-                    DocWaiter::Join { deadline, .. } => {
-                        earliest((*deadline).min(self.docs.next_join_ask));
-                    }
-                    DocWaiter::Status { deadline, .. } => earliest(*deadline),
-                    DocWaiter::Start { .. }
-                    | DocWaiter::Revive { .. }
-                    | DocWaiter::Write
-                    | DocWaiter::Epoch { .. }
-                    | DocWaiter::Resume { .. } => {}
-                }
-            }
-        }
         for q in self.queues.values() {
             // A dirty one stays until it is carried (then clean, and timed again).
             for (d, sealed) in &q.sealed {
                 if *d != q.root && !sealed.dirty {
                     earliest(sealed.since + self.config.epoch_retain);
                 }
-            }
-        }
-        for w in &self.docs.join_retries {
-            if let DocWaiter::Join { deadline, .. } = w {
-                earliest((*deadline).min(self.docs.next_join_ask));
             }
         }
         t
@@ -602,11 +576,7 @@ impl Core {
         }
         self.expire_frozen(now);
         self.interrupt_at_grace(now);
-        while let Some((at, doc)) = self.docs.load_retries.first().cloned() {
-            if at > now.mono {
-                break;
-            }
-            self.docs.load_retries.pop_first();
+        for doc in self.docs.retries_due(now.mono) {
             self.io.push_back(Io::Load { doc });
         }
         let mut rounds = 0;

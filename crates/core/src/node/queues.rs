@@ -278,7 +278,7 @@ impl Core {
                 retired.push(td.clone());
             }
             // Live or final, a task's document leaves memory once saved and idle.
-            self.docs.to_evict.insert_if_absent(td, now.mono);
+            self.docs.may_evict(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
@@ -381,7 +381,7 @@ impl Core {
         }
         for t in old.difference(&window) {
             if let Some(doc) = task_doc(t) {
-                self.docs.to_evict.insert_if_absent(doc, now.mono);
+                self.docs.may_evict(doc, now.mono);
             }
         }
         self.prefetch.insert(id.clone(), window);

@@ -318,7 +318,7 @@ impl Core {
                     },
                 );
             }
-            self.docs.to_evict.insert_if_absent(doc, now.mono);
+            self.docs.may_evict(doc, now.mono);
             self.events.push_back(Event::Epoch {
                 queue: id,
                 event: EpochEvent::Evicted { epoch: epoch_no },

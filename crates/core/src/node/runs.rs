@@ -370,9 +370,7 @@ impl Core {
                 }
                 let waits = self
                     .docs
-                    .waiters
-                    .get(&doc)
-                    .is_some_and(|ws| ws.iter().any(|w| matches!(w, DocWaiter::Write)));
+                    .is_awaited_by(&doc, |w| matches!(w, DocWaiter::Write));
                 self.runs.task_writes.insert(doc.clone(), w);
                 if !waits {
                     self.wait_for(now, &doc, DocWaiter::Write);
@@ -434,9 +432,8 @@ impl Core {
             });
             return;
         }
-        let waiting = self.docs.waiters.get(&doc).is_some_and(|ws| {
-            ws.iter()
-                .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. }))
+        let waiting = self.docs.is_awaited_by(&doc, |w| {
+            matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. })
         });
         if !waiting {
             self.wait_for(now, &doc, DocWaiter::Revive { queue, task, n });

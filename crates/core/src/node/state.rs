@@ -13,46 +13,13 @@ use piecework_replica::DocId;
 
 use crate::{CommandId, RotateId, RunId, RunRequest, Running};
 
-use super::evict::EvictQueue;
 use super::queue_state::{CARRY_PER_TURN, Rotating};
-use super::waiters::{Asking, DocWaiter, SubmitWait, TaskWaiter};
+use super::waiters::{Asking, SubmitWait, TaskWaiter};
 use super::writes::{PendingAttempt, TaskWrites};
 
-/// Documents being loaded, waited for, or waiting to leave memory.
-#[derive(Debug)]
-pub(super) struct Documents {
-    /// Load attempts per document being loaded (retried on failure). Bounded by the replica's
-    /// loads (`piecework_replica::MAX_PENDING_LOADS` for peers' messages, plus this node's own
-    /// fetches, which its waiters bound).
-    pub(super) loads: BTreeMap<DocId, u32>,
-    /// Failed loads to retry, by when: a subset of `loads`.
-    pub(super) load_retries: BTreeSet<(Instant, DocId)>,
-    /// Requests parked on a document: at most [`crate::MAX_WAITERS`], plus one start per
-    /// worker.
-    pub(super) waiters: BTreeMap<DocId, Vec<DocWaiter>>,
-    /// Joins that found no peer with the queue yet: retried when a peer connects, answered at
-    /// their deadline. Counted in [`crate::MAX_WAITERS`].
-    pub(super) join_retries: Vec<DocWaiter>,
-    /// When the joins still waiting ask the peers again
-    /// ([`super::waiters::JOIN_ASK_EVERY`]).
-    pub(super) next_join_ask: Instant,
-    /// Documents that may leave memory once saved and unused, and from when: at most the
-    /// loaded documents (an entry whose document is gone is dropped).
-    pub(super) to_evict: EvictQueue,
-}
+mod documents;
 
-impl Documents {
-    pub(super) fn new(now: Instant) -> Self {
-        Documents {
-            loads: BTreeMap::new(),
-            load_retries: BTreeSet::new(),
-            waiters: BTreeMap::new(),
-            join_retries: vec![],
-            next_join_ask: now,
-            to_evict: EvictQueue::default(),
-        }
-    }
-}
+pub(super) use documents::Documents;
 
 /// The peers this node is connected to, and what it tells them of itself. A sub-machine: its
 /// fields are its own; the turn tells it of connections and addresses and asks it whether a

@@ -30,20 +30,9 @@ impl Core {
         }
         // Starts waiting for their task's document will not run here: refused, so that the
         // router routes them elsewhere at once.
-        let mut refused = Vec::new();
-        for ws in self.docs.waiters.values_mut() {
-            ws.retain(|w| match w {
-                DocWaiter::Start { run, .. } => {
-                    refused.push(run.worker.index);
-                    false
-                }
-                _ => true,
-            });
-        }
-        self.docs.waiters.retain(|_, ws| !ws.is_empty());
-        for index in refused {
+        for run in self.docs.take_starts() {
             self.pool
-                .handle_start_failed(index, "the worker's node is stopping".into());
+                .handle_start_failed(run.worker.index, "the worker's node is stopping".into());
         }
         // At most as long as any wait (an hour): no deadline overflows the clock.
         let grace_until = now.mono + grace.min(MAX_WAIT);

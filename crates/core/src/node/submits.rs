@@ -156,7 +156,7 @@ impl Core {
             );
             self.saves.changed(&tdoc);
             // Leaves memory once saved and idle (it is read again when a run starts).
-            self.docs.to_evict.insert_if_absent(tdoc.clone(), now.mono);
+            self.docs.may_evict(tdoc.clone(), now.mono);
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
@@ -280,7 +280,7 @@ impl Core {
     pub(super) fn release_acking(&mut self, now: Time, w: &SubmitWait) {
         for (d, _, _) in &w.tasks {
             self.submits.acking.remove(d);
-            self.docs.to_evict.insert_if_absent(d.clone(), now.mono);
+            self.docs.may_evict(d.clone(), now.mono);
         }
     }
 }
