@@ -61,7 +61,7 @@ impl Core {
 
     /// The answer to [`Io::Save`].
     pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         match self
             .saves
             .handle_saved(now.mono, id, result, &mut self.replica)
@@ -339,7 +339,7 @@ impl Core {
         self.runs.live.values().any(|r| r.run.task == task)
             || self.lookup.waiters.iter().any(|w| w.task == task)
             || self.runs.task_writes.contains_key(doc)
-            || self.submits.acking.contains(doc)
+            || self.submits.holds(doc)
             || self.prefetch.values().any(|p| p.contains(&task))
     }
 

@@ -287,7 +287,7 @@ impl Core {
             ("connected", self.members.connected_count()),
             ("stale", self.stale.len()),
             ("task_waiters", self.lookup.waiters.len()),
-            ("submit_waits", self.submits.waits.len()),
+            ("submit_waits", self.submits.waiting()),
             ("runs", self.runs.live.len()),
             ("loaded", self.replica.loaded()),
             ("epoch_docs", self.epochs.docs.len()),
@@ -321,7 +321,7 @@ impl Core {
 
     /// A sync stream to `peer` opened: start syncing with it.
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         self.members.connected(peer.clone());
         for q in self.queues.values_mut() {
             if q.view.members.contains_key(&peer) {
@@ -364,7 +364,7 @@ impl Core {
     /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
     /// starts over).
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         self.members.disconnected(peer);
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
@@ -392,7 +392,7 @@ impl Core {
 
     /// A frame from `peer`'s sync stream (the transport authenticated the peer).
     pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         if Ask::is_ask(frame) {
             match Ask::decode(frame) {
                 Some(ask) => self.handle_ask(peer, ask),
@@ -482,7 +482,7 @@ impl Core {
                 earliest(r);
             }
         }
-        if let Some(d) = self.submits.deadline {
+        if let Some(d) = self.submits.deadline() {
             earliest(d);
         }
         if let Some(d) = self.lookup.asks.values().map(|a| a.deadline).min() {

@@ -14,12 +14,14 @@ use piecework_replica::DocId;
 use crate::{CommandId, RotateId, RunId, RunRequest, Running};
 
 use super::queue_state::{CARRY_PER_TURN, Rotating};
-use super::waiters::{Asking, SubmitWait, TaskWaiter};
+use super::waiters::{Asking, TaskWaiter};
 use super::writes::{PendingAttempt, TaskWrites};
 
 mod documents;
+mod submits;
 
 pub(super) use documents::Documents;
+pub(super) use submits::Submits;
 
 /// The peers this node is connected to, and what it tells them of itself. A sub-machine: its
 /// fields are its own; the turn tells it of connections and addresses and asks it whether a
@@ -100,21 +102,6 @@ impl Members {
         self.next_dial = now + every;
         true
     }
-}
-
-/// Submits waiting to be acknowledged.
-#[derive(Debug, Default)]
-pub(super) struct Submits {
-    /// Submits waiting for durability and replication: at most
-    /// [`crate::MAX_PENDING_SUBMITS`].
-    pub(super) waits: Vec<SubmitWait>,
-    /// The task documents of `waits`: kept in memory until their submit is answered (a
-    /// document that left memory is no longer synced, so no peer would acknowledge it).
-    pub(super) acking: BTreeSet<DocId>,
-    /// Something that can answer a submit wait happened since the waits were last checked.
-    pub(super) dirty: bool,
-    /// The earliest deadline of a durable submit that waits only for a peer to hold it.
-    pub(super) deadline: Option<Instant>,
 }
 
 /// Status requests that wait, and members' questions.
