@@ -141,15 +141,7 @@ impl Core {
     }
 
     pub(super) fn waiting(&self) -> usize {
-        self.docs.parked()
-            + self.lookup.waiters.len()
-            + self.lookup.archive.values().map(Vec::len).sum::<usize>()
-            + self
-                .lookup
-                .asks
-                .values()
-                .map(|a| a.cmds.len())
-                .sum::<usize>()
+        self.docs.parked() + self.lookup.waiting()
     }
 
     /// A document this node waited for is loaded.
@@ -290,20 +282,8 @@ impl Core {
     }
 
     pub(super) fn expire_doc_waiters(&mut self, now: Time) {
-        let late: Vec<TaskId> = self
-            .lookup
-            .asks
-            .iter()
-            .filter(|(_, a)| now.mono >= a.deadline)
-            .map(|(t, _)| t.clone())
-            .collect();
-        for task in late {
-            if let Some(a) = self.lookup.asks.remove(&task) {
-                for cmd in a.cmds {
-                    let r = Err(TaskError::NotFound(task.clone()));
-                    self.replies.push_back((cmd, Reply::Task(Box::new(r))));
-                }
-            }
+        for (task, cmds) in self.lookup.expire_questions(now.mono) {
+            self.not_found(&task, cmds);
         }
         for w in self.docs.expire(now.mono) {
             match w {
@@ -337,7 +317,7 @@ impl Core {
         // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
         self.runs.live.values().any(|r| r.run.task == task)
-            || self.lookup.waiters.iter().any(|w| w.task == task)
+            || self.lookup.waits_on(&task)
             || self.runs.task_writes.contains_key(doc)
             || self.submits.holds(doc)
             || self.prefetch.values().any(|p| p.contains(&task))

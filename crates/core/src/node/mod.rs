@@ -286,7 +286,7 @@ impl Core {
             ("queues", self.queues.len()),
             ("connected", self.members.connected_count()),
             ("stale", self.stale.len()),
-            ("task_waiters", self.lookup.waiters.len()),
+            ("task_waiters", self.lookup.task_waits()),
             ("submit_waits", self.submits.waiting()),
             ("runs", self.runs.live.len()),
             ("loaded", self.replica.loaded()),
@@ -368,12 +368,8 @@ impl Core {
         self.members.disconnected(peer);
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
-        let tasks: Vec<TaskId> = self.lookup.asks.keys().cloned().collect();
-        for task in tasks {
-            self.not_answered(&task, peer);
-        }
-        for peers in self.lookup.for_peers.values_mut() {
-            peers.remove(peer);
+        for (task, cmds) in self.lookup.peer_gone(peer) {
+            self.not_found(&task, cmds);
         }
         self.turn(now);
     }
@@ -485,7 +481,7 @@ impl Core {
         if let Some(d) = self.submits.deadline() {
             earliest(d);
         }
-        if let Some(d) = self.lookup.asks.values().map(|a| a.deadline).min() {
+        if let Some(d) = self.lookup.next_deadline() {
             earliest(d);
         }
         if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
@@ -506,9 +502,6 @@ impl Core {
             if let Some(d) = r.last {
                 earliest(d);
             }
-        }
-        for w in &self.lookup.waiters {
-            earliest(w.until);
         }
         for q in self.queues.values() {
             // A dirty one stays until it is carried (then clean, and timed again).

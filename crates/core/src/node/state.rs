@@ -11,16 +11,17 @@ use std::time::Instant;
 use piecework_queue_doc::{AttemptId, Output, PeerId, QueueId, TaskId};
 use piecework_replica::DocId;
 
-use crate::{CommandId, RotateId, RunId, RunRequest, Running};
+use crate::{RotateId, RunId, RunRequest, Running};
 
 use super::queue_state::{CARRY_PER_TURN, Rotating};
-use super::waiters::{Asking, TaskWaiter};
 use super::writes::{PendingAttempt, TaskWrites};
 
 mod documents;
+mod lookups;
 mod submits;
 
 pub(super) use documents::Documents;
+pub(super) use lookups::{Lookups, PeerLookup};
 pub(super) use submits::Submits;
 
 /// The peers this node is connected to, and what it tells them of itself. A sub-machine: its
@@ -102,22 +103,6 @@ impl Members {
         self.next_dial = now + every;
         true
     }
-}
-
-/// Status requests that wait, and members' questions.
-#[derive(Debug, Default)]
-pub(super) struct Lookups {
-    /// `task status --wait` requests: counted in [`crate::MAX_WAITERS`], each with a
-    /// deadline.
-    pub(super) waiters: Vec<TaskWaiter>,
-    /// Status requests waiting for an archive lookup, by task: counted in
-    /// [`crate::MAX_WAITERS`].
-    pub(super) archive: BTreeMap<TaskId, Vec<(CommandId, Option<Instant>)>>,
-    /// Status requests asked of the members, by task: counted in [`crate::MAX_WAITERS`].
-    pub(super) asks: BTreeMap<TaskId, Asking>,
-    /// Members' questions waiting for an archive lookup, by task: at most
-    /// [`super::waiters::MAX_PEER_LOOKUPS`].
-    pub(super) for_peers: BTreeMap<TaskId, BTreeSet<PeerId>>,
 }
 
 /// Final statuses of inline tasks: to archive, and the latest archived. A sub-machine: its
