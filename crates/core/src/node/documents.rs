@@ -242,7 +242,7 @@ impl Core {
                     }
                 }
                 DocWaiter::Write => {
-                    if self.runs.task_writes.remove(doc).is_some() {
+                    if self.runs.drop_task_writes(doc) {
                         tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
                     }
                 }
@@ -316,9 +316,9 @@ impl Core {
         // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
         // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
-        self.runs.live.values().any(|r| r.run.task == task)
+        self.runs.runs_task(&task)
             || self.lookup.waits_on(&task)
-            || self.runs.task_writes.contains_key(doc)
+            || self.runs.writes_to(doc)
             || self.submits.holds(doc)
             || self.prefetch.values().any(|p| p.contains(&task))
     }

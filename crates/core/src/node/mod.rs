@@ -25,8 +25,8 @@ use crate::wire::Ask;
 use crate::{
     BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, Io,
     MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply, Retired, Rotate,
-    RotateId, RotateWork, RunId, RunRequest, RunResult, Running, SaveId, Saved, Status, Successor,
-    TaskRunEnd, Time, Wire, queue_doc, task_doc,
+    RotateId, RotateWork, RunId, RunResult, Running, SaveId, Saved, Status, Successor, TaskRunEnd,
+    Time, Wire, queue_doc, task_doc,
 };
 
 mod carry;
@@ -277,7 +277,7 @@ impl Core {
 
     /// Runs in flight.
     pub fn running(&self) -> usize {
-        self.runs.live.len()
+        self.runs.running()
     }
 
     /// The sizes of the core's collections, for tests that check they stay bounded.
@@ -288,7 +288,7 @@ impl Core {
             ("stale", self.stale.len()),
             ("task_waiters", self.lookup.task_waits()),
             ("submit_waits", self.submits.waiting()),
-            ("runs", self.runs.live.len()),
+            ("runs", self.runs.running()),
             ("loaded", self.replica.loaded()),
             ("epoch_docs", self.epochs.docs.len()),
             ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
@@ -347,8 +347,7 @@ impl Core {
         for (qid, q) in &self.queues {
             for t in q.view.input_unavailable() {
                 self.runs
-                    .to_revive
-                    .insert((qid.clone(), t.id.clone(), t.last_n()));
+                    .revive_later(qid.clone(), t.id.clone(), t.last_n());
             }
         }
         for w in self.docs.take_join_retries() {
@@ -485,7 +484,7 @@ impl Core {
             earliest(d);
         }
         if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
-            if !self.runs.live.is_empty() {
+            if self.runs.running() > 0 {
                 earliest(s.grace_until);
             }
             earliest(s.flush_until);
@@ -583,7 +582,7 @@ impl Core {
             for id in &ids {
                 self.epoch_work(now, id);
             }
-            for (queue, task, n) in std::mem::take(&mut self.runs.to_revive) {
+            for (queue, task, n) in self.runs.take_to_revive() {
                 self.revive(now, queue, task, n);
             }
             for q in self.queues.values_mut() {

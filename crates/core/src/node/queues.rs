@@ -242,9 +242,7 @@ impl Core {
             if state == TaskState::InputUnavailable
                 && old.task(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
             {
-                self.runs
-                    .to_revive
-                    .insert((id.clone(), tid.clone(), t.last_n()));
+                self.runs.revive_later(id.clone(), tid.clone(), t.last_n());
             }
             let final_now = state.is_final();
             let before = old.task(tid).map(|o| o.state().is_final());
@@ -414,7 +412,7 @@ impl Core {
             urgent: Some(t.urgent),
             max_attempts: Some(t.max_attempts),
         };
-        self.runs.task_writes.entry(td.clone()).or_default().summary = Some(summary);
+        self.runs.record_summary(td.clone(), summary);
     }
 
     /// Carries out the routers' and the pool's actions; true if there were any.

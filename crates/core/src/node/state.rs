@@ -8,20 +8,21 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
-use piecework_queue_doc::{AttemptId, Output, PeerId, QueueId, TaskId};
+use piecework_queue_doc::{PeerId, QueueId, TaskId};
 use piecework_replica::DocId;
 
-use crate::{RotateId, RunId, RunRequest, Running};
+use crate::RotateId;
 
 use super::queue_state::{CARRY_PER_TURN, Rotating};
-use super::writes::{PendingAttempt, TaskWrites};
 
 mod documents;
 mod lookups;
+mod runs;
 mod submits;
 
 pub(super) use documents::Documents;
 pub(super) use lookups::{Lookups, PeerLookup};
+pub(super) use runs::Runs;
 pub(super) use submits::Submits;
 
 /// The peers this node is connected to, and what it tells them of itself. A sub-machine: its
@@ -152,31 +153,6 @@ impl Archive {
         }
         records
     }
-}
-
-/// This node's runs and the writes they make.
-#[derive(Debug, Default)]
-pub(super) struct Runs {
-    /// Runs in flight, by id: at most one per worker.
-    pub(super) live: BTreeMap<RunId, Running>,
-    /// Runs begun this turn, handed to the driver at its end.
-    pub(super) starting: Vec<RunRequest>,
-    /// The last run id given.
-    pub(super) next: u64,
-    /// Starts and ends of attempts not yet written, per queue, in the order they happened:
-    /// written as one change per queue document when the turn's actions are drained. At most
-    /// one start and one end per worker.
-    pub(super) attempt_writes: BTreeMap<QueueId, Vec<PendingAttempt>>,
-    /// Run records and final summaries not yet written, per task document: written as one
-    /// change per document at the end of the turn. At most one run per worker plus the tasks
-    /// that became final in this turn.
-    pub(super) task_writes: BTreeMap<DocId, TaskWrites>,
-    /// What the runs of inline tasks produced, from their end until the pool's finish writes
-    /// it with the end: at most one per worker.
-    pub(super) outputs: BTreeMap<(TaskId, AttemptId), Output>,
-    /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
-    /// most the tasks indexed in that state, drained every turn.
-    pub(super) to_revive: BTreeSet<(QueueId, TaskId, u64)>,
 }
 
 /// The epochs of this node's queues: the documents it holds and the work in flight.
