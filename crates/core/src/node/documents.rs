@@ -106,7 +106,7 @@ impl Core {
     /// A document changed (here or from a peer): save it, and refresh its queue's view.
     pub(super) fn changed(&mut self, doc: &DocId) {
         self.saves.changed(doc);
-        let Some(id) = self.epochs.docs.get(doc) else {
+        let Some(id) = self.epochs.queue_of(doc) else {
             return;
         };
         if let Some(q) = self.queues.get_mut(id) {
@@ -306,10 +306,7 @@ impl Core {
     /// one a request waits on, or one a run of this node uses.
     pub(super) fn is_live(&self, doc: &DocId) -> bool {
         let id = QueueId::new(doc.as_str());
-        if self.queues.contains_key(&id)
-            || self.epochs.docs.contains_key(doc)
-            || self.docs.is_awaited(doc)
-        {
+        if self.queues.contains_key(&id) || self.epochs.holds(doc) || self.docs.is_awaited(doc) {
             return true;
         }
         // A task's document is read when a run starts and written when it ends: a live

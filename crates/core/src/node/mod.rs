@@ -226,7 +226,7 @@ impl Core {
     /// started: what carrying late writes has cost it (a work counter; a carry costs the
     /// changes after the seal, not the epoch's history).
     pub fn carried_changes(&self) -> u64 {
-        self.epochs.carried_changes
+        self.epochs.carried_changes()
     }
 
     /// A joined queue's current epoch: its number and its document.
@@ -290,7 +290,7 @@ impl Core {
             ("submit_waits", self.submits.waiting()),
             ("runs", self.runs.running()),
             ("loaded", self.replica.loaded()),
-            ("epoch_docs", self.epochs.docs.len()),
+            ("epoch_docs", self.epochs.held()),
             ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
             (
                 "sealed_dirty",
@@ -299,7 +299,7 @@ impl Core {
                     .map(|q| q.sealed.values().filter(|s| s.dirty).count())
                     .sum(),
             ),
-            ("rotating", self.epochs.rotating.len()),
+            ("rotating", self.epochs.rotations()),
             ("retired_task_docs", self.retention.len().0),
             ("retired_epochs", self.retention.len().1),
         ]);
@@ -489,7 +489,7 @@ impl Core {
             }
             earliest(s.flush_until);
         }
-        if let Some(d) = self.epochs.carry_again {
+        if let Some(d) = self.epochs.carry_due() {
             earliest(d);
         }
         for s in self.queues.values().flat_map(|q| q.sealed.values()) {
@@ -497,10 +497,8 @@ impl Core {
                 earliest(t);
             }
         }
-        for r in self.epochs.rotating.values() {
-            if let Some(d) = r.last {
-                earliest(d);
-            }
+        if let Some(d) = self.epochs.next_rotation_deadline() {
+            earliest(d);
         }
         for q in self.queues.values() {
             // A dirty one stays until it is carried (then clean, and timed again).
@@ -558,8 +556,7 @@ impl Core {
         }
         self.replica.handle_timeout(now.mono);
         self.saves.handle_timeout(now.mono);
-        self.epochs.carry_budget = CARRY_PER_TURN;
-        self.epochs.carry_again = None;
+        self.epochs.new_turn();
         // Carries whose wait is over are due at this turn's epoch work (and no longer a timer).
         for s in self.queues.values_mut().flat_map(|q| q.sealed.values_mut()) {
             if s.retry_at.is_some_and(|t| now.mono >= t) {
@@ -602,11 +599,9 @@ impl Core {
         self.flush_task_writes(now);
         self.flush_archive();
         // Asked only of a document whose compaction is due (rarely), not for every write.
-        let (rotating, queues) = (&self.epochs.rotating, &self.queues);
-        let sealing = |d: &DocId| {
-            rotating.values().any(|r| r.prev == *d)
-                || queues.values().any(|q| q.sealed.contains_key(d))
-        };
+        let (epochs, queues) = (&self.epochs, &self.queues);
+        let sealing =
+            |d: &DocId| epochs.seals(d) || queues.values().any(|q| q.sealed.contains_key(d));
         let saves = self.saves.take_writes(&self.replica, sealing);
         for save in saves {
             self.io.push_back(Io::Save(save));

@@ -143,7 +143,7 @@ impl Core {
             topic: topic.clone(),
         });
         self.topics.insert(topic.clone(), id.clone());
-        self.epochs.docs.insert(doc.clone(), id.clone());
+        self.epochs.hold(doc.clone(), id.clone());
         let root = doc.clone();
         self.queues.insert(
             id.clone(),

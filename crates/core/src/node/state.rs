@@ -8,19 +8,16 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Instant;
 
-use piecework_queue_doc::{PeerId, QueueId, TaskId};
-use piecework_replica::DocId;
-
-use crate::RotateId;
-
-use super::queue_state::{CARRY_PER_TURN, Rotating};
+use piecework_queue_doc::{PeerId, TaskId};
 
 mod documents;
+mod epochs;
 mod lookups;
 mod runs;
 mod submits;
 
 pub(super) use documents::Documents;
+pub(super) use epochs::Epochs;
 pub(super) use lookups::{Lookups, PeerLookup};
 pub(super) use runs::Runs;
 pub(super) use submits::Submits;
@@ -152,40 +149,5 @@ impl Archive {
             }
         }
         records
-    }
-}
-
-/// The epochs of this node's queues: the documents it holds and the work in flight.
-#[derive(Debug)]
-pub(super) struct Epochs {
-    /// Every epoch document of a joined queue this node holds (current, sealed, the first),
-    /// and its queue.
-    pub(super) docs: BTreeMap<DocId, QueueId>,
-    /// Successors being built off this thread ([`crate::Io::Rotate`]): at most one per queue.
-    pub(super) rotating: BTreeMap<RotateId, Rotating>,
-    /// The last rotation id given.
-    pub(super) next_rotate: u64,
-    /// Changes of sealed documents this turn may still carry ([`CARRY_PER_TURN`]).
-    pub(super) carry_budget: usize,
-    /// Changes of sealed documents looked at by carries since start.
-    pub(super) carried_changes: u64,
-    /// Carry without the budget: what is carried now is shown in the view (a follower moving
-    /// to a successor carries its own late writes before showing it).
-    pub(super) carry_whole: bool,
-    /// A carry was left for the next turn, which is due at once.
-    pub(super) carry_again: Option<Instant>,
-}
-
-impl Default for Epochs {
-    fn default() -> Self {
-        Epochs {
-            docs: BTreeMap::new(),
-            rotating: BTreeMap::new(),
-            next_rotate: 0,
-            carry_budget: CARRY_PER_TURN,
-            carried_changes: 0,
-            carry_whole: false,
-            carry_again: None,
-        }
     }
 }
