@@ -366,12 +366,8 @@ impl Core {
                 since.extend(epoch::carried_marks(t, m));
             }
             // Within the turn's budget, unless the view shows what is carried (see
-            // `Core::carry_whole`): the rest at the next turns.
-            let limit = if self.epochs.carry_whole {
-                usize::MAX
-            } else {
-                self.epochs.carry_budget
-            };
+            // `Epochs::carry_without_budget`): the rest at the next turns.
+            let limit = self.epochs.carry_limit();
             if limit == 0 {
                 if let Some(s) = self
                     .queues
@@ -380,7 +376,7 @@ impl Core {
                 {
                     s.dirty = true;
                 }
-                self.epochs.carry_again = Some(now.mono);
+                self.epochs.carry_later(now.mono);
                 continue;
             }
             let mut others: Vec<&DocId> = vec![&from];
@@ -435,13 +431,9 @@ impl Core {
             });
             match carried.flatten() {
                 Some(Ok(c)) => {
-                    self.epochs.carried_changes += c.changes as u64;
-                    if !self.epochs.carry_whole {
-                        self.epochs.carry_budget =
-                            self.epochs.carry_budget.saturating_sub(c.changes);
-                    }
+                    self.epochs.carried(c.changes);
                     if c.more {
-                        self.epochs.carry_again = Some(now.mono);
+                        self.epochs.carry_later(now.mono);
                     }
                     if c.tasks > 0 {
                         grown.entry(into.clone()).or_default().insert(from.clone());

@@ -42,7 +42,7 @@ impl Core {
                     return;
                 }
                 let deadline = now.mono + FIND_TIMEOUT;
-                self.docs.next_join_ask = self.docs.next_join_ask.max(now.mono + JOIN_ASK_EVERY);
+                self.docs.join_begins(now.mono);
                 self.wait_for(
                     now,
                     &doc,

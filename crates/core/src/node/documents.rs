@@ -14,7 +14,7 @@ impl Core {
         doc: &DocId,
         chunks: Result<Vec<Vec<u8>>, StorageFailure>,
     ) {
-        let attempts = self.docs.loads.remove(doc).unwrap_or(0) + 1;
+        let attempts = self.docs.load_answered(doc);
         let loaded = match chunks {
             Ok(chunks) if chunks.is_empty() => None,
             Ok(chunks) => match piecework_replica::load_chunks(&chunks) {
@@ -33,11 +33,8 @@ impl Core {
                     None
                 }
             },
-            Err(e) if attempts < LOAD_ATTEMPTS => {
-                // Retry: a transient read error must not make a stored document look absent.
-                self.docs.loads.insert(doc.clone(), attempts);
-                let at = now.mono + SAVE_RETRY.saturating_mul(1 << attempts);
-                self.docs.load_retries.insert((at, doc.clone()));
+            // Retried: a transient read error must not make a stored document look absent.
+            Err(e) if self.docs.load_failed(doc, attempts, now.mono) => {
                 self.events.push_back(Event::LoadFailed {
                     doc: doc.clone(),
                     error: format!("{e} (attempt {attempts}, retrying)"),
@@ -57,14 +54,14 @@ impl Core {
         // Loaded for a peer's message (a member catching up through an old epoch), or for
         // this node: either way it leaves memory once idle, unless something holds it.
         if self.replica.is_loaded(doc) && !self.is_live(doc) {
-            self.docs.to_evict.insert_if_absent(doc.clone(), now.mono);
+            self.docs.may_evict(doc.clone(), now.mono);
         }
         self.turn(now);
     }
 
     /// The answer to [`Io::Save`].
     pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         match self
             .saves
             .handle_saved(now.mono, id, result, &mut self.replica)
@@ -89,8 +86,7 @@ impl Core {
         while let Some(ev) = self.replica.poll_event() {
             match ev {
                 ReplicaEvent::Load(doc) => {
-                    if !self.docs.loads.contains_key(&doc) {
-                        self.docs.loads.insert(doc.clone(), 0);
+                    if self.docs.load(&doc) {
                         self.io.push_back(Io::Load { doc });
                     }
                 }
@@ -110,7 +106,7 @@ impl Core {
     /// A document changed (here or from a peer): save it, and refresh its queue's view.
     pub(super) fn changed(&mut self, doc: &DocId) {
         self.saves.changed(doc);
-        let Some(id) = self.epochs.docs.get(doc) else {
+        let Some(id) = self.epochs.queue_of(doc) else {
             return;
         };
         if let Some(q) = self.queues.get_mut(id) {
@@ -140,30 +136,17 @@ impl Core {
     }
 
     pub(super) fn wait_for(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
-        self.docs
-            .waiters
-            .entry(doc.clone())
-            .or_default()
-            .push(waiter);
+        self.docs.park(doc, waiter);
         self.replica.fetch(doc, now.mono);
     }
 
     pub(super) fn waiting(&self) -> usize {
-        self.docs.waiters.values().map(Vec::len).sum::<usize>()
-            + self.docs.join_retries.len()
-            + self.lookup.waiters.len()
-            + self.lookup.archive.values().map(Vec::len).sum::<usize>()
-            + self
-                .lookup
-                .asks
-                .values()
-                .map(|a| a.cmds.len())
-                .sum::<usize>()
+        self.docs.parked() + self.lookup.waiting()
     }
 
     /// A document this node waited for is loaded.
     pub(super) fn arrived(&mut self, now: Time, doc: &DocId) {
-        let waiters = self.docs.waiters.remove(doc).unwrap_or_default();
+        let waiters = self.docs.take_waiters(doc);
         let asked = waiters
             .iter()
             .any(|w| matches!(w, DocWaiter::Status { .. }));
@@ -208,12 +191,12 @@ impl Core {
             self.replica.refresh_from_members(doc);
         }
         if !self.is_live(doc) {
-            self.docs.to_evict.insert_if_absent(doc.clone(), now.mono);
+            self.docs.may_evict(doc.clone(), now.mono);
         }
     }
 
     pub(super) fn unavailable(&mut self, now: Time, doc: &DocId) {
-        for w in self.docs.waiters.remove(doc).unwrap_or_default() {
+        for w in self.docs.take_waiters(doc) {
             match w {
                 DocWaiter::Join {
                     from_peers: true,
@@ -222,7 +205,7 @@ impl Core {
                     deadline,
                 } if now.mono < deadline => {
                     // Ask again when another peer connects; the deadline bounds it.
-                    self.docs.join_retries.push(DocWaiter::Join {
+                    self.docs.retry_join(DocWaiter::Join {
                         cmd,
                         id,
                         from_peers: true,
@@ -259,7 +242,7 @@ impl Core {
                     }
                 }
                 DocWaiter::Write => {
-                    if self.runs.task_writes.remove(doc).is_some() {
+                    if self.runs.drop_task_writes(doc) {
                         tracing::warn!(%doc, "cannot record the task's runs: its document is on no reachable member");
                     }
                 }
@@ -283,21 +266,9 @@ impl Core {
     /// Every [`JOIN_ASK_EVERY`] while joins wait: a join whose fetch still waits asks the
     /// connected peers again, and one that found no peer with the queue fetches again.
     pub(super) fn ask_joins_again(&mut self, now: Time) {
-        if now.mono < self.docs.next_join_ask {
+        let Some((fetching, retries)) = self.docs.joins_to_ask_again(now.mono) else {
             return;
-        }
-        let fetching: Vec<DocId> = self
-            .docs
-            .waiters
-            .iter()
-            .filter(|(_, ws)| ws.iter().any(|w| matches!(w, DocWaiter::Join { .. })))
-            .map(|(d, _)| d.clone())
-            .collect();
-        let retries = std::mem::take(&mut self.docs.join_retries);
-        if fetching.is_empty() && retries.is_empty() {
-            return;
-        }
-        self.docs.next_join_ask = now.mono + JOIN_ASK_EVERY;
+        };
         for doc in fetching {
             self.replica.ask_again(&doc);
         }
@@ -311,44 +282,10 @@ impl Core {
     }
 
     pub(super) fn expire_doc_waiters(&mut self, now: Time) {
-        let late: Vec<TaskId> = self
-            .lookup
-            .asks
-            .iter()
-            .filter(|(_, a)| now.mono >= a.deadline)
-            .map(|(t, _)| t.clone())
-            .collect();
-        for task in late {
-            if let Some(a) = self.lookup.asks.remove(&task) {
-                for cmd in a.cmds {
-                    let r = Err(TaskError::NotFound(task.clone()));
-                    self.replies.push_back((cmd, Reply::Task(Box::new(r))));
-                }
-            }
+        for (task, cmds) in self.lookup.expire_questions(now.mono) {
+            self.not_found(&task, cmds);
         }
-        let expired = |w: &DocWaiter| match w {
-            DocWaiter::Join { deadline, .. } | DocWaiter::Status { deadline, .. } => {
-                now.mono >= *deadline
-            }
-            DocWaiter::Start { .. }
-            | DocWaiter::Revive { .. }
-            | DocWaiter::Epoch { .. }
-            | DocWaiter::Resume { .. }
-            | DocWaiter::Write => false,
-        };
-        let mut gone = vec![];
-        for ws in self.docs.waiters.values_mut() {
-            let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(ws).into_iter().partition(expired);
-            *ws = keep;
-            gone.extend(old);
-        }
-        self.docs.waiters.retain(|_, ws| !ws.is_empty());
-        let (old, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.docs.join_retries)
-            .into_iter()
-            .partition(expired);
-        self.docs.join_retries = keep;
-        gone.extend(old);
-        for w in gone {
+        for w in self.docs.expire(now.mono) {
             match w {
                 DocWaiter::Join { cmd, id, .. } => self
                     .replies
@@ -369,43 +306,40 @@ impl Core {
     /// one a request waits on, or one a run of this node uses.
     pub(super) fn is_live(&self, doc: &DocId) -> bool {
         let id = QueueId::new(doc.as_str());
-        if self.queues.contains_key(&id)
-            || self.epochs.docs.contains_key(doc)
-            || self.docs.waiters.contains_key(doc)
-        {
+        if self.queues.contains_key(&id) || self.epochs.holds(doc) || self.docs.is_awaited(doc) {
             return true;
         }
         // A task's document is read when a run starts and written when it ends: a live
         // task's stays on disk until then (an Automerge document costs some 10 KiB of memory
         // even when empty; ten thousand pending tasks would hold 200 MB).
         let task = TaskId::new(doc.as_str());
-        self.runs.live.values().any(|r| r.run.task == task)
-            || self.lookup.waiters.iter().any(|w| w.task == task)
-            || self.runs.task_writes.contains_key(doc)
-            || self.submits.acking.contains(doc)
+        self.runs.runs_task(&task)
+            || self.lookup.waits_on(&task)
+            || self.runs.writes_to(doc)
+            || self.submits.holds(doc)
             || self.prefetch.values().any(|p| p.contains(&task))
     }
 
     /// Drops documents that are saved, unused and idle for [`IDLE_EVICT`] from memory.
     pub(super) fn evict(&mut self, now: Time) {
         self.retire_epochs(now);
-        let due = self.docs.to_evict.due(now.mono, IDLE_EVICT, MAX_IDLE_DOCS);
+        let due = self.docs.evictions_due(now.mono);
         for doc in due {
             if !self.replica.is_loaded(&doc) {
-                self.docs.to_evict.remove(&doc);
+                self.docs.not_evicting(&doc);
                 self.saves.forget(&doc);
                 continue;
             }
             if self.is_live(&doc) {
-                self.docs.to_evict.remove(&doc);
+                self.docs.not_evicting(&doc);
                 continue;
             }
             if self.saves.is_clean(&doc) && self.replica.evict(&doc) {
-                self.docs.to_evict.remove(&doc);
+                self.docs.not_evicting(&doc);
                 self.saves.forget(&doc);
             } else {
                 // Not saved yet: look again after another idle period.
-                self.docs.to_evict.set(doc, now.mono);
+                self.docs.evict_later(doc, now.mono);
             }
         }
         self.delete_retired();
@@ -447,7 +381,7 @@ impl Core {
                     continue;
                 }
                 let in_memory = self.replica.is_loaded(&doc);
-                if self.docs.loads.contains_key(&doc)
+                if self.docs.is_loading(&doc)
                     || !self.saves.is_clean(&doc)
                     || (in_memory && (self.is_live(&doc) || !self.replica.evict(&doc)))
                 {
@@ -455,7 +389,7 @@ impl Core {
                 }
                 self.retention.deleted(&doc);
                 self.saves.forget(&doc);
-                self.docs.to_evict.remove(&doc);
+                self.docs.not_evicting(&doc);
                 self.io.push_back(Io::Delete { doc });
                 deleted = true;
             }

@@ -185,10 +185,10 @@ impl Core {
                 _ if q.priming.as_ref() == Some(&to) => switched = false,
                 _ => {
                     if let Some(copy) = self.replica.get(&to).map(|d| Box::new(d.clone())) {
-                        self.epochs.next_rotate += 1;
+                        let rid = self.epochs.next_rotate_id();
                         q.priming = Some(to.clone());
                         self.io.push_back(Io::Rotate(Box::new(Rotate {
-                            id: RotateId(self.epochs.next_rotate),
+                            id: rid,
                             old: copy,
                             work: RotateWork::Read {
                                 queue: id.clone(),
@@ -208,9 +208,9 @@ impl Core {
             self.switch_epoch(now, id, to.clone(), epoch_no, cache, false);
             // Before the view moves: what the old view showed is in the new document as soon
             // as it is shown.
-            self.epochs.carry_whole = true;
+            self.epochs.carry_without_budget();
             self.carry_late(now, id);
-            self.epochs.carry_whole = false;
+            self.epochs.carry_within_budget();
         }
 
         // Documents of a losing branch (a double seal's loser and what grew from it): their
@@ -244,7 +244,7 @@ impl Core {
                     retry_at: None,
                 },
             );
-            self.epochs.docs.insert(n, id.clone());
+            self.epochs.hold(n, id.clone());
         }
         switched
     }

@@ -23,10 +23,10 @@ use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::wire::Ask;
 use crate::{
-    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, IDLE_EVICT,
-    Io, LOAD_ATTEMPTS, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT,
-    Reply, Retired, Rotate, RotateId, RotateWork, RunId, RunRequest, RunResult, Running,
-    SAVE_RETRY, SaveId, Saved, Status, Successor, TaskRunEnd, Time, Wire, queue_doc, task_doc,
+    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, Io,
+    MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply, Retired, Rotate,
+    RotateId, RotateWork, RunId, RunResult, Running, SaveId, Saved, Status, Successor, TaskRunEnd,
+    Time, Wire, queue_doc, task_doc,
 };
 
 mod carry;
@@ -47,7 +47,6 @@ mod switch;
 mod waiters;
 mod writes;
 
-use evict::*;
 use queue_state::*;
 use state::*;
 use statuses::*;
@@ -227,7 +226,7 @@ impl Core {
     /// started: what carrying late writes has cost it (a work counter; a carry costs the
     /// changes after the seal, not the epoch's history).
     pub fn carried_changes(&self) -> u64 {
-        self.epochs.carried_changes
+        self.epochs.carried_changes()
     }
 
     /// A joined queue's current epoch: its number and its document.
@@ -278,28 +277,20 @@ impl Core {
 
     /// Runs in flight.
     pub fn running(&self) -> usize {
-        self.runs.live.len()
+        self.runs.running()
     }
 
     /// The sizes of the core's collections, for tests that check they stay bounded.
     pub fn sizes(&self) -> BTreeMap<&'static str, usize> {
-        BTreeMap::from([
+        let mut sizes = BTreeMap::from([
             ("queues", self.queues.len()),
             ("connected", self.members.connected_count()),
-            ("loads", self.docs.loads.len()),
-            ("load_retries", self.docs.load_retries.len()),
             ("stale", self.stale.len()),
-            (
-                "doc_waiters",
-                self.docs.waiters.values().map(Vec::len).sum(),
-            ),
-            ("join_retries", self.docs.join_retries.len()),
-            ("task_waiters", self.lookup.waiters.len()),
-            ("submit_waits", self.submits.waits.len()),
-            ("to_evict", self.docs.to_evict.len()),
-            ("runs", self.runs.live.len()),
+            ("task_waiters", self.lookup.task_waits()),
+            ("submit_waits", self.submits.waiting()),
+            ("runs", self.runs.running()),
             ("loaded", self.replica.loaded()),
-            ("epoch_docs", self.epochs.docs.len()),
+            ("epoch_docs", self.epochs.held()),
             ("sealed", self.queues.values().map(|q| q.sealed.len()).sum()),
             (
                 "sealed_dirty",
@@ -308,10 +299,12 @@ impl Core {
                     .map(|q| q.sealed.values().filter(|s| s.dirty).count())
                     .sum(),
             ),
-            ("rotating", self.epochs.rotating.len()),
+            ("rotating", self.epochs.rotations()),
             ("retired_task_docs", self.retention.len().0),
             ("retired_epochs", self.retention.len().1),
-        ])
+        ]);
+        sizes.extend(self.docs.sizes());
+        sizes
     }
 
     /// The node's advertised addresses changed: record them in every joined queue.
@@ -328,7 +321,7 @@ impl Core {
 
     /// A sync stream to `peer` opened: start syncing with it.
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         self.members.connected(peer.clone());
         for q in self.queues.values_mut() {
             if q.view.members.contains_key(&peer) {
@@ -354,11 +347,10 @@ impl Core {
         for (qid, q) in &self.queues {
             for t in q.view.input_unavailable() {
                 self.runs
-                    .to_revive
-                    .insert((qid.clone(), t.id.clone(), t.last_n()));
+                    .revive_later(qid.clone(), t.id.clone(), t.last_n());
             }
         }
-        for w in std::mem::take(&mut self.docs.join_retries) {
+        for w in self.docs.take_join_retries() {
             if let DocWaiter::Join { id, .. } = &w
                 && let Some(doc) = queue_doc(id)
             {
@@ -371,16 +363,12 @@ impl Core {
     /// The sync stream to `peer` closed: forget the sync state with it (a reopened stream
     /// starts over).
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         self.members.disconnected(peer);
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
-        let tasks: Vec<TaskId> = self.lookup.asks.keys().cloned().collect();
-        for task in tasks {
-            self.not_answered(&task, peer);
-        }
-        for peers in self.lookup.for_peers.values_mut() {
-            peers.remove(peer);
+        for (task, cmds) in self.lookup.peer_gone(peer) {
+            self.not_found(&task, cmds);
         }
         self.turn(now);
     }
@@ -399,7 +387,7 @@ impl Core {
 
     /// A frame from `peer`'s sync stream (the transport authenticated the peer).
     pub fn handle_sync(&mut self, now: Time, peer: &PeerId, frame: &[u8]) {
-        self.submits.dirty = true;
+        self.submits.mark_dirty();
         if Ask::is_ask(frame) {
             match Ask::decode(frame) {
                 Some(ask) => self.handle_ask(peer, ask),
@@ -475,9 +463,10 @@ impl Core {
                 .filter_map(|q| q.asked_behind.as_ref().and_then(|(_, until)| *until))
                 .min(),
             self.saves.poll_timeout(),
-            self.docs.load_retries.first().map(|(at, _)| *at),
+            self.docs.next_retry(),
             self.replica.poll_timeout(),
-            self.docs.to_evict.next_due(IDLE_EVICT, MAX_IDLE_DOCS),
+            self.docs.next_eviction(),
+            self.docs.next_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -488,19 +477,19 @@ impl Core {
                 earliest(r);
             }
         }
-        if let Some(d) = self.submits.deadline {
+        if let Some(d) = self.submits.deadline() {
             earliest(d);
         }
-        if let Some(d) = self.lookup.asks.values().map(|a| a.deadline).min() {
+        if let Some(d) = self.lookup.next_deadline() {
             earliest(d);
         }
         if let Some(s) = self.stopping.as_ref().filter(|s| !s.answered) {
-            if !self.runs.live.is_empty() {
+            if self.runs.running() > 0 {
                 earliest(s.grace_until);
             }
             earliest(s.flush_until);
         }
-        if let Some(d) = self.epochs.carry_again {
+        if let Some(d) = self.epochs.carry_due() {
             earliest(d);
         }
         for s in self.queues.values().flat_map(|q| q.sealed.values()) {
@@ -508,28 +497,8 @@ impl Core {
                 earliest(t);
             }
         }
-        for r in self.epochs.rotating.values() {
-            if let Some(d) = r.last {
-                earliest(d);
-            }
-        }
-        for w in &self.lookup.waiters {
-            earliest(w.until);
-        }
-        for ws in self.docs.waiters.values() {
-            for w in ws {
-                match w {
-                    DocWaiter::Join { deadline, .. } => {
-                        earliest((*deadline).min(self.docs.next_join_ask));
-                    }
-                    DocWaiter::Status { deadline, .. } => earliest(*deadline),
-                    DocWaiter::Start { .. }
-                    | DocWaiter::Revive { .. }
-                    | DocWaiter::Write
-                    | DocWaiter::Epoch { .. }
-                    | DocWaiter::Resume { .. } => {}
-                }
-            }
+        if let Some(d) = self.epochs.next_rotation_deadline() {
+            earliest(d);
         }
         for q in self.queues.values() {
             // A dirty one stays until it is carried (then clean, and timed again).
@@ -537,11 +506,6 @@ impl Core {
                 if *d != q.root && !sealed.dirty {
                     earliest(sealed.since + self.config.epoch_retain);
                 }
-            }
-        }
-        for w in &self.docs.join_retries {
-            if let DocWaiter::Join { deadline, .. } = w {
-                earliest((*deadline).min(self.docs.next_join_ask));
             }
         }
         t
@@ -592,8 +556,7 @@ impl Core {
         }
         self.replica.handle_timeout(now.mono);
         self.saves.handle_timeout(now.mono);
-        self.epochs.carry_budget = CARRY_PER_TURN;
-        self.epochs.carry_again = None;
+        self.epochs.new_turn();
         // Carries whose wait is over are due at this turn's epoch work (and no longer a timer).
         for s in self.queues.values_mut().flat_map(|q| q.sealed.values_mut()) {
             if s.retry_at.is_some_and(|t| now.mono >= t) {
@@ -602,11 +565,7 @@ impl Core {
         }
         self.expire_frozen(now);
         self.interrupt_at_grace(now);
-        while let Some((at, doc)) = self.docs.load_retries.first().cloned() {
-            if at > now.mono {
-                break;
-            }
-            self.docs.load_retries.pop_first();
+        for doc in self.docs.retries_due(now.mono) {
             self.io.push_back(Io::Load { doc });
         }
         let mut rounds = 0;
@@ -620,7 +579,7 @@ impl Core {
             for id in &ids {
                 self.epoch_work(now, id);
             }
-            for (queue, task, n) in std::mem::take(&mut self.runs.to_revive) {
+            for (queue, task, n) in self.runs.take_to_revive() {
                 self.revive(now, queue, task, n);
             }
             for q in self.queues.values_mut() {
@@ -640,11 +599,9 @@ impl Core {
         self.flush_task_writes(now);
         self.flush_archive();
         // Asked only of a document whose compaction is due (rarely), not for every write.
-        let (rotating, queues) = (&self.epochs.rotating, &self.queues);
-        let sealing = |d: &DocId| {
-            rotating.values().any(|r| r.prev == *d)
-                || queues.values().any(|q| q.sealed.contains_key(d))
-        };
+        let (epochs, queues) = (&self.epochs, &self.queues);
+        let sealing =
+            |d: &DocId| epochs.seals(d) || queues.values().any(|q| q.sealed.contains_key(d));
         let saves = self.saves.take_writes(&self.replica, sealing);
         for save in saves {
             self.io.push_back(Io::Save(save));

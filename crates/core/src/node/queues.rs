@@ -143,7 +143,7 @@ impl Core {
             topic: topic.clone(),
         });
         self.topics.insert(topic.clone(), id.clone());
-        self.epochs.docs.insert(doc.clone(), id.clone());
+        self.epochs.hold(doc.clone(), id.clone());
         let root = doc.clone();
         self.queues.insert(
             id.clone(),
@@ -242,9 +242,7 @@ impl Core {
             if state == TaskState::InputUnavailable
                 && old.task(tid).map(|o| o.state()) != Some(TaskState::InputUnavailable)
             {
-                self.runs
-                    .to_revive
-                    .insert((id.clone(), tid.clone(), t.last_n()));
+                self.runs.revive_later(id.clone(), tid.clone(), t.last_n());
             }
             let final_now = state.is_final();
             let before = old.task(tid).map(|o| o.state().is_final());
@@ -278,7 +276,7 @@ impl Core {
                 retired.push(td.clone());
             }
             // Live or final, a task's document leaves memory once saved and idle.
-            self.docs.to_evict.insert_if_absent(td, now.mono);
+            self.docs.may_evict(td, now.mono);
         }
         for td in summarize {
             self.summarize(&view, &td);
@@ -381,7 +379,7 @@ impl Core {
         }
         for t in old.difference(&window) {
             if let Some(doc) = task_doc(t) {
-                self.docs.to_evict.insert_if_absent(doc, now.mono);
+                self.docs.may_evict(doc, now.mono);
             }
         }
         self.prefetch.insert(id.clone(), window);
@@ -414,7 +412,7 @@ impl Core {
             urgent: Some(t.urgent),
             max_attempts: Some(t.max_attempts),
         };
-        self.runs.task_writes.entry(td.clone()).or_default().summary = Some(summary);
+        self.runs.record_summary(td.clone(), summary);
     }
 
     /// Carries out the routers' and the pool's actions; true if there were any.

@@ -9,7 +9,7 @@ impl Core {
     /// live, once its finished tasks outweigh the live ones ([`epoch::should_rotate`]). The
     /// successor is built off this thread ([`Io::Rotate`]); [`Core::handle_rotated`] seals.
     pub(super) fn maybe_rotate(&mut self, now: Time, id: &QueueId) {
-        if self.epochs.rotating.values().any(|r| r.queue == *id) {
+        if self.epochs.is_rotating(id) {
             return;
         }
         let Some(q) = self.queues.get(id) else {
@@ -49,9 +49,8 @@ impl Core {
         let copy = Box::new(old_doc.clone());
         let heads = copy.get_heads();
         let successor = DocId::generate(&mut self.rng);
-        self.epochs.next_rotate += 1;
-        let rid = RotateId(self.epochs.next_rotate);
-        self.epochs.rotating.insert(
+        let rid = self.epochs.next_rotate_id();
+        self.epochs.rotation(
             rid,
             Rotating {
                 queue: id.clone(),
@@ -100,7 +99,7 @@ impl Core {
                 }
             }
             Outcome::Successor(result) => {
-                if let Some(r) = self.epochs.rotating.remove(&built.id) {
+                if let Some(r) = self.epochs.take_rotation(&built.id) {
                     self.rotated(now, r, built.id, result);
                 }
             }
@@ -158,7 +157,7 @@ impl Core {
                     q.frozen = true;
                 }
             }
-            self.epochs.rotating.insert(rid, r);
+            self.epochs.rotation(rid, r);
             self.io.push_back(Io::Rotate(Box::new(Rotate {
                 id: rid,
                 old: copy,
@@ -185,7 +184,7 @@ impl Core {
         let succ_id = r.successor.clone();
         self.replica
             .create(succ_id.clone(), succ, Some(epoch_scope(&root)));
-        self.epochs.docs.insert(succ_id.clone(), id.clone());
+        self.epochs.hold(succ_id.clone(), id.clone());
         self.saves.changed(&succ_id);
         let seal = Seal {
             claim: r.claim.clone(),
@@ -236,21 +235,12 @@ impl Core {
                 self.stale.insert(id.clone());
             }
         }
-        let late: Vec<RotateId> = self
-            .epochs
-            .rotating
-            .iter()
-            .filter(|(_, r)| r.last.is_some_and(|d| now.mono >= d))
-            .map(|(id, _)| *id)
-            .collect();
-        for rid in late {
-            if let Some(r) = self.epochs.rotating.remove(&rid) {
-                tracing::warn!(queue = %r.queue, "a rotation's last catch-up did not come back; it is dropped");
-                if let Some(q) = self.queues.get_mut(&r.queue) {
-                    q.frozen = false;
-                }
-                self.stale.insert(r.queue);
+        for r in self.epochs.take_late_rotations(now.mono) {
+            tracing::warn!(queue = %r.queue, "a rotation's last catch-up did not come back; it is dropped");
+            if let Some(q) = self.queues.get_mut(&r.queue) {
+                q.frozen = false;
             }
+            self.stale.insert(r.queue);
         }
     }
 
@@ -304,7 +294,7 @@ impl Core {
             }
         }
         for (id, doc, epoch_no) in gone {
-            self.epochs.docs.remove(&doc);
+            self.epochs.retired(&doc);
             self.retire(doc.clone(), Retired::Epoch);
             // No longer announced, but still served from disk to a member that asks: one
             // that comes back behind the seal catches up through it.
@@ -318,7 +308,7 @@ impl Core {
                     },
                 );
             }
-            self.docs.to_evict.insert_if_absent(doc, now.mono);
+            self.docs.may_evict(doc, now.mono);
             self.events.push_back(Event::Epoch {
                 queue: id,
                 event: EpochEvent::Evicted { epoch: epoch_no },

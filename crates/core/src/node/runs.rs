@@ -8,7 +8,7 @@ use super::*;
 impl Core {
     /// The answer to [`Io::Run`].
     pub fn handle_run_ended(&mut self, now: Time, id: RunId, result: RunResult) {
-        let Some(Running { run, start }) = self.runs.live.remove(&id) else {
+        let Some(Running { run, start }) = self.runs.ended(&id) else {
             return;
         };
         let ok = result.result.is_ok();
@@ -39,7 +39,6 @@ impl Core {
             task: run.task.clone(),
             ok,
         });
-        let key = (run.task.clone(), run.attempt.clone());
         if self.inline_input(&run.queue, &run.task).is_some() {
             // Written with the attempt's end, in the queue document.
             let output = Output {
@@ -51,17 +50,13 @@ impl Core {
                     .and_then(|v| serde_json::to_string(v).ok()),
                 logs: task_end.logs,
             };
-            self.runs.outputs.insert(key.clone(), output);
-        } else if let Some(tdoc) = task_doc(&run.task) {
             self.runs
-                .task_writes
-                .entry(tdoc)
-                .or_default()
-                .runs
-                .push((start, task_end));
+                .keep_output(run.task.clone(), run.attempt.clone(), output);
+        } else if let Some(tdoc) = task_doc(&run.task) {
+            self.runs.record_run(tdoc, start, task_end);
         }
         if !self.pool.handle_finished(run.worker.index, end) {
-            self.runs.outputs.remove(&key);
+            self.runs.take_output(&run.task, &run.attempt);
         }
         self.turn(now);
     }
@@ -110,7 +105,7 @@ impl Core {
                         reason: error.clone().unwrap_or_default(),
                     });
                 }
-                let output = self.runs.outputs.remove(&(task.clone(), attempt.clone()));
+                let output = self.runs.take_output(&task, &attempt);
                 let inline = self.inline_input(&qid, &task).is_some();
                 if outcome == AttemptOutcome::Interrupted
                     && !inline
@@ -138,18 +133,11 @@ impl Core {
                         logs: vec![],
                     };
                     // Best effort: the task document may not be here.
-                    self.runs
-                        .task_writes
-                        .entry(doc)
-                        .or_default()
-                        .runs
-                        .push((start, end));
+                    self.runs.record_run(doc, start, end);
                 }
-                self.runs
-                    .attempt_writes
-                    .entry(qid)
-                    .or_default()
-                    .push(PendingAttempt {
+                self.runs.write_attempt(
+                    qid,
+                    PendingAttempt {
                         write: queue::AttemptWrite::Finish {
                             task,
                             attempt,
@@ -159,7 +147,8 @@ impl Core {
                             output,
                         },
                         started: None,
-                    });
+                    },
+                );
             }
             PoolAction::Beat(beat) => {
                 for q in self.queues.values_mut() {
@@ -223,11 +212,9 @@ impl Core {
             self.pool.handle_start_failed(index, reason);
             return;
         }
-        self.runs
-            .attempt_writes
-            .entry(run.queue.clone())
-            .or_default()
-            .push(PendingAttempt {
+        self.runs.write_attempt(
+            run.queue.clone(),
+            PendingAttempt {
                 write: queue::AttemptWrite::Start {
                     task: run.task.clone(),
                     attempt: run.attempt.clone(),
@@ -235,23 +222,19 @@ impl Core {
                     incarnation: self.config.incarnation,
                 },
                 started: Some((run, input)),
-            });
+            },
+        );
     }
 
     /// Writes the turn's starts and ends of attempts, one change per queue document, then
     /// refreshes those views (routers must see their own queue's writes before deciding
     /// again) and hands each recorded start to the driver. True if anything was written.
     pub(super) fn flush_attempts(&mut self, now: Time) -> bool {
-        if self.runs.attempt_writes.is_empty() {
-            return false;
-        }
         let mut wrote = false;
-        for (id, mut pending) in std::mem::take(&mut self.runs.attempt_writes) {
+        for (id, mut pending) in self.runs.take_attempt_writes() {
             if self.queues.get(&id).is_some_and(|q| q.frozen) {
                 // Held until the queue's successor is in place (they go there).
-                let later = self.runs.attempt_writes.entry(id).or_default();
-                pending.append(later);
-                *later = pending;
+                self.runs.hold_attempts(id, pending);
                 continue;
             }
             wrote = true;
@@ -314,20 +297,15 @@ impl Core {
     /// refused, as if the fence had been known when they were asked for. True if any was.
     pub(super) fn abort_fenced_starts(&mut self) -> bool {
         let mut aborted = false;
-        let starting = std::mem::take(&mut self.runs.starting);
-        for req in starting {
-            let reason = self
-                .runs
-                .live
-                .get(&req.id)
-                .and_then(|r| self.fenced(&r.run));
+        for req in self.runs.take_starting() {
+            let reason = self.runs.get(&req.id).and_then(|r| self.fenced(&r.run));
             match reason {
                 Some(reason) => {
-                    self.runs.live.remove(&req.id);
+                    self.runs.abort_start(&req.id);
                     self.pool.handle_start_failed(req.worker.index, reason);
                     aborted = true;
                 }
-                None => self.runs.starting.push(req),
+                None => self.runs.still_starting(req),
             }
         }
         aborted
@@ -335,7 +313,7 @@ impl Core {
 
     /// Hands this turn's starts to the driver.
     pub(super) fn hand_over_starts(&mut self) {
-        for req in std::mem::take(&mut self.runs.starting) {
+        for req in self.runs.take_starting() {
             self.events.push_back(Event::RunStarted {
                 queue: req.queue.clone(),
                 task: req.task.clone(),
@@ -359,7 +337,7 @@ impl Core {
     /// Writes each task document's pending run records and summary in one change.
     /// A document that left memory is read back first; its writes wait for it.
     pub(super) fn flush_task_writes(&mut self, now: Time) {
-        for (doc, w) in std::mem::take(&mut self.runs.task_writes) {
+        for (doc, w) in self.runs.take_task_writes() {
             if self
                 .replica
                 .get(&doc)
@@ -370,10 +348,8 @@ impl Core {
                 }
                 let waits = self
                     .docs
-                    .waiters
-                    .get(&doc)
-                    .is_some_and(|ws| ws.iter().any(|w| matches!(w, DocWaiter::Write)));
-                self.runs.task_writes.insert(doc.clone(), w);
+                    .is_awaited_by(&doc, |w| matches!(w, DocWaiter::Write));
+                self.runs.hold_task_writes(doc.clone(), w);
                 if !waits {
                     self.wait_for(now, &doc, DocWaiter::Write);
                 }
@@ -395,20 +371,9 @@ impl Core {
             incarnation: self.config.incarnation,
             at: now.unix_ms,
         };
-        self.runs.next += 1;
-        let id = RunId(self.runs.next);
         // Handed to the driver at the end of the turn, if no higher claim came to light
         // meanwhile ([`Core::abort_fenced_starts`]).
-        self.runs.starting.push(RunRequest {
-            id,
-            queue: run.queue.clone(),
-            task: run.task.clone(),
-            attempt: run.attempt.clone(),
-            worker: run.worker.clone(),
-            kind: run.kind.clone(),
-            input,
-        });
-        self.runs.live.insert(id, Running { run, start });
+        self.runs.begin(run, start, input);
     }
 
     /// A task's input was unavailable to its worker: if this node holds the task's document,
@@ -434,9 +399,8 @@ impl Core {
             });
             return;
         }
-        let waiting = self.docs.waiters.get(&doc).is_some_and(|ws| {
-            ws.iter()
-                .any(|w| matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. }))
+        let waiting = self.docs.is_awaited_by(&doc, |w| {
+            matches!(w, DocWaiter::Revive { .. } | DocWaiter::Start { .. })
         });
         if !waiting {
             self.wait_for(now, &doc, DocWaiter::Revive { queue, task, n });

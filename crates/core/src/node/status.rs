@@ -26,13 +26,7 @@ impl Core {
                 self.replies.push_back((cmd, Reply::Task(Box::new(reply))));
                 return;
             }
-            let asked = self.lookup.archive.contains_key(&task);
-            self.lookup
-                .archive
-                .entry(task.clone())
-                .or_default()
-                .push((cmd, wait_until));
-            if !asked {
+            if self.lookup.wait_for_archive(&task, cmd, wait_until) {
                 self.io.push_back(Io::Lookup { task });
             }
             return;
@@ -45,8 +39,7 @@ impl Core {
     /// ran while this node was down or cut off, in epochs it skipped). Answered "not found"
     /// when every member asked said it knows nothing, or after [`FIND_TIMEOUT`].
     pub(super) fn ask_members(&mut self, now: Time, cmd: CommandId, task: TaskId) {
-        if let Some(a) = self.lookup.asks.get_mut(&task) {
-            a.cmds.push(cmd);
+        if self.lookup.join_question(&task, cmd) {
             return;
         }
         let members: BTreeSet<PeerId> = self
@@ -68,14 +61,7 @@ impl Core {
         for p in &members {
             self.transmit.push_back((p.clone(), frame.clone()));
         }
-        self.lookup.asks.insert(
-            task,
-            Asking {
-                cmds: vec![cmd],
-                waiting: members,
-                deadline: now.mono + FIND_TIMEOUT,
-            },
-        );
+        self.lookup.ask(task, cmd, members, now.mono + FIND_TIMEOUT);
     }
 
     /// A member asked about a task, or answered this node's question.
@@ -87,28 +73,14 @@ impl Core {
                     return;
                 }
                 // Perhaps archived here: look, and answer then.
-                let looking = self.lookup.archive.contains_key(&task)
-                    || self.lookup.for_peers.contains_key(&task);
-                if !looking && self.lookup.for_peers.len() >= MAX_PEER_LOOKUPS {
-                    self.answer_ask(peer, &task, None);
-                    return;
-                }
-                self.lookup
-                    .for_peers
-                    .entry(task.clone())
-                    .or_default()
-                    .insert(peer.clone());
-                if !looking {
-                    self.io.push_back(Io::Lookup { task });
+                match self.lookup.peer_asks(&task, peer) {
+                    PeerLookup::Refused => self.answer_ask(peer, &task, None),
+                    PeerLookup::Ask => self.io.push_back(Io::Lookup { task }),
+                    PeerLookup::Joined => {}
                 }
             }
             Ask::Answer { task, status } => {
-                let asked = self
-                    .lookup
-                    .asks
-                    .get_mut(&task)
-                    .is_some_and(|a| a.waiting.remove(peer));
-                if !asked {
+                if !self.lookup.answered_by(&task, peer) {
                     return; // not asked, or answered already
                 }
                 // Only a status of a task of a queue this node joined is taken.
@@ -118,11 +90,7 @@ impl Core {
                 });
                 match found {
                     Some(s) => {
-                        let a = self
-                            .lookup
-                            .asks
-                            .remove(&task)
-                            .map_or_else(Vec::new, |a| a.cmds);
+                        let a = self.lookup.take_question(&task);
                         // Learned: a final status is archived here, so that this node answers
                         // for the task from now on, even with no member connected.
                         if s.state.is_final()
@@ -144,17 +112,15 @@ impl Core {
     /// `peer` will not tell anything of `task` (it knows nothing, or it is gone): once no
     /// member asked is left, the requests are answered "not found".
     pub(super) fn not_answered(&mut self, task: &TaskId, peer: &PeerId) {
-        let Some(a) = self.lookup.asks.get_mut(task) else {
-            return;
-        };
-        a.waiting.remove(peer);
-        if a.waiting.is_empty()
-            && let Some(a) = self.lookup.asks.remove(task)
-        {
-            for cmd in a.cmds {
-                let r = Err(TaskError::NotFound(task.clone()));
-                self.replies.push_back((cmd, Reply::Task(Box::new(r))));
-            }
+        let cmds = self.lookup.not_answered(task, peer);
+        self.not_found(task, cmds);
+    }
+
+    /// Answers requests about `task` "not found".
+    pub(super) fn not_found(&mut self, task: &TaskId, cmds: Vec<CommandId>) {
+        for cmd in cmds {
+            let r = Err(TaskError::NotFound(task.clone()));
+            self.replies.push_back((cmd, Reply::Task(Box::new(r))));
         }
     }
 
@@ -237,13 +203,13 @@ impl Core {
     /// The archive's answer for a task (see [`Io::Lookup`]): its final status, or `None` if
     /// it is not archived here, in which case the requests look for its task document.
     pub fn handle_archived(&mut self, now: Time, task: TaskId, status: Option<Vec<u8>>) {
-        for peer in self.lookup.for_peers.remove(&task).unwrap_or_default() {
+        for peer in self.lookup.take_peers_asking(&task) {
             let answer = status
                 .as_deref()
                 .and_then(|json| self.shareable(&peer, json));
             self.answer_ask(&peer, &task, answer);
         }
-        let waiting = self.lookup.archive.remove(&task).unwrap_or_default();
+        let waiting = self.lookup.take_archive_waiters(&task);
         for (cmd, wait_until) in waiting {
             match &status {
                 Some(json) => {
@@ -367,7 +333,7 @@ impl Core {
         match (self.status_of(&task), wait_until) {
             (Ok(s), Some(until)) if !is_done(&s) && now.mono < until => {
                 let wait = until.saturating_duration_since(now.mono);
-                self.lookup.waiters.push(TaskWaiter {
+                self.lookup.wait_on_task(TaskWaiter {
                     cmd,
                     task,
                     until,
@@ -385,7 +351,7 @@ impl Core {
     }
 
     pub(super) fn check_task_waiters(&mut self, now: Time) {
-        let waiters = std::mem::take(&mut self.lookup.waiters);
+        let waiters = self.lookup.take_task_waits();
         for w in waiters {
             let Some(doc) = task_doc(&w.task) else {
                 continue;
@@ -420,7 +386,7 @@ impl Core {
                 continue;
             }
             match self.status_of(&w.task) {
-                Ok(s) if !is_done(&s) => self.lookup.waiters.push(w),
+                Ok(s) if !is_done(&s) => self.lookup.wait_on_task(w),
                 r => self.replies.push_back((w.cmd, Reply::Task(Box::new(r)))),
             }
         }

@@ -30,20 +30,9 @@ impl Core {
         }
         // Starts waiting for their task's document will not run here: refused, so that the
         // router routes them elsewhere at once.
-        let mut refused = Vec::new();
-        for ws in self.docs.waiters.values_mut() {
-            ws.retain(|w| match w {
-                DocWaiter::Start { run, .. } => {
-                    refused.push(run.worker.index);
-                    false
-                }
-                _ => true,
-            });
-        }
-        self.docs.waiters.retain(|_, ws| !ws.is_empty());
-        for index in refused {
+        for run in self.docs.take_starts() {
             self.pool
-                .handle_start_failed(index, "the worker's node is stopping".into());
+                .handle_start_failed(run.worker.index, "the worker's node is stopping".into());
         }
         // At most as long as any wait (an hour): no deadline overflows the clock.
         let grace_until = now.mono + grace.min(MAX_WAIT);
@@ -51,7 +40,7 @@ impl Core {
             cmds: vec![cmd],
             grace_until,
             flush_until: grace_until + crate::STOP_FLUSH_WAIT,
-            runs_at_stop: self.runs.live.len(),
+            runs_at_stop: self.runs.running(),
             flush: None,
             report: api::StopReport {
                 handed_over,
@@ -68,16 +57,13 @@ impl Core {
         let Some(s) = self.stopping.as_mut() else {
             return;
         };
-        if s.answered || now.mono < s.grace_until || self.runs.live.is_empty() {
+        if s.answered || now.mono < s.grace_until || self.runs.running() == 0 {
             return;
         }
-        let runs = std::mem::take(&mut self.runs.live);
+        let runs = self.runs.interrupt_all();
         s.report.runs_interrupted += runs.len();
-        for (id, Running { run, .. }) in runs {
+        for (id, run) in runs {
             self.io.push_back(Io::Abort { run: id });
-            self.runs
-                .outputs
-                .remove(&(run.task.clone(), run.attempt.clone()));
             self.pool.interrupt(
                 run.worker.index,
                 "the worker's node stopped before the run ended".into(),
@@ -96,11 +82,7 @@ impl Core {
             .queues
             .values()
             .any(|q| matches!(q.router.role(), Role::Stopped { handing: Some(_) }));
-        let written = self.runs.live.is_empty()
-            && self.runs.starting.is_empty()
-            && self.runs.attempt_writes.values().all(Vec::is_empty)
-            && self.runs.task_writes.is_empty()
-            && !self.archive.is_pending();
+        let written = self.runs.all_written() && !self.archive.is_pending();
         let flush = match (&s.flush, written) {
             (Some(f), _) => Some(f.clone()),
             (None, true) => Some(self.saves.unsaved()),

@@ -81,7 +81,7 @@ impl Core {
         else {
             return Err(SubmitError::NotJoined(queue_id));
         };
-        if self.submits.waits.len() >= MAX_PENDING_SUBMITS {
+        if self.submits.is_full() {
             return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
         }
         let live = c.pending + c.assigned + c.running + c.input_unavailable;
@@ -156,7 +156,7 @@ impl Core {
             );
             self.saves.changed(&tdoc);
             // Leaves memory once saved and idle (it is read again when a run starts).
-            self.docs.to_evict.insert_if_absent(tdoc.clone(), now.mono);
+            self.docs.may_evict(tdoc.clone(), now.mono);
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
@@ -183,11 +183,7 @@ impl Core {
                 _ => unreachable!("a single submit's refusal returned above"),
             }
         };
-        self.submits.dirty = true;
-        self.submits
-            .acking
-            .extend(tasks.iter().map(|(d, _, _)| d.clone()));
-        self.submits.waits.push(SubmitWait {
+        self.submits.wait(SubmitWait {
             cmd,
             answer,
             tasks,
@@ -204,12 +200,9 @@ impl Core {
     /// and fails those whose documents cannot be written. Runs only when a save ended, a peer
     /// sent something, a submit arrived or the oldest wait's deadline passed.
     pub(super) fn check_submits(&mut self, now: Time) {
-        let due = self.submits.deadline.is_some_and(|d| now.mono >= d);
-        if !std::mem::take(&mut self.submits.dirty) && !due {
+        let Some(waits) = self.submits.take_due(now.mono) else {
             return;
-        }
-        self.submits.deadline = None;
-        let waits = std::mem::take(&mut self.submits.waits);
+        };
         for w in waits {
             let failing = w
                 .tasks
@@ -230,7 +223,7 @@ impl Core {
                     };
                     self.replies.push_back((w.cmd, reply));
                 } else {
-                    self.submits.waits.push(w);
+                    self.submits.still_waiting(w);
                 }
                 continue;
             }
@@ -245,12 +238,7 @@ impl Core {
             if !(held || alone || now.mono >= w.deadline) {
                 // Only its deadline (or a peer's message, which marks the waits dirty) can
                 // answer it now.
-                self.submits.deadline = Some(
-                    self.submits
-                        .deadline
-                        .map_or(w.deadline, |d| d.min(w.deadline)),
-                );
-                self.submits.waits.push(w);
+                self.submits.waits_for_deadline(w);
                 continue;
             }
             self.release_acking(now, &w);
@@ -279,8 +267,8 @@ impl Core {
     /// A submit is answered: its documents may leave memory once idle.
     pub(super) fn release_acking(&mut self, now: Time, w: &SubmitWait) {
         for (d, _, _) in &w.tasks {
-            self.submits.acking.remove(d);
-            self.docs.to_evict.insert_if_absent(d.clone(), now.mono);
+            self.submits.release(d);
+            self.docs.may_evict(d.clone(), now.mono);
         }
     }
 }

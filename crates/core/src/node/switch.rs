@@ -88,7 +88,7 @@ impl Core {
                         retry_at: None,
                     },
                 );
-                self.epochs.docs.insert(d, id.clone());
+                self.epochs.hold(d, id.clone());
             }
         }
         q.epoch = epoch_no;
@@ -131,7 +131,7 @@ impl Core {
                     retry_at: None,
                 },
             );
-            self.epochs.docs.insert(pd, id.clone());
+            self.epochs.hold(pd, id.clone());
         }
         // Where each sealed document's late writes go now: the document `to` continues
         // carries from `to`'s seal heads; one whose target left `to`'s chain (a losing
@@ -176,7 +176,7 @@ impl Core {
             queue: id.clone(),
             doc: to.clone(),
         });
-        self.epochs.docs.insert(to, id.clone());
+        self.epochs.hold(to, id.clone());
         self.stale.insert(id.clone());
         self.events.push_back(Event::Epoch {
             queue: id.clone(),

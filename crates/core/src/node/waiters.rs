@@ -1,7 +1,7 @@
 //! What waits on something: a request parked on a document (`DocWaiter`), a task wait
 //! (`TaskWaiter`), a question asked of the members (`Asking`), a submit waiting for durability
-//! (`SubmitWait`), and a stop in progress (`Stopping`), with their bounds. Plain data: the turn
-//! modules decide when each is answered.
+//! (`SubmitWait`), and a stop in progress (`Stopping`), with their bounds. Plain data, held by
+//! the state sub-machines (`Documents`, `Lookups`, `Submits`) and by `Core` (`Stopping`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ pub(super) enum DocWaiter {
         n: u64,
     },
     /// Run records or a summary for a task document that had left memory: written by the
-    /// next turn once it is back (`Core::task_writes` keeps them meanwhile).
+    /// next turn once it is back (`Runs` keeps them meanwhile).
     Write,
 }
 

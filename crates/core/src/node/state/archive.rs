@@ -1,0 +1,55 @@
+//! `Archive`: the final statuses of inline tasks to archive at the end of the turn, and the
+//! latest archived, kept in memory too. A sub-machine: its fields are its own. The turn records
+//! statuses into it; it asks it whether any waits, for a recent one, and takes the turn's
+//! records from it to hand to the driver. It asks nothing of the others.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use piecework_queue_doc::TaskId;
+
+/// Final statuses of inline tasks: to archive, and the latest archived.
+#[derive(Debug, Default)]
+pub(in crate::node) struct Archive {
+    /// Final statuses of inline tasks to archive at the end of the turn (tasks that became
+    /// final in this turn's refreshes).
+    pending: Vec<(TaskId, Vec<u8>)>,
+    /// The latest archived statuses, also in memory: at most
+    /// [`crate::node::statuses::RECENT_ARCHIVED`].
+    recent: BTreeMap<TaskId, Vec<u8>>,
+    /// `recent`'s keys, oldest first.
+    order: VecDeque<TaskId>,
+}
+
+impl Archive {
+    /// A task's final status (JSON) to archive at the end of this turn.
+    pub(in crate::node) fn record(&mut self, task: TaskId, json: Vec<u8>) {
+        self.pending.push((task, json));
+    }
+
+    /// Whether statuses wait to be archived.
+    pub(in crate::node) fn is_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// A status archived lately (kept in memory), if `task` is among them.
+    pub(in crate::node) fn recent(&self, task: &TaskId) -> Option<&Vec<u8>> {
+        self.recent.get(task)
+    }
+
+    /// The turn's records, for the driver to store: each is kept in memory too, the oldest
+    /// beyond `keep` forgotten.
+    pub(in crate::node) fn take(&mut self, keep: usize) -> Vec<(TaskId, Vec<u8>)> {
+        let records = std::mem::take(&mut self.pending);
+        for (task, json) in &records {
+            if self.recent.insert(task.clone(), json.clone()).is_none() {
+                self.order.push_back(task.clone());
+            }
+        }
+        while self.order.len() > keep {
+            if let Some(t) = self.order.pop_front() {
+                self.recent.remove(&t);
+            }
+        }
+        records
+    }
+}
