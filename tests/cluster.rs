@@ -427,3 +427,90 @@ async fn a_follower_restarted_on_a_long_history_does_not_take_the_router() {
     assert_eq!(rx.borrow().router.as_ref(), Some(&router));
     assert_eq!(restarted.handle().peer_id(), &peer);
 }
+
+/// A handler whose result is over the limit fails its run with "result too large" (for an
+/// inline task, over `MAX_INLINE_OUTPUT_BYTES`; for a task with its own document, over the
+/// runner's `MAX_RESULT_BYTES`), and nothing too large is written: the queue keeps syncing
+/// to every member, which sees both failures and a task submitted after them succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_the_limit_fails_its_run_and_the_queue_keeps_syncing() {
+    use piecework::worker_pool::runner::MAX_RESULT_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = vec![];
+    let mut addr = None;
+    for i in 0..2 {
+        let mut registry = piecework::kinds::builtin();
+        registry.register(
+            "big",
+            |_ctx: piecework::worker_pool::Context, input: serde_json::Value| async move {
+                let bytes = input["bytes"].as_u64().unwrap_or(0) as usize;
+                Ok(serde_json::Value::String("x".repeat(bytes)))
+            },
+        );
+        let mut c = Config::new(dir.path().join(format!("node{i}")), registry);
+        c.workers = 2;
+        c.bootstrap = addr.iter().cloned().collect();
+        let n = spawn_isolated(c, 1).await.expect("node starts");
+        if addr.is_none() {
+            addr = Some(n.handle().wait_listening().await);
+        }
+        nodes.push(n);
+    }
+    let handles: Vec<NodeHandle> = nodes.iter().map(|n| n.handle().clone()).collect();
+    let queue = handles[0]
+        .create_queue("limits", Some(demo_config()))
+        .await
+        .unwrap();
+    handles[1].join_queue(&queue).await.unwrap();
+    let submit = |input: serde_json::Value, kind: &str| api::SubmitTask {
+        kind: kind.into(),
+        input,
+        priority: 0,
+        urgent: false,
+        max_attempts: Some(1),
+    };
+    // Inline (a small input): its output would go into the queue document.
+    let inline = handles[0]
+        .submit(
+            &queue,
+            submit(serde_json::json!({ "bytes": 100_000 }), "big"),
+        )
+        .await
+        .unwrap()
+        .task_id;
+    // A document of its own (an input over 256 bytes): over the runner's limit.
+    let padding = "p".repeat(400);
+    let own = handles[1]
+        .submit(
+            &queue,
+            submit(
+                serde_json::json!({ "bytes": MAX_RESULT_BYTES + 1, "padding": padding }),
+                "big",
+            ),
+        )
+        .await
+        .unwrap()
+        .task_id;
+    for (id, says) in [
+        (&inline, "result too large for an inline task"),
+        (&own, "result too large"),
+    ] {
+        let s = handles[0].wait_task(id, GENEROUS).await.unwrap();
+        assert_eq!(s.state, TaskState::Failed, "{s:?}");
+        let error = s.error.clone().unwrap_or_default();
+        assert!(error.starts_with(says), "{id}: {error}");
+    }
+    let after = handles[0]
+        .submit(&queue, submit(serde_json::json!({ "bytes": 10 }), "big"))
+        .await
+        .unwrap()
+        .task_id;
+    for h in &handles {
+        let s = h.wait_task(&after, GENEROUS).await.unwrap();
+        assert_eq!(s.state, TaskState::Succeeded, "{s:?}");
+        for id in [&inline, &own] {
+            let s = h.wait_task(id, GENEROUS).await.unwrap();
+            assert_eq!(s.state, TaskState::Failed, "{s:?}");
+        }
+    }
+}

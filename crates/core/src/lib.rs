@@ -223,6 +223,14 @@ pub enum Retired {
 /// over 100,000 tasks) and fell into takeovers with 10,000 (docs/benchmarks.md).
 pub const MAX_LIVE: usize = 2_000;
 
+/// The most bytes of output (result JSON plus log lines) one run of an inline task keeps: its
+/// output goes into its queue document, which every member syncs and which holds the outputs
+/// of every task finished since the last rotation. A larger result fails the run ("result too
+/// large for an inline task"); logs beyond the rest of the budget are dropped and counted.
+/// (A task with a document of its own keeps up to the runner's limits: a result of
+/// `piecework_worker_pool::runner::MAX_RESULT_BYTES`, logs of `MAX_LOG_BYTES`.)
+pub const MAX_INLINE_OUTPUT_BYTES: usize = 8 * 1024;
+
 /// The default `Config::inline_input_max`. A task whose input's JSON text is at most this
 /// long lives in its queue document alone: its input in its entry, its runs' results and
 /// logs with their ends. A larger input gets a task document of its own.
@@ -710,6 +718,49 @@ pub struct RunResult {
     pub result: Result<serde_json::Value, String>,
     /// Log lines the handler wrote.
     pub logs: Vec<String>,
+}
+
+impl RunResult {
+    /// The result as an inline task keeps it: within [`MAX_INLINE_OUTPUT_BYTES`] for its
+    /// result and logs together. A result over it fails the run; logs beyond what is left
+    /// are dropped, and a last line counts them.
+    pub(crate) fn within_inline_limit(mut self) -> RunResult {
+        let result_len = match &mut self.result {
+            Ok(v) => serde_json::to_string(v).map_or(0, |t| t.len()),
+            Err(e) => {
+                // An error message is cut to the budget (at a character boundary).
+                let mut cut = e.len().min(MAX_INLINE_OUTPUT_BYTES);
+                while !e.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                e.truncate(cut);
+                cut
+            }
+        };
+        if result_len > MAX_INLINE_OUTPUT_BYTES {
+            self.result = Err(format!(
+                "result too large for an inline task: {result_len} bytes, the limit is \
+                 {MAX_INLINE_OUTPUT_BYTES} (an inline task's output goes into its queue \
+                 document; a task with a larger input gets a document of its own)"
+            ));
+        }
+        let mut left =
+            MAX_INLINE_OUTPUT_BYTES.saturating_sub(result_len.min(MAX_INLINE_OUTPUT_BYTES));
+        let mut kept = 0;
+        for line in &self.logs {
+            if line.len() > left {
+                break;
+            }
+            left -= line.len();
+            kept += 1;
+        }
+        let dropped = self.logs.len() - kept;
+        if dropped > 0 {
+            self.logs.truncate(kept);
+            self.logs.push(format!("({dropped} more lines dropped: an inline task keeps {MAX_INLINE_OUTPUT_BYTES} bytes of output)"));
+        }
+        self
+    }
 }
 
 /// I/O the node must perform for the core.

@@ -12,6 +12,16 @@ use tokio_util::sync::CancellationToken;
 
 /// The most log lines one run keeps; later lines are counted, not kept.
 pub const MAX_LOG_LINES: usize = 1_000;
+/// The longest log line kept, in bytes: a longer one is cut (at a character boundary) and
+/// marked. Logs go into documents every member syncs.
+pub const MAX_LOG_LINE_BYTES: usize = 4 * 1024;
+/// The most log bytes one run keeps; later lines are counted, not kept.
+pub const MAX_LOG_BYTES: usize = 64 * 1024;
+/// The largest result a handler may return, as JSON text: a run whose result is larger
+/// fails with "result too large" instead of writing it. A result goes into a document every
+/// member syncs (the task's, or for an inline task its queue's), and a value too large to
+/// sync would stop that document's replication.
+pub const MAX_RESULT_BYTES: usize = 1024 * 1024;
 
 /// An error a handler returns: the attempt fails with this message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +51,7 @@ pub struct Context {
 #[derive(Debug, Default)]
 struct Logs {
     lines: Vec<String>,
+    bytes: usize,
     dropped: usize,
 }
 
@@ -57,10 +68,25 @@ impl Context {
     }
 
     /// Appends a line to the run's log (kept in the task document's run record).
+    ///
+    /// At most [`MAX_LOG_LINES`] lines and [`MAX_LOG_BYTES`] bytes are kept, each line cut to
+    /// [`MAX_LOG_LINE_BYTES`]; the lines beyond are counted, and the count is the log's last
+    /// line.
     pub fn log(&self, line: impl Into<String>) {
+        let mut line = line.into();
+        if line.len() > MAX_LOG_LINE_BYTES {
+            let mut cut = MAX_LOG_LINE_BYTES;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let more = line.len() - cut;
+            line.truncate(cut);
+            line.push_str(&format!(" (… {more} more bytes cut)"));
+        }
         let mut logs = self.logs.lock().unwrap_or_else(|e| e.into_inner());
-        if logs.lines.len() < MAX_LOG_LINES {
-            logs.lines.push(line.into());
+        if logs.lines.len() < MAX_LOG_LINES && logs.bytes + line.len() <= MAX_LOG_BYTES {
+            logs.bytes += line.len();
+            logs.lines.push(line);
         } else {
             logs.dropped += 1;
         }
@@ -150,7 +176,8 @@ pub struct Outcome {
 }
 
 /// Runs the handler for `kind` in its own tokio task and waits for it. A missing handler, an
-/// error and a panic all come back as `Err` with a message; nothing escapes.
+/// error, a panic and a result over [`MAX_RESULT_BYTES`] all come back as `Err` with a
+/// message; nothing escapes.
 pub async fn execute(
     registry: &Registry,
     kind: &str,
@@ -165,7 +192,13 @@ pub async fn execute(
     };
     let task = tokio::spawn(handler.call(ctx.clone(), input));
     let result = match task.await {
-        Ok(Ok(v)) => Ok(v),
+        Ok(Ok(v)) => match serde_json::to_string(&v).map(|t| t.len()) {
+            Ok(len) if len > MAX_RESULT_BYTES => Err(format!(
+                "result too large: {len} bytes of JSON, the limit is {MAX_RESULT_BYTES}"
+            )),
+            Ok(_) => Ok(v),
+            Err(e) => Err(format!("the result does not serialize as JSON: {e}")),
+        },
         Ok(Err(e)) => Err(e.0),
         Err(e) if e.is_panic() => {
             let payload = e.into_panic();

@@ -623,6 +623,49 @@ async fn handler_results_errors_and_panics_become_outcomes() {
     );
 }
 
+/// A handler's result over `MAX_RESULT_BYTES` fails its run with "result too large" (it is
+/// never written); logs keep at most `MAX_LOG_BYTES`, each line cut to `MAX_LOG_LINE_BYTES`,
+/// and the lines beyond are counted.
+#[tokio::test]
+async fn results_and_logs_over_their_limits_are_refused_or_cut() {
+    use piecework_worker_pool::runner::{MAX_LOG_BYTES, MAX_LOG_LINE_BYTES, MAX_RESULT_BYTES};
+    let mut reg = Registry::new();
+    reg.register(
+        "big",
+        |_ctx: Context, _input: serde_json::Value| async move {
+            Ok(serde_json::Value::String("x".repeat(MAX_RESULT_BYTES)))
+        },
+    );
+    reg.register(
+        "chatty",
+        |ctx: Context, _input: serde_json::Value| async move {
+            ctx.log("é".repeat(MAX_LOG_LINE_BYTES));
+            for _ in 0..100 {
+                ctx.log("y".repeat(1_000));
+            }
+            Ok(serde_json::Value::Null)
+        },
+    );
+    let big = execute(&reg, "big", ctx(), serde_json::Value::Null).await;
+    let err = big.result.unwrap_err();
+    assert!(err.starts_with("result too large"), "{err}");
+    let chatty = execute(&reg, "chatty", ctx(), serde_json::Value::Null).await;
+    assert!(chatty.result.is_ok());
+    let kept: usize = chatty.logs.iter().map(String::len).sum();
+    assert!(kept <= MAX_LOG_BYTES + 64, "{kept} bytes of logs kept");
+    assert!(chatty.logs[0].len() <= MAX_LOG_LINE_BYTES + 64);
+    assert!(
+        chatty.logs[0].contains("more bytes cut"),
+        "{}",
+        &chatty.logs[0][..40]
+    );
+    assert!(
+        chatty.logs.last().unwrap().contains("more lines dropped"),
+        "{:?}",
+        chatty.logs.last()
+    );
+}
+
 /// A stopping node's pool (`Pool::drain`) starts nothing new: an assignment is refused, so its
 /// router routes the task elsewhere at once, and its heartbeat, due at once, says it is
 /// stopping. A run in progress goes on; when the grace time runs out, `Pool::interrupt` ends it

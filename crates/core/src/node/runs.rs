@@ -11,6 +11,12 @@ impl Core {
         let Some(Running { run, start }) = self.runs.ended(&id) else {
             return;
         };
+        let inline = self.inline_input(&run.queue, &run.task).is_some();
+        let result = if inline {
+            result.within_inline_limit()
+        } else {
+            result
+        };
         let ok = result.result.is_ok();
         let (end, task_end) = match result.result {
             Ok(v) => (
@@ -39,7 +45,7 @@ impl Core {
             task: run.task.clone(),
             ok,
         });
-        if self.inline_input(&run.queue, &run.task).is_some() {
+        if inline {
             // Written with the attempt's end, in the queue document.
             let output = Output {
                 // A null result (a no-op's) is not written: it reads back as null.
