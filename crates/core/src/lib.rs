@@ -83,6 +83,15 @@ pub use wire::{Ask, Wire};
 
 /// How often a node dials members of its queues it is not connected to.
 pub const DIAL_EVERY: Duration = Duration::from_secs(2);
+
+/// The most members dialed per round ([`DIAL_EVERY`], or at once when a member list
+/// changes): a member list of thousands (written by any member) must not turn into thousands
+/// of dials every two seconds. Rounds take the members in turn, so each is dialed within
+/// `members / MAX_DIALS_PER_ROUND` rounds.
+pub const MAX_DIALS_PER_ROUND: usize = 32;
+
+/// The most addresses dialed per member: a member's entry may list any number.
+pub const MAX_ADDRS_PER_MEMBER: usize = 8;
 /// A save compacts a document's stored change chunks into one snapshot once they outweigh its
 /// last snapshot, and are at least this many bytes: small documents are not rewritten for
 /// every few changes, and a large one is rewritten only after as many bytes of changes as it
@@ -102,6 +111,12 @@ pub const MAX_WAIT: Duration = Duration::from_secs(3600);
 /// Requests parked at once (joins, task lookups and waits): beyond this a request is answered
 /// `Busy` at once. Bounds the waiter lists, whose callers are remote (HTTP clients).
 pub const MAX_WAITERS: usize = 4096;
+
+/// The most status requests for ids this node has no record of that wait for the members'
+/// answers (each up to [`FIND_TIMEOUT`]): lookups of unknown ids (mistyped, or sent on
+/// purpose) cannot take the waits of [`MAX_WAITERS`] from lookups this node can answer.
+/// Beyond it such a request is answered "not found" at once.
+pub const MAX_ASKING: usize = 256;
 /// Submits waiting for durability or replication at once; beyond this a submit is answered
 /// `Busy`. Each holds two documents' heads, so this bounds that memory.
 pub const MAX_PENDING_SUBMITS: usize = 8192;

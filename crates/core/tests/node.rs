@@ -4,7 +4,7 @@
 // The driver needs one real instant to count virtual time from; the core never reads a clock.
 #![allow(clippy::disallowed_methods)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,8 @@ struct One {
     frames: Vec<(PeerId, Vec<u8>)>,
     /// What the core published (topic, payload), for a test that carries it to another core.
     published: Vec<(String, Vec<u8>)>,
+    /// The dials the core asked for (peer, addresses), in order.
+    dials: Vec<(PeerId, Vec<String>)>,
     /// The archive of inline tasks' final statuses (on disk), and the lookups asked of it.
     archive: BTreeMap<TaskId, Vec<u8>>,
     lookups: Vec<TaskId>,
@@ -81,6 +83,7 @@ impl One {
             events: vec![],
             frames: vec![],
             published: vec![],
+            dials: vec![],
             archive: BTreeMap::new(),
             lookups: vec![],
             hold_builds: false,
@@ -113,6 +116,7 @@ impl One {
                     Io::Archive { records } => self.archive.extend(records),
                     Io::Lookup { task } => self.lookups.push(task),
                     Io::Publish { topic, data } => self.published.push((topic, data)),
+                    Io::Dial { peer, addrs } => self.dials.push((peer, addrs)),
                     Io::Rotate(job) if self.hold_builds => self.builds.push(*job),
                     Io::Rotate(job) => built.push(job.build()),
                     Io::Retire { doc, kind } if !self.retired.iter().any(|(d, _)| *d == doc) => {
@@ -645,6 +649,102 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         one.core.fence(&q).is_none_or(|c| c.term < u64::MAX),
         "a term of u64::MAX is not taken as the fence"
     );
+}
+
+/// 5,000 members written into a queue document (any member can write them): every round of
+/// dials asks for at most `MAX_DIALS_PER_ROUND` of them, each with at most
+/// `MAX_ADDRS_PER_MEMBER` addresses, and the rounds take the members in turn. (Before, each
+/// round dialed all 5,000, every two seconds.)
+#[test]
+fn five_thousand_members_written_into_the_document_keep_dials_per_round_bounded() {
+    use piecework_core::{DIAL_EVERY, MAX_ADDRS_PER_MEMBER, MAX_DIALS_PER_ROUND};
+    let mut one = One::new();
+    let mut doc = Automerge::new();
+    queue::create(
+        &mut doc,
+        "crowd",
+        &QueueConfig::default(),
+        &PeerId::new("other"),
+        1,
+    )
+    .unwrap();
+    for i in 0..5_000 {
+        let addrs: Vec<String> = (0..20)
+            .map(|a| format!("/ip4/10.0.{}.{}/tcp/{}/p2p/m{i}", i % 250, a, 4000 + a))
+            .collect();
+        queue::set_member(&mut doc, &PeerId::new(format!("m{i:04}")), &addrs, 1).unwrap();
+    }
+    let id = DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5));
+    one.disk.insert(id.clone(), vec![doc.save()]);
+    let q = QueueId::new(id.as_str());
+    let cmd = one.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: false,
+    });
+    one.answer_loads();
+    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    let mut rounds: Vec<Vec<PeerId>> = vec![];
+    let mut t = 0;
+    for _ in 0..4 {
+        one.dials.clear();
+        t += DIAL_EVERY.as_millis() as u64;
+        one.at(t);
+        one.ack_saves();
+        assert!(
+            one.dials.len() <= MAX_DIALS_PER_ROUND,
+            "{} dials in one round",
+            one.dials.len()
+        );
+        assert!(
+            one.dials
+                .iter()
+                .all(|(_, a)| a.len() <= MAX_ADDRS_PER_MEMBER)
+        );
+        rounds.push(one.dials.iter().map(|(p, _)| p.clone()).collect());
+    }
+    assert!(rounds.iter().all(|r| !r.is_empty()), "{rounds:?}");
+    let all: BTreeSet<&PeerId> = rounds.iter().flatten().collect();
+    assert_eq!(
+        all.len(),
+        rounds.iter().map(Vec::len).sum::<usize>(),
+        "the rounds take the members in turn"
+    );
+}
+
+/// Lookups of ids nobody has (asked of the members, each waiting up to `FIND_TIMEOUT`) take
+/// at most `MAX_ASKING` waits: beyond, they are answered "not found" at once, and a lookup of
+/// a task this node knows is answered, not refused as busy. (Before, 4,096 unknown ids made
+/// every lookup answer 503 for ten seconds.)
+#[test]
+fn lookups_of_unknown_ids_cannot_take_every_wait() {
+    use piecework_core::{MAX_ASKING, MAX_WAITERS};
+    let mut a = One::new();
+    let q = a.create_queue(quick());
+    let mut b = One::with(|c| c.peer = PeerId::new("you"));
+    join_second(&mut a, &mut b, &q);
+    let cmd = b.submit(&q);
+    for _ in 0..5 {
+        b.ack_saves();
+        a.ack_saves();
+        exchange(&mut a, &mut b);
+    }
+    let known = submitted(b.reply(cmd)).unwrap().task_id;
+    let mut cmds = vec![];
+    for i in 0..MAX_WAITERS {
+        let id = piecework_queue_doc::TaskId::new(format!("automerge:unknown{i}"));
+        cmds.push(b.command(Command::TaskStatus {
+            task: id,
+            wait: None,
+        }));
+    }
+    b.answer_loads();
+    let answered_at_once = cmds.iter().filter(|c| b.reply(**c).is_some()).count();
+    assert!(
+        answered_at_once >= MAX_WAITERS - MAX_ASKING,
+        "{answered_at_once} of {MAX_WAITERS} unknown lookups answered at once"
+    );
+    let status = task_status(&mut b, &known);
+    assert_eq!(status.id, known);
 }
 
 /// Carries the frames each of two cores sent to the other until neither sends more.

@@ -5,6 +5,7 @@
 //! (archiving) and `documents` (waiting for a document).
 
 use super::*;
+use crate::{MAX_ADDRS_PER_MEMBER, MAX_DIALS_PER_ROUND};
 
 impl Core {
     pub(super) fn gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
@@ -548,12 +549,15 @@ impl Core {
                     .extend(member.addrs.iter().cloned());
             }
         }
-        for (peer, mut addrs) in wanted {
+        let wanted: Vec<(PeerId, Vec<String>)> = wanted
+            .into_iter()
+            .filter(|(_, addrs)| !addrs.is_empty())
+            .collect();
+        for (peer, mut addrs) in self.members.dial_round(wanted, MAX_DIALS_PER_ROUND) {
             addrs.sort();
             addrs.dedup();
-            if !addrs.is_empty() {
-                self.io.push_back(Io::Dial { peer, addrs });
-            }
+            addrs.truncate(MAX_ADDRS_PER_MEMBER);
+            self.io.push_back(Io::Dial { peer, addrs });
         }
     }
 }

@@ -38,7 +38,16 @@ impl Core {
     /// archived, no document found): one of them may have seen it finish (an inline task that
     /// ran while this node was down or cut off, in epochs it skipped). Answered "not found"
     /// when every member asked said it knows nothing, or after [`FIND_TIMEOUT`].
+    ///
+    /// At most [`crate::MAX_ASKING`] requests wait so: beyond, a request for an id this node
+    /// has no record of is answered "not found" at once, and the others' waits
+    /// ([`crate::MAX_WAITERS`]) stay free for lookups this node can answer.
     pub(super) fn ask_members(&mut self, now: Time, cmd: CommandId, task: TaskId) {
+        if self.lookup.asking() >= crate::MAX_ASKING {
+            let r = Err(TaskError::NotFound(task));
+            self.replies.push_back((cmd, Reply::Task(Box::new(r))));
+            return;
+        }
         if self.lookup.join_question(&task, cmd) {
             return;
         }

@@ -87,6 +87,11 @@ impl Lookups {
         self.archive.remove(task).unwrap_or_default()
     }
 
+    /// How many status requests wait for the members' answers.
+    pub(in crate::node) fn asking(&self) -> usize {
+        self.asks.values().map(|a| a.cmds.len()).sum()
+    }
+
     /// If the members are already asked about `task`, `cmd` waits for their answer too (true).
     pub(in crate::node) fn join_question(&mut self, task: &TaskId, cmd: CommandId) -> bool {
         match self.asks.get_mut(task) {

@@ -18,6 +18,9 @@ pub(in crate::node) struct Members {
     advertised: Vec<String>,
     /// When the members this node has no stream with are dialed next.
     next_dial: Instant,
+    /// The last member dialed: the next round starts after it, so that every member is
+    /// dialed in turn however many there are ([`crate::MAX_DIALS_PER_ROUND`] per round).
+    dialed_up_to: Option<PeerId>,
 }
 
 impl Members {
@@ -26,6 +29,7 @@ impl Members {
             connected: BTreeSet::new(),
             advertised: vec![],
             next_dial: now,
+            dialed_up_to: None,
         }
     }
 
@@ -85,5 +89,34 @@ impl Members {
         }
         self.next_dial = now + every;
         true
+    }
+
+    /// Of the members to dial (in order), those of this round: at most `max`, starting after
+    /// the last one dialed and wrapping around. Remembers where the round ended.
+    pub(in crate::node) fn dial_round<T>(
+        &mut self,
+        wanted: Vec<(PeerId, T)>,
+        max: usize,
+    ) -> Vec<(PeerId, T)> {
+        if wanted.len() <= max {
+            // Everyone this round, in order.
+            return wanted;
+        }
+        let start = self
+            .dialed_up_to
+            .as_ref()
+            .map_or(0, |last| wanted.partition_point(|(p, _)| p <= last));
+        let n = wanted.len();
+        let mut round: Vec<(PeerId, T)> = Vec::with_capacity(max.min(n));
+        let mut wanted: Vec<Option<(PeerId, T)>> = wanted.into_iter().map(Some).collect();
+        for i in 0..n.min(max) {
+            if let Some(w) = wanted[(start + i) % n].take() {
+                round.push(w);
+            }
+        }
+        if let Some((last, _)) = round.last() {
+            self.dialed_up_to = Some(last.clone());
+        }
+        round
     }
 }
