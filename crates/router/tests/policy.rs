@@ -113,7 +113,7 @@ impl Lone {
     /// timers fire; its actions are carried out. Returns the assignments made then.
     fn to(&mut self, at: u64) -> Vec<Assignment> {
         let workers = self.reports();
-        self.to_reporting(at, workers)
+        self.advance_reporting(at, workers)
     }
 
     /// What the pool's four workers run, as its heartbeat reports it.
@@ -133,7 +133,7 @@ impl Lone {
     }
 
     /// [`Lone::to`], with the pool's heartbeat listing `workers`.
-    fn to_reporting(&mut self, at: u64, workers: Vec<WorkerReport>) -> Vec<Assignment> {
+    fn advance_reporting(&mut self, at: u64, workers: Vec<WorkerReport>) -> Vec<Assignment> {
         self.at = at;
         let now = self.t0 + ms(at);
         self.pool_counter += 1;
@@ -375,7 +375,7 @@ fn a_pool_beat_that_lists_one_worker_a_thousand_times_gets_one_assignment() {
         index: 0,
         running: None,
     };
-    let made = l.to_reporting(200, vec![one; 1_000]);
+    let made = l.advance_reporting(200, vec![one; 1_000]);
     assert_eq!(made.len(), 1, "{made:?}");
     assert_eq!(made[0].worker.index, 0);
 }
