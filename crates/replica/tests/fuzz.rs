@@ -19,6 +19,7 @@ mod corpus;
 mod replica_harness;
 
 use automerge::legacy::{ElementId, Key, ObjectId, OpId};
+use automerge::sync;
 use piecework_replica::{DocId, Message};
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -115,6 +116,70 @@ proptest! {
         }
         rh::replica_message(&bytes);
     }
+}
+
+// ----- findings fixed -----
+
+/// A sync frame from `from` about the queue document whose message carries one Bloom filter,
+/// `bloom` as it travels (entries, bits per entry, probes, then the bits).
+fn bloom_frame(bloom: &[u8]) -> Message {
+    let bloom = sync::BloomFilter::try_from(bloom).expect("a filter Automerge parses");
+    let msg = sync::Message {
+        heads: vec![],
+        need: vec![],
+        have: vec![sync::Have {
+            last_sync: vec![],
+            bloom,
+        }],
+        changes: sync::ChunkList::empty(),
+        flags: None,
+        version: sync::MessageVersion::V1,
+    };
+    Message::Sync {
+        doc: DocId::parse(rh::QUEUE).unwrap(),
+        data: msg.encode(),
+    }
+}
+
+/// Rejected, from a member and from a stranger (the queue document is requestable).
+fn rejected_from_anyone(msg: &Message, why: &str) {
+    for from in [rh::MEMBER, rh::STRANGER] {
+        let mut f = rh::Fixture::new();
+        f.deliver(from, msg.clone());
+        assert!(
+            f.events.iter().any(|e| matches!(
+                e,
+                piecework_replica::Event::Rejected { peer, reason }
+                    if peer.as_str() == from && reason.contains(why)
+            )),
+            "{:?}",
+            f.events
+        );
+        f.later(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Found by the `replica_message` fuzz target (seed `bloom_without_bits`): a sync message whose
+/// Bloom filter has one entry and no bits (`1, 0, 1`) made Automerge 0.12 divide by zero
+/// (`sync/bloom.rs`) when it looked the replica's changes up in it: any peer could stop a
+/// node with one message about a queue document.
+#[test]
+fn a_sync_message_whose_bloom_filter_has_no_bits_is_rejected() {
+    rejected_from_anyone(&bloom_frame(&[1, 0, 1]), "no bits");
+    let seed = corpus::seeds("replica_message")
+        .into_iter()
+        .find(|(name, _)| name == "bloom_without_bits")
+        .expect("the fuzzer's input is in the corpus");
+    rh::replica_message(&seed.1);
+}
+
+/// Beside it: a filter asking for `u32::MAX` probes per hash made Automerge 0.12 allocate and
+/// compute billions of probes for each change it looked up.
+#[test]
+fn a_sync_message_whose_bloom_filter_asks_for_billions_of_probes_is_rejected() {
+    // One entry, 10 bits per entry (two bytes of bits), u32::MAX probes.
+    let bloom = [1, 10, 0xff, 0xff, 0xff, 0xff, 0x0f, 0xff, 0xff];
+    rejected_from_anyone(&bloom_frame(&bloom), "probes");
 }
 
 // ----- findings not fixed: changes a peer crafts that Automerge 0.12 panics on -----
