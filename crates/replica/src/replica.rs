@@ -817,6 +817,13 @@ impl Replica {
                 return;
             }
         };
+        if let Some(why) = unusable_bloom(&msg) {
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("sync message for {id} with {why}"),
+            });
+            return;
+        }
         let Some(e) = self.docs.get_mut(id) else {
             return;
         };
@@ -926,6 +933,55 @@ impl Replica {
 fn sorted(mut heads: Vec<ChangeHash>) -> Vec<ChangeHash> {
     heads.sort();
     heads
+}
+
+/// The most probes per hash a peer's Bloom filter may ask for. Automerge writes 7; it computes
+/// (and allocates) every probe for each of its changes it looks up, so a filter asking for up to
+/// `u32::MAX` would cost billions of steps per change.
+pub const MAX_BLOOM_PROBES: u64 = 64;
+
+/// Why a decoded sync message's Bloom filters cannot be handed to Automerge 0.12, if they
+/// cannot: a filter with entries but no bits (Automerge divides by its size in bits, zero, when
+/// it looks a hash up: a panic), or one asking for more than [`MAX_BLOOM_PROBES`] probes.
+fn unusable_bloom(msg: &sync::Message) -> Option<String> {
+    for have in &msg.have {
+        // The filter as it travels: entries, bits per entry and probes (LEB128), then the bits;
+        // nothing at all for a filter without entries.
+        let bytes = have.bloom.to_bytes();
+        let mut rest = bytes.as_slice();
+        let (Some(entries), Some(_), Some(probes)) =
+            (leb128(&mut rest), leb128(&mut rest), leb128(&mut rest))
+        else {
+            continue;
+        };
+        if entries == 0 {
+            continue;
+        }
+        if rest.is_empty() {
+            return Some(format!("a Bloom filter of {entries} entries and no bits"));
+        }
+        if probes > MAX_BLOOM_PROBES {
+            return Some(format!(
+                "a Bloom filter of {probes} probes, above the {MAX_BLOOM_PROBES} accepted"
+            ));
+        }
+    }
+    None
+}
+
+/// Reads an unsigned LEB128 number off the front of `bytes` (`None` past its end, or past 64
+/// bits).
+fn leb128(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f).checked_shl(shift)?;
+        if b & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
 }
 
 /// The bytes a message takes while queued.
