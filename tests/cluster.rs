@@ -305,7 +305,12 @@ async fn a_router_shut_down_in_the_library_hands_over_and_frees_its_data_directo
             .iter()
             .filter(|a| a.started.is_some())
             .count();
-        assert_eq!(started, 1, "{id} ran more than once");
+        assert_eq!(
+            started,
+            1,
+            "{id} ran more than once: {:#?}",
+            v.tasks()[id].attempts
+        );
     }
 
     // Its data directory is free once its handles are gone: a node starts there again.

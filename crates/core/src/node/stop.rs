@@ -94,7 +94,16 @@ impl Core {
                 .count()
         };
         let saved = flush.as_ref().is_some_and(|f| unsaved(f) == 0);
-        let done = saved && (!handing || now.mono >= s.grace_until);
+        // What the node wrote last (its runs' ends, above all) reaches a member before it
+        // stops: otherwise the next router sees those runs open, waits out their lease and
+        // runs them again. A node that reaches no member has nobody to tell.
+        let told = self.members.connected_count() == 0
+            || self.queues.values().all(|q| {
+                self.replica
+                    .get(&q.doc)
+                    .is_none_or(|d| self.replica.peer_has(&q.doc, &d.get_heads()))
+            });
+        let done = saved && told && (!handing || now.mono >= s.grace_until);
         let late = now.mono >= s.flush_until;
         let left = match &flush {
             Some(f) => unsaved(f),
