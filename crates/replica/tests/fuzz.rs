@@ -75,6 +75,24 @@ fn header() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
+/// Numbers where a Bloom filter's header breaks things: 0, small, and up to `u32::MAX`.
+fn small_or_any() -> impl Strategy<Value = u32> {
+    prop_oneof![3 => 0u32..12, 1 => Just(u32::MAX), 1 => any::<u32>()]
+}
+
+/// Appends `n` in unsigned LEB128.
+fn leb128(out: &mut Vec<u8>, mut n: u32) {
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
 proptest! {
     #![proptest_config(piecework_proptest_config::config(256))]
 
@@ -96,6 +114,55 @@ proptest! {
         let mut frame = head;
         frame.extend(payload);
         rh::replica_message(&frame);
+    }
+
+    /// Sync messages built field by field: any heads and needs, Bloom filters of any header
+    /// (entries, bits per entry and probes from 0 to `u32::MAX`, with the bits their header
+    /// calls for when that is small), and the changes of a real message or none.
+    #[test]
+    fn any_sync_message_field_by_field_is_taken_or_rejected(
+        heads in prop::collection::vec(any::<[u8; 32]>(), 0..3),
+        need in prop::collection::vec(any::<[u8; 32]>(), 0..3),
+        blooms in prop::collection::vec(
+            (small_or_any(), small_or_any(), small_or_any(), any::<u8>()),
+            0..3,
+        ),
+        with_changes in any::<bool>(),
+    ) {
+        let have = blooms
+            .into_iter()
+            .filter_map(|(entries, per_entry, probes, fill)| {
+                let mut bytes = Vec::new();
+                for n in [entries, per_entry, probes] {
+                    leb128(&mut bytes, n);
+                }
+                let bits = (u64::from(entries) * u64::from(per_entry)).div_ceil(8);
+                bytes.extend(std::iter::repeat_n(fill, usize::try_from(bits.min(64)).ok()?));
+                let bloom = sync::BloomFilter::try_from(bytes.as_slice()).ok()?;
+                Some(sync::Have { last_sync: vec![], bloom })
+            })
+            .collect();
+        let changes = match with_changes {
+            true => rh::real_sync_messages()
+                .last()
+                .and_then(|m| sync::Message::decode(m).ok())
+                .map_or_else(sync::ChunkList::empty, |m| m.changes),
+            false => sync::ChunkList::empty(),
+        };
+        // Automerge encodes hash lists sorted (and asserts it); a peer's may be in any order.
+        let sorted = |mut v: Vec<[u8; 32]>| {
+            v.sort();
+            v.into_iter().map(automerge::ChangeHash).collect()
+        };
+        let msg = sync::Message {
+            heads: sorted(heads),
+            need: sorted(need),
+            have,
+            changes,
+            flags: None,
+            version: sync::MessageVersion::V1,
+        };
+        rh::replica_message(&msg.encode());
     }
 
     /// A real sync message (with and without changes) with bytes changed and cut short.
