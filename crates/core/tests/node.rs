@@ -550,21 +550,42 @@ fn a_backlog_of_pending_tasks_leaves_memory_and_still_runs() {
     }
 }
 
+/// A queue document created by another peer ("other"), as a member's writes would leave it.
+fn written_elsewhere(name: &str) -> Automerge {
+    let mut doc = Automerge::new();
+    queue::create(
+        &mut doc,
+        name,
+        &QueueConfig::default(),
+        &PeerId::new("other"),
+        1,
+    )
+    .unwrap();
+    doc
+}
+
+/// `one` joins the queue of `doc`, found on its disk under an id drawn from `seed`.
+fn join_from_disk(one: &mut One, doc: &Automerge, seed: u64) -> QueueId {
+    let id =
+        DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed));
+    one.disk.insert(id.clone(), vec![doc.save()]);
+    let q = QueueId::new(id.as_str());
+    let cmd = one.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: false,
+    });
+    one.answer_loads();
+    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    q
+}
+
 /// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written
 /// by a faulty or hostile member) neither panics the node nor makes it spin.
 #[test]
 fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
     let mut one = One::new();
     // A queue document written elsewhere, with every timing at u64::MAX.
-    let mut doc = Automerge::new();
-    queue::create(
-        &mut doc,
-        "hostile",
-        &QueueConfig::default(),
-        &PeerId::new("other"),
-        1,
-    )
-    .unwrap();
+    let mut doc = written_elsewhere("hostile");
     let config = match doc.get(ROOT, "config").unwrap() {
         Some((automerge::Value::Object(ObjType::Map), id)) => id,
         other => panic!("config map: {other:?}"),
@@ -584,15 +605,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
     }
     tx.put(&config, "heartbeat_ms", 0u64).unwrap();
     tx.commit();
-    let id = DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1));
-    one.disk.insert(id.clone(), vec![doc.save()]);
-    let q = QueueId::new(id.as_str());
-    let cmd = one.command(Command::JoinQueue {
-        id: q.clone(),
-        from_peers: false,
-    });
-    one.answer_loads();
-    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    let q = join_from_disk(&mut one, &doc, 1);
     // Time passes: every deadline the core asks for lies ahead of now, bounded.
     for t in [0, 10, 1_000, 100_000, 10_000_000] {
         one.at(t);
@@ -659,30 +672,14 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
 fn five_thousand_members_written_into_the_document_keep_dials_per_round_bounded() {
     use piecework_core::{DIAL_EVERY, MAX_ADDRS_PER_MEMBER, MAX_DIALS_PER_ROUND};
     let mut one = One::new();
-    let mut doc = Automerge::new();
-    queue::create(
-        &mut doc,
-        "crowd",
-        &QueueConfig::default(),
-        &PeerId::new("other"),
-        1,
-    )
-    .unwrap();
+    let mut doc = written_elsewhere("crowd");
     for i in 0..5_000 {
         let addrs: Vec<String> = (0..20)
             .map(|a| format!("/ip4/10.0.{}.{}/tcp/{}/p2p/m{i}", i % 250, a, 4000 + a))
             .collect();
         queue::set_member(&mut doc, &PeerId::new(format!("m{i:04}")), &addrs, 1).unwrap();
     }
-    let id = DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5));
-    one.disk.insert(id.clone(), vec![doc.save()]);
-    let q = QueueId::new(id.as_str());
-    let cmd = one.command(Command::JoinQueue {
-        id: q.clone(),
-        from_peers: false,
-    });
-    one.answer_loads();
-    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    join_from_disk(&mut one, &doc, 5);
     let mut rounds: Vec<Vec<PeerId>> = vec![];
     let mut t = 0;
     for _ in 0..4 {
