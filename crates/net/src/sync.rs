@@ -74,7 +74,7 @@ pub const FRAME_HEADER_BYTES: usize = 4;
 /// payload plus [`FRAME_HEADER_BYTES`], queued but not yet written.
 ///
 /// It must exceed the largest document the replica accepts (16 MiB,
-/// `piecework_replica::MAX_DOC_BYTES`) and [`MAX_FRAME`], so that on a fresh stream, with nothing
+/// `piecework_replica::MAX_SYNC_MESSAGE_BYTES`) and [`MAX_FRAME`], so that on a fresh stream, with nothing
 /// queued, any frame the stream can carry is accepted: a new peer's first sync message always
 /// fits.
 pub const MAX_QUEUED_BYTES: usize = 96 * 1024 * 1024;

@@ -17,6 +17,8 @@ pub struct TestNet {
     pub stores: BTreeMap<PeerId, BTreeMap<DocId, Vec<Vec<u8>>>>,
     /// The time given to the replicas.
     pub now: Instant,
+    /// The sync messages delivered so far, and the largest one's payload in bytes.
+    pub synced: (usize, usize),
 }
 
 impl TestNet {
@@ -27,6 +29,7 @@ impl TestNet {
             events: BTreeMap::new(),
             stores: BTreeMap::new(),
             now,
+            synced: (0, 0),
         }
     }
 
@@ -138,6 +141,9 @@ impl TestNet {
                     moved = true;
                     // Round-trip through the wire format, as the network would.
                     let msg = Message::decode(&msg.encode()).expect("own messages decode");
+                    if let Message::Sync { data, .. } = &msg {
+                        self.synced = (self.synced.0 + 1, self.synced.1.max(data.len()));
+                    }
                     if let Some(dst) = self.replicas.get_mut(&to) {
                         dst.handle_message(p, msg, now);
                     }
