@@ -889,7 +889,6 @@ impl Replica {
         };
         let before = e.doc.get_heads();
         let state = e.peers.entry(peer.clone()).or_default();
-        let known = what_they_said(state);
         if let Err(err) = e.doc.receive_sync_message(state, msg) {
             // A hostile or broken peer; reset our state with it and carry on.
             e.peers.remove(peer);
@@ -900,16 +899,6 @@ impl Replica {
             });
             return;
         }
-        // A message that changed nothing here and said nothing new (its heads, needs and
-        // summary as before) gets no answer when ours would say nothing new either: the
-        // answer would repeat our last message. Automerge answers every message while the two
-        // ends' heads differ, so two peers one of which cannot reach the other's heads (it
-        // refused a change, say one above the size limit) would otherwise send each other the
-        // same message without end.
-        let news = e
-            .peers
-            .get(peer)
-            .is_none_or(|s| what_they_said(s) != known || e.doc.get_heads() != s.last_sent_heads);
         if e.doc.get_heads() != before {
             self.events.push_back(Event::Changed(id.clone()));
             if before.is_empty() {
@@ -921,7 +910,7 @@ impl Replica {
             // The sender at once (its answer); the others a little later (see RELAY_AFTER).
             self.sync_one(id, peer);
             self.relay(id, peer, now);
-        } else if news {
+        } else {
             self.sync_one(id, peer);
         }
     }
@@ -1002,24 +991,6 @@ impl Replica {
             self.announce(id);
         }
     }
-}
-
-/// What a peer told us about a document, as a sync state keeps it: its heads, what it needs
-/// and what it has, and the heads both are known to have (from which our summary is made).
-type Said = (
-    Option<Vec<ChangeHash>>,
-    Option<Vec<ChangeHash>>,
-    Option<Vec<sync::Have>>,
-    Vec<ChangeHash>,
-);
-
-fn what_they_said(state: &sync::State) -> Said {
-    (
-        state.their_heads.clone(),
-        state.their_need.clone(),
-        state.their_have.clone(),
-        state.shared_heads.clone(),
-    )
 }
 
 fn sorted(mut heads: Vec<ChangeHash>) -> Vec<ChangeHash> {
