@@ -87,6 +87,7 @@ mod replica;
 mod test_support;
 #[cfg(test)]
 mod tests;
+mod validate;
 
 pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
 pub use load::{REPLAY_MIN_BYTES, load_chunks};

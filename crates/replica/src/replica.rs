@@ -887,6 +887,16 @@ impl Replica {
         let Some(e) = self.docs.get_mut(id) else {
             return;
         };
+        // Before Automerge applies them: changes it would panic on (see `validate`).
+        if let Err(why) = crate::validate::check_changes(&e.doc, msg.changes.iter()) {
+            e.peers.remove(peer);
+            self.forget_parts(id, Some(peer));
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("sync message for {id} with {why}"),
+            });
+            return;
+        }
         let before = e.doc.get_heads();
         let state = e.peers.entry(peer.clone()).or_default();
         if let Err(err) = e.doc.receive_sync_message(state, msg) {
