@@ -27,6 +27,16 @@
 //! sync events are never dropped, their senders wait for room instead (which slows the peer down
 //! through Yamux flow control).
 //!
+//! Received sync frames are also bounded in bytes: from the moment a frame's length prefix is
+//! read until the application takes its [`Event::SyncMessage`] from [`Net::events`], its length
+//! plus [`sync::FRAME_HEADER_BYTES`] counts against its peer's received budget
+//! ([`Config::sync_received_bytes`], default [`sync::MAX_RECEIVED_BYTES`], 32 MiB) and the
+//! node's ([`Config::sync_received_total_bytes`], default [`sync::MAX_RECEIVED_TOTAL_BYTES`],
+//! 256 MiB). While either is full, the peer's stream is not read (the peer slows down through
+//! Yamux flow control); nothing is dropped, and the wait itself closes nothing. A frame costing
+//! more than a whole budget is still delivered, once everything else counted against that budget
+//! has been taken.
+//!
 //! Sync sends never wait: [`Client::send_sync`] queues a frame within a per-peer byte budget
 //! ([`Config::sync_queue_bytes`], default [`sync::MAX_QUEUED_BYTES`]) or refuses it with
 //! [`SendOutcome::Blocked`], leaving the frame with the caller until [`Event::SyncWritable`]. A
@@ -91,6 +101,15 @@ pub struct Config {
     /// How long a peer may read nothing while a sync send to it is [`SendOutcome::Blocked`]
     /// before its stream is reset (and reopened). Default [`sync::STALL_TIMEOUT`].
     pub sync_stall_timeout: Duration,
+    /// Each peer's sync received budget, in bytes read from its stream and not yet taken from
+    /// [`Net::events`] (frames count their payload plus [`sync::FRAME_HEADER_BYTES`]); when it
+    /// is full, the peer's stream is not read until the application takes some of its frames.
+    /// Default [`sync::MAX_RECEIVED_BYTES`]; a frame costing more is still delivered, alone.
+    pub sync_received_bytes: usize,
+    /// The node-wide sync received budget, in bytes read from all peers' streams and not yet
+    /// taken from [`Net::events`], counted as for `sync_received_bytes`. Default
+    /// [`sync::MAX_RECEIVED_TOTAL_BYTES`].
+    pub sync_received_total_bytes: usize,
 }
 
 impl Config {
@@ -103,6 +122,8 @@ impl Config {
             idle_timeout: Duration::from_secs(300),
             sync_queue_bytes: sync::MAX_QUEUED_BYTES,
             sync_stall_timeout: sync::STALL_TIMEOUT,
+            sync_received_bytes: sync::MAX_RECEIVED_BYTES,
+            sync_received_total_bytes: sync::MAX_RECEIVED_TOTAL_BYTES,
         }
     }
 }
@@ -190,6 +211,9 @@ pub struct Info {
     pub connected: Vec<PeerId>,
     /// Gossip messages dropped because the application fell behind.
     pub dropped_messages: u64,
+    /// Sync bytes read from all peers and not yet taken from [`Net::events`] (see
+    /// [`Config::sync_received_total_bytes`]).
+    pub sync_received_bytes: usize,
 }
 
 enum Command {
@@ -269,6 +293,14 @@ impl Client {
         self.streams.credit(peer)
     }
 
+    /// The bytes counted against `peer`'s sync received budget (at most
+    /// [`Config::sync_received_bytes`]): its stream's frames not yet taken from [`Net::events`],
+    /// and what the next one, waiting for room, has been granted so far. None if there is no open
+    /// sync stream with it.
+    pub fn sync_received(&self, peer: &PeerId) -> Option<usize> {
+        self.streams.received(peer)
+    }
+
     /// Closes and reopens the sync stream with `peer`: closes the current stream as if it had
     /// failed (both sides get [`Event::SyncClosed`], frames still queued are lost), after which
     /// the peer with the smaller id opens a new one ([`Event::SyncOpened`] on both sides) if
@@ -326,13 +358,44 @@ struct Behaviour {
     stream: libp2p_stream::Behaviour,
 }
 
+/// What the network reports, but gossip: the receiving end of a bounded channel
+/// ([`EVENT_CAPACITY`]). Taking an [`Event::SyncMessage`] from it releases the frame's bytes from
+/// the sync received budgets ([`Config::sync_received_bytes`]).
+#[derive(Debug)]
+pub struct Events {
+    rx: mpsc::Receiver<sync::Delivery>,
+}
+
+impl Events {
+    /// The next event, waiting for one; None once the network has stopped. Cancel safe: an event
+    /// is taken only when this returns it.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await.map(sync::Delivery::take)
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Event, mpsc::error::TryRecvError> {
+        self.rx.try_recv().map(sync::Delivery::take)
+    }
+
+    /// How many events are waiting.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+
+    /// Whether no event is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+}
+
 /// A started network: its client and its events.
 #[derive(Debug)]
 pub struct Net {
     /// The handle to the event loop.
     pub client: Client,
     /// What the network reports, but gossip. Read it steadily: see the crate docs on bounds.
-    pub events: mpsc::Receiver<Event>,
+    pub events: Events,
     /// Gossip messages ([`Event::Message`] only), apart so that they are never queued behind
     /// sync messages.
     pub gossip: mpsc::Receiver<Event>,
@@ -402,6 +465,8 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
         sync::Limits {
             queue_bytes: config.sync_queue_bytes,
             stall_timeout: config.sync_stall_timeout,
+            received_bytes: config.sync_received_bytes,
+            received_total_bytes: config.sync_received_total_bytes,
         },
     );
     tokio::spawn(sync::accept(control.clone(), streams.clone()));
@@ -426,7 +491,7 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
             peer,
             streams,
         },
-        events: ev_rx,
+        events: Events { rx: ev_rx },
         gossip: gossip_rx,
     })
 }
@@ -436,7 +501,7 @@ struct EventLoop {
     /// Dialed again while no peer is connected.
     bootstrap: Vec<Multiaddr>,
     commands: mpsc::Receiver<Command>,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<sync::Delivery>,
     gossip: mpsc::Sender<Event>,
     control: libp2p_stream::Control,
     streams: sync::Streams,
@@ -515,6 +580,7 @@ impl EventLoop {
                     listen: self.swarm.listeners().cloned().collect(),
                     connected: self.swarm.connected_peers().copied().collect(),
                     dropped_messages: self.dropped.load(Ordering::Relaxed),
+                    sync_received_bytes: self.streams.received_total(),
                 });
             }
         }
@@ -525,7 +591,7 @@ impl EventLoop {
         match ev {
             SwarmEvent::NewListenAddr { address, .. } => {
                 self.events
-                    .send(Event::Listening(address))
+                    .send(Event::Listening(address).into())
                     .await
                     .map_err(drop)?;
             }
@@ -536,7 +602,7 @@ impl EventLoop {
             } if num_established.get() == 1 => {
                 self.keep_sync_open(peer_id);
                 self.events
-                    .send(Event::Connected(peer_id))
+                    .send(Event::Connected(peer_id).into())
                     .await
                     .map_err(drop)?;
             }
@@ -550,7 +616,7 @@ impl EventLoop {
                     keeper.cancel();
                 }
                 self.events
-                    .send(Event::Disconnected(peer_id))
+                    .send(Event::Disconnected(peer_id).into())
                     .await
                     .map_err(drop)?;
             }

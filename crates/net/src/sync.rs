@@ -45,8 +45,24 @@
 //! - The accepting side accepts at most [`MAX_ACCEPTS_PER_WINDOW`] streams per peer per
 //!   [`ACCEPT_WINDOW`] (each one replaces the current stream and resyncs); beyond, a new stream
 //!   is reset at once, without `SyncOpened`, and the current one stays open.
-//! - Frames read wait for room in the event channel: a slow application slows the remote writer
-//!   down through Yamux flow control (and, past its stall timeout, gets the stream reset).
+//! - Frames read are bounded in bytes until the application takes them from
+//!   [`crate::Net::events`]: once a frame's length prefix is read, its length plus
+//!   [`FRAME_HEADER_BYTES`] must fit in the stream's received budget
+//!   (`Config::sync_received_bytes`, default [`MAX_RECEIVED_BYTES`]), then in the node's, shared
+//!   by every stream (`Config::sync_received_total_bytes`, default
+//!   [`MAX_RECEIVED_TOTAL_BYTES`]), before its body is read; taking the event releases both.
+//!   While it does not fit, the reader reads nothing more from the stream. Streams wait for the
+//!   node's budget in turn (a fair semaphore), and a stream waits for its own budget before it
+//!   queues for the node's, so one peer's backlog holds at most its own budget of the node's. A
+//!   frame costing more than a whole budget (by default, a frame above 32 MiB against its
+//!   stream's: an honest replica sends none) is not refused: it counts as that whole budget, so
+//!   it is read once everything else counted there has been taken, and then delivered. The
+//!   node's default exceeds [`MAX_FRAME`], so it counts every frame exactly. A new stream with a
+//!   peer starts with a fresh budget of its own; frames of the stream it replaced still count
+//!   against the node's until taken.
+//! - Frames read also wait for room in the event channel. Either wait slows the remote writer
+//!   down through Yamux flow control (and, past the remote's stall timeout, gets the stream reset
+//!   by it); neither drops a frame or closes the stream on this side.
 
 use std::collections::HashMap;
 use std::io;
@@ -58,10 +74,10 @@ use std::time::Duration;
 
 use futures::{Sink, SinkExt, StreamExt};
 use libp2p::{PeerId, StreamProtocol};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::{FramedWrite, LengthDelimitedCodec};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 
@@ -81,6 +97,28 @@ pub const FRAME_HEADER_BYTES: usize = 4;
 /// queued, any frame the stream can carry is accepted: a new peer's first sync message always
 /// fits.
 pub const MAX_QUEUED_BYTES: usize = 96 * 1024 * 1024;
+/// The default per-peer received budget (`Config::sync_received_bytes`): 32 MiB of frames read
+/// from one peer's stream and not yet taken by the application, each counted as its length plus
+/// [`FRAME_HEADER_BYTES`] from the moment its length prefix is read (before its body is).
+///
+/// Room for about two of the largest messages an honest replica sends (16 MiB,
+/// `piecework_replica::MAX_SYNC_MESSAGE_BYTES`): one waiting to be taken while the next is
+/// read. More buffers nothing useful (the application handles one frame at a time) and would
+/// let one peer's backlog delay every other peer's frames behind it in the event channel.
+/// A frame costing more than the whole budget (up to [`MAX_FRAME`]) is still delivered: it
+/// counts as the whole budget, so it waits until everything else read from that peer has been
+/// taken.
+pub const MAX_RECEIVED_BYTES: usize = 32 * 1024 * 1024;
+/// The default node-wide received budget (`Config::sync_received_total_bytes`): 256 MiB of frames
+/// read from all peers together and not yet taken by the application, counted as for
+/// [`MAX_RECEIVED_BYTES`] (but never capped: it exceeds [`MAX_FRAME`]).
+///
+/// The per-peer budget alone would let the [`crate::MAX_CONNECTIONS`] peers buffer 16 GiB; this
+/// caps what the node holds at once (where the event channel alone let
+/// [`crate::EVENT_CAPACITY`] frames of up to [`MAX_FRAME`] wait: 256 GiB) while leaving room for
+/// eight peers at their full budget, e.g. a new member of a busy queue syncing from all its
+/// members at once. Readers wait for it in turn (first come, first served), so peers share it.
+pub const MAX_RECEIVED_TOTAL_BYTES: usize = 256 * 1024 * 1024;
 /// The default stall timeout (`Config::sync_stall_timeout`): a peer whose stream has written no
 /// byte for this long while a send to it is [`SendOutcome::Blocked`] has its stream closed and
 /// reopened (both sides resync).
@@ -103,6 +141,9 @@ pub const ACCEPT_WINDOW: Duration = Duration::from_secs(60);
 
 const _: () = assert!(MAX_QUEUED_BYTES > MAX_FRAME + FRAME_HEADER_BYTES);
 const _: () = assert!(MAX_QUEUED_BYTES > 16 * 1024 * 1024 + FRAME_HEADER_BYTES);
+const _: () = assert!(MAX_RECEIVED_BYTES > 16 * 1024 * 1024 + FRAME_HEADER_BYTES);
+const _: () = assert!(MAX_RECEIVED_TOTAL_BYTES > MAX_FRAME + FRAME_HEADER_BYTES);
+const _: () = assert!(MAX_RECEIVED_TOTAL_BYTES >= MAX_RECEIVED_BYTES);
 
 /// What became of a frame given to [`crate::Client::send_sync`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +168,10 @@ pub enum SendOutcome {
 pub(crate) struct Limits {
     pub(crate) queue_bytes: usize,
     pub(crate) stall_timeout: Duration,
+    /// Each stream's received budget.
+    pub(crate) received_bytes: usize,
+    /// The node-wide received budget.
+    pub(crate) received_total_bytes: usize,
 }
 
 /// The open sync streams, shared by the event loop, the stream tasks and every client.
@@ -145,7 +190,9 @@ struct Shared {
     peers: Mutex<HashMap<PeerId, PeerSlot>>,
     generation: AtomicU64,
     limits: Limits,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<Delivery>,
+    /// The node-wide received budget, shared by every stream's reader.
+    received: ReceiveBudget,
 }
 
 #[derive(Default)]
@@ -163,6 +210,8 @@ struct Current {
     close: CancellationToken,
     /// Set once the stream is open (just before its `SyncOpened`).
     writer: Option<WriterHandle>,
+    /// The stream's received budget, set with `writer`.
+    received: Option<ReceiveBudget>,
 }
 
 struct WriterHandle {
@@ -222,12 +271,85 @@ impl Budget {
     }
 }
 
+/// A received budget: bytes read from peers and not yet taken by the application, one semaphore
+/// permit a byte. The semaphore is fair, so readers waiting for it are served in turn.
+#[derive(Clone)]
+struct ReceiveBudget {
+    capacity: usize,
+    permits: Arc<Semaphore>,
+}
+
+impl ReceiveBudget {
+    /// A budget of `capacity` bytes (at least one, at most what a semaphore counts).
+    fn new(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS);
+        ReceiveBudget {
+            capacity,
+            permits: Arc::new(Semaphore::new(capacity)),
+        }
+    }
+
+    /// The bytes held now: by frames not yet taken, and the part of its cost granted so far to a
+    /// frame waiting for room.
+    fn held(&self) -> usize {
+        self.capacity
+            .saturating_sub(self.permits.available_permits())
+    }
+
+    /// Waits until `cost` bytes fit and holds them; a cost above the whole budget holds the whole
+    /// budget (so it waits for everything else to be released, and is then let through). None
+    /// only if the semaphore was closed, which never happens.
+    async fn hold(&self, cost: usize) -> Option<OwnedSemaphorePermit> {
+        let n = u32::try_from(cost.min(self.capacity)).unwrap_or(u32::MAX);
+        self.permits.clone().acquire_many_owned(n).await.ok()
+    }
+}
+
+/// A received frame's bytes, held against its stream's and the node's received budgets until the
+/// application takes the frame (or the event is dropped unread).
+pub(crate) struct Held {
+    stream: OwnedSemaphorePermit,
+    node: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("stream_bytes", &self.stream.num_permits())
+            .field("node_bytes", &self.node.num_permits())
+            .finish()
+    }
+}
+
+/// An event on its way to the application through the event channel, with the received bytes it
+/// holds (a `SyncMessage`'s): [`crate::Events`] releases them as the application takes it.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    event: Event,
+    held: Option<Held>,
+}
+
+impl Delivery {
+    /// The event, releasing what it held.
+    pub(crate) fn take(self) -> Event {
+        drop(self.held);
+        self.event
+    }
+}
+
+impl From<Event> for Delivery {
+    fn from(event: Event) -> Self {
+        Delivery { event, held: None }
+    }
+}
+
 impl Streams {
-    pub(crate) fn new(events: mpsc::Sender<Event>, limits: Limits) -> Self {
+    pub(crate) fn new(events: mpsc::Sender<Delivery>, limits: Limits) -> Self {
         Streams {
             shared: Arc::new(Shared {
                 peers: Mutex::new(HashMap::new()),
                 generation: AtomicU64::new(0),
+                received: ReceiveBudget::new(limits.received_total_bytes),
                 limits,
                 events,
             }),
@@ -273,6 +395,20 @@ impl Streams {
         Some(w.budget.credit())
     }
 
+    /// The bytes counted against `peer`'s current stream's received budget (its frames not yet
+    /// taken by the application, and what its next frame has been granted so far), or None
+    /// without an open stream.
+    pub(crate) fn received(&self, peer: &PeerId) -> Option<usize> {
+        let peers = self.peers();
+        let r = peers.get(peer)?.current.as_ref()?.received.as_ref()?;
+        Some(r.held())
+    }
+
+    /// The bytes counted against the node's received budget, as for [`Self::received`].
+    pub(crate) fn received_total(&self) -> usize {
+        self.shared.received.held()
+    }
+
     /// Closes the current stream with `peer` as if it had failed; false if there was none.
     pub(crate) fn reset(&self, peer: &PeerId) -> bool {
         let mut peers = self.peers();
@@ -305,7 +441,7 @@ impl Streams {
         &self,
         peer: &PeerId,
         generation: u64,
-    ) -> Option<(Arc<Budget>, mpsc::UnboundedReceiver<Vec<u8>>)> {
+    ) -> Option<(Arc<Budget>, mpsc::UnboundedReceiver<Vec<u8>>, ReceiveBudget)> {
         let mut peers = self.peers();
         let current = peers.get_mut(peer)?.current.as_mut()?;
         if current.generation != generation || current.close.is_cancelled() {
@@ -317,7 +453,9 @@ impl Streams {
             frames: tx,
             budget: budget.clone(),
         });
-        Some((budget, rx))
+        let received = ReceiveBudget::new(self.shared.limits.received_bytes);
+        current.received = Some(received.clone());
+        Some((budget, rx, received))
     }
 
     /// Forgets `peer` once no stream with it exists or waits.
@@ -346,6 +484,7 @@ impl Streams {
                 generation,
                 close: close.clone(),
                 writer: None,
+                received: None,
             });
             if let Some(old) = old {
                 tracing::debug!(%peer, "a new sync stream replaces the current one");
@@ -387,13 +526,13 @@ async fn run_stream<S>(
         streams.tidy(&peer);
         return;
     };
-    let Some((budget, frames)) = streams.activate(&peer, generation) else {
+    let Some((budget, frames, received)) = streams.activate(&peer, generation) else {
         drop(turn);
         streams.tidy(&peer);
         return;
     };
     let events = streams.shared.events.clone();
-    if events.send(Event::SyncOpened(peer)).await.is_err() {
+    if events.send(Event::SyncOpened(peer).into()).await.is_err() {
         streams.end(&peer, generation);
         return;
     }
@@ -405,28 +544,30 @@ async fn run_stream<S>(
         inner: io,
         written: written.clone(),
     };
-    let (sink, mut source) = Framed::new(io, codec).split();
+    let (source, sink) = tokio::io::split(io);
     let writer = tokio::spawn(write_frames(
         streams.clone(),
         peer,
         generation,
         close.clone(),
-        sink,
+        FramedWrite::new(sink, codec),
         frames,
         budget,
         written,
     ));
+    let mut source = BufReader::new(source);
+    let node = streams.shared.received.clone();
     loop {
         let frame = tokio::select! {
             biased;
             () = close.cancelled() => break,
-            f = source.next() => f,
+            f = read_frame(&mut source, &received, &node) => f,
         };
         match frame {
-            Some(Ok(data)) => {
-                let ev = Event::SyncMessage {
-                    peer,
-                    data: data.into(),
+            Ok(Some((data, held))) => {
+                let ev = Delivery {
+                    event: Event::SyncMessage { peer, data },
+                    held: Some(held),
                 };
                 tokio::select! {
                     biased;
@@ -434,12 +575,12 @@ async fn run_stream<S>(
                     r = events.send(ev) => if r.is_err() { break },
                 }
             }
-            Some(Err(e)) => {
-                tracing::debug!(%peer, "sync stream read failed: {e}");
+            Ok(None) => {
+                tracing::debug!(%peer, "sync stream closed by the peer");
                 break;
             }
-            None => {
-                tracing::debug!(%peer, "sync stream closed by the peer");
+            Err(e) => {
+                tracing::debug!(%peer, "sync stream read failed: {e}");
                 break;
             }
         }
@@ -451,9 +592,56 @@ async fn run_stream<S>(
     let _ = writer.await;
     // Dropping both halves resets the stream, so the remote ends its side.
     drop(source);
-    let _ = events.send(Event::SyncClosed(peer)).await;
+    let _ = events.send(Event::SyncClosed(peer).into()).await;
     drop(turn);
     streams.tidy(&peer);
+}
+
+/// Reads one frame: its length prefix, then, once its cost (length plus [`FRAME_HEADER_BYTES`])
+/// fits in the stream's and then the node's received budgets, its body. The bytes are held from
+/// before the body is read until the application takes the frame, so a reader whose budget is
+/// full reads nothing more from its stream (Yamux flow control then stops the peer's writes).
+/// None at an end of stream between frames; an error for a frame above [`MAX_FRAME`] or an end
+/// of stream within a frame.
+async fn read_frame<R>(
+    source: &mut R,
+    stream: &ReceiveBudget,
+    node: &ReceiveBudget,
+) -> io::Result<Option<(Vec<u8>, Held)>>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut prefix = [0u8; FRAME_HEADER_BYTES];
+    let mut got = 0;
+    while got < prefix.len() {
+        match source.read(&mut prefix[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let len = usize::try_from(u32::from_be_bytes(prefix)).unwrap_or(usize::MAX);
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes, above {MAX_FRAME}"),
+        ));
+    }
+    let cost = len + FRAME_HEADER_BYTES;
+    // The stream's own budget first, so that a reader waiting for its peer's frames to be taken
+    // does not keep other peers' readers waiting behind it for the node's.
+    let closed = || io::Error::other("the received budget was closed");
+    let on_stream = stream.hold(cost).await.ok_or_else(closed)?;
+    let on_node = node.hold(cost).await.ok_or_else(closed)?;
+    let mut data = vec![0; len];
+    source.read_exact(&mut data).await?;
+    Ok(Some((
+        data,
+        Held {
+            stream: on_stream,
+            node: on_node,
+        },
+    )))
 }
 
 /// Writes queued frames to the stream, paying back the budget after each, and ends the generation
@@ -520,7 +708,7 @@ async fn write_frames<W>(
                     tokio::select! {
                         biased;
                         () = close.cancelled() => break,
-                        r = events.send(Event::SyncWritable(peer)) => if r.is_err() { break },
+                        r = events.send(Event::SyncWritable(peer).into()) => if r.is_err() { break },
                     }
                 }
             }
@@ -709,16 +897,31 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(3600);
 
-    fn streams(queue_bytes: usize) -> (Streams, mpsc::Receiver<Event>) {
-        let (tx, rx) = mpsc::channel(crate::EVENT_CAPACITY);
-        let limits = Limits {
+    fn streams(queue_bytes: usize) -> (Streams, crate::Events) {
+        streams_with(Limits {
             queue_bytes,
             stall_timeout: STALL_TIMEOUT,
-        };
-        (Streams::new(tx, limits), rx)
+            received_bytes: MAX_RECEIVED_BYTES,
+            received_total_bytes: MAX_RECEIVED_TOTAL_BYTES,
+        })
     }
 
-    async fn next(events: &mut mpsc::Receiver<Event>) -> Event {
+    /// Default send limits, and these received budgets.
+    fn receiving(per_stream: usize, node: usize) -> (Streams, crate::Events) {
+        streams_with(Limits {
+            queue_bytes: MAX_QUEUED_BYTES,
+            stall_timeout: STALL_TIMEOUT,
+            received_bytes: per_stream,
+            received_total_bytes: node,
+        })
+    }
+
+    fn streams_with(limits: Limits) -> (Streams, crate::Events) {
+        let (tx, rx) = mpsc::channel(crate::EVENT_CAPACITY);
+        (Streams::new(tx, limits), crate::Events { rx })
+    }
+
+    async fn next(events: &mut crate::Events) -> Event {
         timeout(WAIT, events.recv())
             .await
             .expect("an event")
@@ -739,6 +942,176 @@ mod tests {
                 other => panic!("unexpected {other:?}"),
             }
         }
+    }
+
+    /// Frame `i` of `len` bytes (at least 4): its sequence number, then filler.
+    fn numbered(i: u32, len: usize) -> Vec<u8> {
+        let mut f = vec![(i % 251) as u8; len.max(4)];
+        f[..4].copy_from_slice(&i.to_le_bytes());
+        f
+    }
+
+    /// `data` as the peer writes it: its length prefix, then itself.
+    fn framed(data: &[u8]) -> Vec<u8> {
+        let mut f = u32::try_from(data.len()).unwrap().to_be_bytes().to_vec();
+        f.extend_from_slice(data);
+        f
+    }
+
+    /// Writes `bytes` to `theirs` in a task that returns the pipe once all is written.
+    fn flood(mut theirs: DuplexStream, bytes: Vec<u8>) -> tokio::task::JoinHandle<DuplexStream> {
+        tokio::spawn(async move {
+            theirs.write_all(&bytes).await.unwrap();
+            theirs
+        })
+    }
+
+    /// Returns once every task is idle: under paused time, the clock only jumps to this sleep's
+    /// end when nothing else can run.
+    async fn settle() {
+        tokio::time::sleep(WAIT).await;
+    }
+
+    async fn sync_message(events: &mut crate::Events) -> (PeerId, Vec<u8>) {
+        match next(events).await {
+            Event::SyncMessage { peer, data } => (peer, data),
+            other => panic!("{other:?} instead of a SyncMessage"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_flooding_an_application_that_does_not_read_is_held_to_its_received_budget() {
+        const BUDGET: usize = 16 * 1024;
+        // About 1 MiB, 64 times the budget, in fewer frames than the event channel holds.
+        const FRAMES: u32 = 1000;
+        let cost = 1024 + FRAME_HEADER_BYTES;
+        let (s, mut events) = receiving(BUDGET, MAX_RECEIVED_TOTAL_BYTES);
+        let peer = PeerId::random();
+        let (ours, theirs) = pipe();
+        s.register(peer, ours);
+        assert!(matches!(next(&mut events).await, Event::SyncOpened(p) if p == peer));
+        let bytes = (0..FRAMES)
+            .flat_map(|i| framed(&numbered(i, 1024)))
+            .collect();
+        let mut writer = flood(theirs, bytes);
+        // The application reads nothing: the reader stops at the budget, so the peer's writes
+        // stall (this timeout can only fire once no task can make progress).
+        assert!(
+            timeout(WAIT, &mut writer).await.is_err(),
+            "the peer wrote all its frames: nothing held them back"
+        );
+        assert_eq!(
+            events.len(),
+            BUDGET / cost,
+            "as many frames as the budget holds"
+        );
+        // The rest of the budget is granted to the next frame, waiting for room.
+        assert_eq!(s.received(&peer), Some(BUDGET));
+        assert_eq!(s.received_total(), events.len() * cost);
+        // Once the application reads, every frame arrives, in order, and the peer's writes end.
+        for i in 0..FRAMES {
+            let (from, data) = sync_message(&mut events).await;
+            assert_eq!(from, peer);
+            assert_eq!(data, numbered(i, 1024), "frame {i}");
+            assert!(s.received(&peer).unwrap() <= BUDGET);
+        }
+        let theirs = timeout(WAIT, writer)
+            .await
+            .expect("the peer's writes end")
+            .unwrap();
+        assert_eq!(
+            s.received(&peer),
+            Some(0),
+            "taking a frame releases its bytes"
+        );
+        assert_eq!(s.received_total(), 0);
+        assert!(events.try_recv().is_err(), "no close, no resync");
+        assert!(s.received(&peer).is_some(), "the stream is still open");
+        drop(theirs);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_larger_than_the_received_budget_is_delivered_alone() {
+        const BUDGET: usize = 1024;
+        let (s, mut events) = receiving(BUDGET, MAX_RECEIVED_TOTAL_BYTES);
+        let peer = PeerId::random();
+        let (ours, theirs) = pipe();
+        s.register(peer, ours);
+        assert!(matches!(next(&mut events).await, Event::SyncOpened(_)));
+        let mut bytes = framed(&numbered(0, 8 * BUDGET));
+        bytes.extend(framed(&numbered(1, 10)));
+        bytes.extend(framed(&numbered(2, 10)));
+        let writer = flood(theirs, bytes);
+        settle().await;
+        // The large frame counts as the whole budget of its stream (exactly, node-wide), so the
+        // frames behind it are not read until it is taken.
+        assert_eq!(events.len(), 1);
+        assert_eq!(s.received(&peer), Some(BUDGET));
+        assert_eq!(s.received_total(), 8 * BUDGET + FRAME_HEADER_BYTES);
+        assert_eq!(sync_message(&mut events).await.1, numbered(0, 8 * BUDGET));
+        assert_eq!(sync_message(&mut events).await.1, numbered(1, 10));
+        assert_eq!(sync_message(&mut events).await.1, numbered(2, 10));
+        let _theirs = timeout(WAIT, writer).await.unwrap().unwrap();
+        assert_eq!(s.received(&peer), Some(0));
+        assert_eq!(s.received_total(), 0);
+        assert!(events.try_recv().is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_node_wide_received_budget_holds_every_peer_and_serves_them_in_turn() {
+        const PER_STREAM: usize = 16 * 1024;
+        const NODE: usize = 4 * 1024;
+        const FRAMES: u32 = 100;
+        let (s, mut events) = receiving(PER_STREAM, NODE);
+        let peers = [PeerId::random(), PeerId::random()];
+        let mut writers = Vec::new();
+        for peer in peers {
+            let (ours, theirs) = pipe();
+            s.register(peer, ours);
+            assert!(matches!(next(&mut events).await, Event::SyncOpened(p) if p == peer));
+            let bytes = (0..FRAMES)
+                .flat_map(|i| framed(&numbered(i, 1024)))
+                .collect();
+            writers.push(flood(theirs, bytes));
+        }
+        for w in &mut writers {
+            assert!(timeout(WAIT, w).await.is_err(), "the peer's writes stall");
+        }
+        let cost = 1024 + FRAME_HEADER_BYTES;
+        assert_eq!(events.len(), NODE / cost);
+        assert_eq!(s.received_total(), NODE);
+        // Everything arrives, each peer's frames in order, the two peers taking turns.
+        let mut got = [0u32; 2];
+        let mut order = Vec::new();
+        for _ in 0..2 * FRAMES {
+            let (from, data) = sync_message(&mut events).await;
+            let k = usize::from(from == peers[1]);
+            assert_eq!(data, numbered(got[k], 1024));
+            got[k] += 1;
+            order.push(k);
+            assert!(s.received_total() <= NODE);
+        }
+        assert!(
+            order[..10].contains(&0) && order[..10].contains(&1),
+            "both peers are served early: {order:?}"
+        );
+        for w in writers {
+            let _theirs = timeout(WAIT, w).await.unwrap().unwrap();
+        }
+        assert_eq!(s.received_total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_longer_than_max_frame_ends_the_stream_unread() {
+        let (s, mut events) = streams(MAX_QUEUED_BYTES);
+        let peer = PeerId::random();
+        let (ours, mut theirs) = pipe();
+        s.register(peer, ours);
+        assert!(matches!(next(&mut events).await, Event::SyncOpened(_)));
+        let len = u32::try_from(MAX_FRAME + 1).unwrap();
+        theirs.write_all(&len.to_be_bytes()).await.unwrap();
+        assert!(matches!(next(&mut events).await, Event::SyncClosed(p) if p == peer));
+        assert_eq!(s.received_total(), 0, "nothing was held for it");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,8 +1,10 @@
 //! Sync streams between two peers on loopback: a closed stream is reported and reopened, a full
 //! send budget blocks (and reports writable again) instead of closing the stream, every queued
-//! frame arrives in order, and a peer that reads nothing is reset and resynced.
+//! frame arrives in order, a peer that reads nothing is reset and resynced, and an application
+//! that reads nothing holds at most its received budget.
 //!
-//! Nothing here sleeps to synchronise: every wait is on an event, under a generous timeout.
+//! Nothing here sleeps to synchronise: every wait is on an event, under a generous timeout (one
+//! polls a counter no event reports).
 
 use std::time::Duration;
 
@@ -263,4 +265,42 @@ async fn a_peer_that_reads_nothing_is_reset_and_resynced() {
         SendOutcome::Queued
     );
     assert_eq!(frame_from(&mut b, id_a).await, b"resync".to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_that_does_not_read_holds_at_most_its_received_budget_and_loses_nothing() {
+    // About 3 MiB, 48 times the budget, in fewer frames than the event channel holds.
+    const FRAMES: u32 = 3000;
+    let cost = 1024 + 4;
+    let (mut a, id_a, b, id_b) = connected_pair(|c| c.sync_received_bytes = SMALL_BUDGET).await;
+    for i in 0..FRAMES {
+        assert_eq!(
+            b.client.send_sync(&id_a, numbered(i, 1024)),
+            SendOutcome::Queued
+        );
+    }
+    // a's application reads nothing: its reader fills the budget, then stops reading.
+    timeout(WAIT, async {
+        while a.client.sync_received(&id_b).expect("the stream is open") < SMALL_BUDGET - cost {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a's reader fills its budget");
+    assert!(a.client.sync_received(&id_b).unwrap() <= SMALL_BUDGET);
+    assert!(a.client.info().await.unwrap().sync_received_bytes <= SMALL_BUDGET);
+    // The frames waiting for the application fit in the budget (two more events at most: a's
+    // `Connected` may come after its `SyncOpened`).
+    let waiting = a.events.len();
+    assert!(
+        waiting <= SMALL_BUDGET / cost + 2,
+        "{waiting} events waiting for the application"
+    );
+    // Once a reads, every frame arrives in order, on the same stream.
+    for i in 0..FRAMES {
+        assert_eq!(sequence_of(&frame_from(&mut a, id_b).await), i);
+    }
+    assert_eq!(a.client.sync_received(&id_b), Some(0));
+    assert_eq!(a.client.info().await.unwrap().sync_received_bytes, 0);
+    drop(b);
 }

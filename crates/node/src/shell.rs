@@ -315,7 +315,7 @@ impl Shell {
     pub(crate) async fn run(
         mut self,
         mut commands: mpsc::Receiver<Request>,
-        mut net_events: mpsc::Receiver<net::Event>,
+        mut net_events: net::Events,
         mut gossip: mpsc::Receiver<net::Event>,
     ) -> String {
         self.drain();
