@@ -46,27 +46,13 @@ use crate::read::{later_finish, packed_finished, packed_started, packed_values};
 use crate::view::{QueueView, StateCounts};
 
 pub use crate::chain::{
-    Latest, Prev, Retired, Seal, read_latest, read_retired, read_seals, winner,
+    Latest, Link, MAX_LINEAGE, Prev, Retired, Seal, read_latest, read_lineage, read_retired,
+    read_seals, winner,
 };
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
 /// most this many epochs older than itself.
 pub const COVER_EPOCHS: u64 = 256;
-
-/// The most links a lineage keeps (the oldest are dropped): forks further back than this many
-/// epochs are not told apart.
-pub const MAX_LINEAGE: usize = 64;
-
-/// One link of an epoch document's lineage: the seal that made epoch `epoch`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Link {
-    /// The epoch number.
-    pub epoch: u64,
-    /// The sealer's claim.
-    pub claim: Claim,
-    /// The document of that epoch.
-    pub doc: String,
-}
 
 /// Whether the document `doc` of epoch `epoch` (if known) is on the chain `lineage` (as
 /// [`read_lineage`] gives it): named by it, or older than its oldest link once it was cut to
@@ -120,22 +106,6 @@ pub fn cmp_lineage_counted(a: &[Link], b: &[Link]) -> (std::cmp::Ordering, usize
         }
     }
     (Ordering::Equal, looked)
-}
-
-/// A queue document's lineage: the seals from the queue's first epoch to this one (empty in
-/// epoch 0; at most [`MAX_LINEAGE`], the newest).
-///
-/// A peer's document may hold more links than that: only the newest [`MAX_LINEAGE`] (by
-/// epoch) are read.
-pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
-    let mut links: Vec<Link> = am::string(doc, &ROOT, LINEAGE)
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default();
-    if links.len() > MAX_LINEAGE {
-        links.sort_by_key(|l| l.epoch);
-        links.drain(..links.len() - MAX_LINEAGE);
-    }
-    links
 }
 
 /// The writes of one queue document that the chain of a later document absorbed, as a clock:
@@ -438,6 +408,7 @@ pub fn build_successor(
         tx.put(&router, keys::TERM, r.claim.term)?;
         tx.put(&router, keys::PEER, r.claim.peer.as_str())?;
         tx.put(&router, keys::CLAIMED_AT, r.now_ms)?;
+        tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?;
         tx.put_object(ROOT, SEALS, ObjType::Map)?;
         let tasks = tx.put_object(ROOT, keys::TASKS, ObjType::Map)?;
         let assigned = tx.put_object(ROOT, packed::ASSIGNED, ObjType::Map)?;
@@ -540,6 +511,33 @@ pub fn set_latest(doc: &mut Automerge, latest: &Latest) -> Result<(), WriteError
     })
     .map(|s| s.result)
     .map_err(|f| f.error)
+}
+
+/// The greatest claim that counts in `into` once the chained claims of `from` (a sealed
+/// document it continues) are carried into it: `from`'s claims above the seal count there
+/// only if their chain runs through a claim that counts in `into`. A node fences with it
+/// before the carry is written.
+pub fn carried_claim<R: ReadDoc, S: ReadDoc>(from: &R, into: &S) -> Option<Claim> {
+    let (counted, _) = crate::view::read_claims(into);
+    let mut counted: std::collections::BTreeSet<Claim> = counted.into_iter().collect();
+    let mut bad = 0;
+    let mut records = crate::view::chained_records(from, &mut bad);
+    records.extend(crate::view::chained_records(into, &mut bad));
+    crate::view::extend_chain(&mut counted, records);
+    counted.into_iter().next_back()
+}
+
+/// The chained claim records of a queue document, as written: key and packed value.
+fn chained_claims<R: ReadDoc>(doc: &R) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for map in am::all_objects(doc, &ROOT, keys::CLAIMS, ObjType::Map) {
+        for item in doc.map_range(&map, ..) {
+            if let Some(v) = am::as_str(&item.value) {
+                out.push((item.key.to_string(), v.to_owned()));
+            }
+        }
+    }
+    out
 }
 
 /// A queue document's epoch number and the queue it continues (`None` in epoch 0); `None` if
@@ -735,9 +733,11 @@ pub fn carry_covering(
     } else {
         from.get_heads()
     };
-    // The router records: a claim can have changed only if one of the changes wrote there.
+    // The router records and the chained claims: a claim can have changed only if one of
+    // the changes wrote there.
     let routers: HashSet<ObjKey> = am::all_objects(from, &ROOT, keys::ROUTER, ObjType::Map)
         .iter()
+        .chain(am::all_objects(from, &ROOT, keys::CLAIMS, ObjType::Map).iter())
         .filter_map(key_of)
         .collect();
     let mut router_touched = false;
@@ -771,7 +771,9 @@ pub fn carry_covering(
                         covers_touched = true;
                     }
                 }
-                (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER => router_touched = true,
+                (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER || key == keys::CLAIMS => {
+                    router_touched = true
+                }
                 (ObjectId::Root, Key::Map(key)) if key == COVERED => covers_touched = true,
                 _ => {}
             }
@@ -786,7 +788,7 @@ pub fn carry_covering(
     // A router claim written into the sealed document above every claim of `into` (a
     // follower that claimed there) still fences pools: `into`'s routers must see it too.
     let claim = router_touched
-        .then(|| effective_claim(from))
+        .then(|| carried_claim(from, &*into))
         .flatten()
         .filter(|c| effective_claim(into).is_none_or(|m| *c > m));
     if touched.is_empty() && claim.is_none() {
@@ -797,11 +799,25 @@ pub fn carry_covering(
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
         }
-        if let Some(c) = &claim {
-            let r = tx.put_object(ROOT, keys::ROUTER, ObjType::Map)?;
-            tx.put(&r, keys::TERM, c.term)?;
-            tx.put(&r, keys::PEER, c.peer.as_str())?;
-            out.writes += 1;
+        if claim.is_some() {
+            // The chained claims `into` lacks, as `from` holds them: a claim of `from` above
+            // the seal's counts in `into` too, its chain running through the sealer's claim.
+            // Every record `into` lacks: a claim counts only with the chain below it.
+            let have: HashSet<String> = chained_claims(tx).into_iter().map(|(k, _)| k).collect();
+            let missing: Vec<(String, String)> = chained_claims(from)
+                .into_iter()
+                .filter(|(k, _)| !have.contains(k))
+                .collect();
+            if !missing.is_empty() {
+                let claims = match am::object(tx, &ROOT, keys::CLAIMS, ObjType::Map) {
+                    Some(m) => m,
+                    None => tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?,
+                };
+                for (k, v) in missing {
+                    tx.put(&claims, k.as_str(), v)?;
+                    out.writes += 1;
+                }
+            }
         }
         let mut targets = Vec::new();
         for name in CARRIED {

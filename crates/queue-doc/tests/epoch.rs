@@ -469,6 +469,7 @@ fn a_late_claim_is_carried_and_only_when_written() {
     let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
     queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
     let sealer = Claim::new(2, PeerId::new("router"));
+    queue::claim_router(&mut old, &Claim::new(1, PeerId::new("router")), 1).unwrap();
     queue::claim_router(&mut old, &sealer, 1).unwrap();
     let view = QueueView::read(&old).unwrap();
     let mut succ = Automerge::new().with_actor(ActorId::from(vec![9u8; 16]));

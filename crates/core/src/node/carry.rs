@@ -178,13 +178,11 @@ impl Core {
                 }
                 continue;
             }
-            // Claims written into a sealed epoch still fence.
-            if let Some(c) = self.replica.get(&from).and_then(epoch::effective_claim) {
-                see(&mut self.seen, id, &c);
-            }
             let Some(target) = self.replica.get(&into) else {
                 continue;
             };
+            // A claim written into a sealed epoch fences once it is carried: when the view of
+            // the document carried into shows it, as routers see it too.
             let prev = epoch::read_prev(target);
             let lineage = epoch::read_lineage(target);
             let root = self.queues.get(id).map(|q| q.root.clone());
