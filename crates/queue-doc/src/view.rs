@@ -467,34 +467,31 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
 /// Every router claim that counts, in order, and how many were ignored.
 ///
 /// Terms rise one at a time: a claim at term `t` counts only if it names the claim it
-/// supersedes at `t - 1` and that claim counts. The chain starts at a claim at term 1 or, in
-/// a successor, at the sealer's claim its lineage names. A claim that skips a term, names a
+/// supersedes at `t - 1` and that claim counts. The chain starts at a claim at term 1 or at a
+/// sealer's claim the document's lineage names (its own epoch's and the ones before).
+/// A claim that skips a term, names a
 /// claim that does not count, is above [`MAX_TERM`], or does not read, is ignored: no
 /// member can write a term nobody can out-claim. Linear in the claims written (plus a sort).
 pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
     let mut bad = 0;
-    // The base of this epoch's chain: the sealer's claim, as the document's lineage names it
-    // for its own epoch (none in epoch 0).
-    let epoch = am::uint(doc, &ROOT, keys::EPOCH).unwrap_or(0);
-    let base = (epoch > 0)
-        .then(|| {
-            chain::read_lineage(doc)
-                .into_iter()
-                .filter(|l| l.epoch == epoch && l.claim.is_valid())
-                .map(|l| l.claim)
-                .max()
-        })
-        .flatten();
-    let mut counted: BTreeSet<Claim> = base.iter().cloned().collect();
+    // The bases of the chain: the sealers' claims the document's lineage names, its own
+    // epoch's and those before it (a claim carried from a sealed epoch chains through that
+    // epoch's sealer). None in epoch 0.
+    let bases: BTreeSet<Claim> = chain::read_lineage(doc)
+        .into_iter()
+        .map(|l| l.claim)
+        .filter(Claim::is_valid)
+        .collect();
+    let mut counted: BTreeSet<Claim> = bases.clone();
     // The router record: the successor's base, written when it was built, and the claims of
     // documents written before claims were chained. A value counts only as a base: at term 1,
-    // or the lineage's.
+    // or one the lineage names.
     for obj in am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map) {
         let claim = am::uint(doc, &obj, keys::TERM)
             .zip(am::string(doc, &obj, keys::PEER))
             .map(|(term, peer)| Claim::new(term, PeerId::new(peer)));
         match claim {
-            Some(c) if c.term == 1 || Some(&c) == base.as_ref() => {
+            Some(c) if c.term == 1 || bases.contains(&c) => {
                 counted.insert(c);
             }
             _ => bad += 1,

@@ -181,8 +181,16 @@ impl Core {
             let Some(target) = self.replica.get(&into) else {
                 continue;
             };
-            // A claim written into a sealed epoch fences once it is carried: when the view of
-            // the document carried into shows it, as routers see it too.
+            // Claims written into a sealed epoch fence before they are carried: those that
+            // will count in the document carried into (their chain runs through a claim that
+            // counts there), as they will for its routers once the carry is written.
+            if let Some(c) = self
+                .replica
+                .get(&from)
+                .and_then(|f| epoch::carried_claim(&*f, &*target))
+            {
+                see(&mut self.seen, id, &c);
+            }
             let prev = epoch::read_prev(target);
             let lineage = epoch::read_lineage(target);
             let root = self.queues.get(id).map(|q| q.root.clone());

@@ -169,9 +169,10 @@ impl Core {
             }
         }
         self.replica.set_scope(&to, scope);
-        if sideways {
-            self.keep_ends(id, &to);
-        }
+        // A task the document left shows final (this node may have ended it there, late,
+        // as a restart interrupting its runs does) keeps its end in `to` before `to` is shown:
+        // the carry that would bring it may have to wait for the chain's documents.
+        self.keep_ends(id, &to);
         self.io.push_back(Io::RememberEpoch {
             queue: id.clone(),
             doc: to.clone(),
