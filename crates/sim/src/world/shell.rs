@@ -180,7 +180,9 @@ impl World {
             Io::Abort { run } => self.run_aborted(i, run),
             Io::Run(req) => {
                 let claim = req.attempt.claim.clone();
-                self.check_start(i, &req.queue, &req.task, &claim);
+                let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
+                let tainted = self.cut_from_its_router_since(i, &claim, assigned_us);
+                self.check_start(i, &req.queue, &req.task, &claim, tainted);
                 self.trace(|| {
                     format!(
                         "node{i} starts {} {} on {}",
@@ -196,10 +198,9 @@ impl World {
                         task: req.task.clone(),
                         queue: req.queue.clone(),
                         claim: claim.clone(),
-                        tainted: false,
+                        tainted,
                     },
                 );
-                let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
                 self.runs.entry(req.task.clone()).or_default().push(RunRec {
                     node: i,
                     claim,
