@@ -1049,3 +1049,63 @@ fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// What [`check_successor`] found of a successor document, judged against the document it
+/// continues.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SuccessorCheck {
+    /// The predecessor holds no seal naming the successor yet, or not every change the seal
+    /// covered: judge again once they are here.
+    #[error("the seal naming it, or what the seal covered, is not here yet")]
+    NotYet,
+    /// The seal's claim does not count in the predecessor: whoever sealed was not a router
+    /// there (a claim that skips a term, above the bound, or never written).
+    #[error("its seal's claim {0} does not count in the document it continues")]
+    SealerNotRouter(Claim),
+    /// The successor does not index a task that was indexed at the seal's heads and is not
+    /// final: following it would hide that task.
+    #[error("it drops task {0}, live in the document it continues at the seal")]
+    DropsLive(TaskId),
+}
+
+/// Whether `succ`, a document named `succ_id` that says it continues `prev`, may be
+/// followed: `prev` holds a seal naming it under a claim that counts in `prev` (its router
+/// sealed it), and `succ` indexes every task `prev` indexed at the seal's heads that is not
+/// final there now. A successor that fails either check is forged (or broken) and never
+/// followed: its seal cannot hide live tasks.
+///
+/// Work: the tasks `prev` indexed at the seal's heads, one entry read each, once per
+/// successor (the caller keeps the verdict).
+pub fn check_successor(
+    prev: &Automerge,
+    succ: &Automerge,
+    succ_id: &str,
+) -> Result<(), SuccessorCheck> {
+    let Some(seal) = read_seals(prev)
+        .into_iter()
+        .find(|s| s.successor == succ_id)
+    else {
+        return Err(SuccessorCheck::NotYet);
+    };
+    let (counted, _) = crate::view::read_claims(prev);
+    if !counted.contains(&seal.claim) {
+        return Err(SuccessorCheck::SealerNotRouter(seal.claim));
+    }
+    let heads = seal_heads(prev, succ_id)
+        .filter(|h| !h.is_empty())
+        .or_else(|| read_prev(succ).map(|p| p.heads))
+        .unwrap_or_default();
+    if heads.is_empty() || known_heads(prev, &heads).len() < heads.len() {
+        return Err(SuccessorCheck::NotYet);
+    }
+    for tasks in am::all_objects(prev, &ROOT, keys::TASKS, ObjType::Map) {
+        for item in prev.map_range_at(&tasks, .., &heads) {
+            let task = TaskId::new(item.key.to_string());
+            let live = task_state(prev, &task).is_some_and(|s| !s.is_final());
+            if live && !indexes(succ, &task) {
+                return Err(SuccessorCheck::DropsLive(task));
+            }
+        }
+    }
+    Ok(())
+}

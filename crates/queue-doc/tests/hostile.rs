@@ -74,3 +74,140 @@ proptest! {
         prop_assert!(looked <= a.len() + b.len());
     }
 }
+
+mod successors {
+    use automerge::{ActorId, Automerge};
+    use piecework_queue_doc::epoch::{self, Rotation, Seal, SuccessorCheck};
+    use piecework_queue_doc::queue::{self, Submission};
+    use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId};
+
+    fn submit(doc: &mut Automerge, n: u32) -> TaskId {
+        let id = TaskId::new(format!("automerge:t{n}"));
+        queue::submit(
+            doc,
+            &Submission {
+                id: id.clone(),
+                kind: "k".into(),
+                submitter: PeerId::new("s"),
+                submitted_at: u64::from(n),
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+                input: None,
+            },
+        )
+        .unwrap();
+        id
+    }
+
+    /// A queue document with three live tasks, its router `r@1`, and a successor `name`
+    /// built by `sealer` from it, then sealed into it; `drop` is left out of the successor.
+    fn sealed(sealer: &Claim, drop: Option<&TaskId>) -> (Automerge, Automerge, Vec<TaskId>) {
+        let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+        queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+        queue::claim_router(&mut old, &Claim::new(1, PeerId::new("r")), 1).unwrap();
+        let tasks: Vec<TaskId> = (1..=3).map(|n| submit(&mut old, n)).collect();
+        // The successor as a forger builds it: from a view without the task it drops.
+        let mut from = old.clone();
+        if let Some(t) = drop {
+            let view = QueueView::read(&from).unwrap();
+            assert!(view.task(t).is_some());
+            from = Automerge::new().with_actor(ActorId::from(vec![3u8; 16]));
+            queue::create(
+                &mut from,
+                "q",
+                &QueueConfig::default(),
+                &PeerId::new("s"),
+                0,
+            )
+            .unwrap();
+            for n in 1..=3 {
+                if TaskId::new(format!("automerge:t{n}")) != *t {
+                    submit(&mut from, n);
+                }
+            }
+        }
+        let view = QueueView::read(&from).unwrap();
+        let mut succ = Automerge::new().with_actor(ActorId::from(vec![2u8; 16]));
+        let origin = QueueId::new("automerge:q0");
+        epoch::build_successor(
+            &from,
+            &view,
+            &mut succ,
+            &Rotation {
+                origin: &origin,
+                prev: "automerge:q0",
+                successor: "automerge:next",
+                epoch: 1,
+                claim: sealer,
+                now_ms: 2,
+            },
+        )
+        .unwrap();
+        let heads = old.get_heads();
+        epoch::seal(
+            &mut old,
+            &Seal {
+                claim: sealer.clone(),
+                successor: "automerge:next".into(),
+                epoch: 1,
+            },
+            &heads,
+        )
+        .unwrap();
+        (old, succ, tasks)
+    }
+
+    #[test]
+    fn the_routers_successor_holding_every_live_task_is_followed() {
+        let (old, succ, _) = sealed(&Claim::new(1, PeerId::new("r")), None);
+        assert_eq!(
+            epoch::check_successor(&old, &succ, "automerge:next"),
+            Ok(())
+        );
+    }
+
+    /// A member seals the queue into a successor of its own that leaves a live task out: the
+    /// seal is under the router's claim (or any claim that counts), so only the contents
+    /// tell. It is not followed: the task would never run.
+    #[test]
+    fn a_forged_successor_that_drops_live_tasks_is_not_followed() {
+        let dropped = TaskId::new("automerge:t2");
+        let (old, succ, _) = sealed(&Claim::new(1, PeerId::new("r")), Some(&dropped));
+        assert_eq!(
+            epoch::check_successor(&old, &succ, "automerge:next"),
+            Err(SuccessorCheck::DropsLive(dropped))
+        );
+    }
+
+    /// A seal under a claim that does not count in the document sealed (a term nobody
+    /// claimed there, here the bound) is not followed, whatever the successor holds.
+    #[test]
+    fn a_successor_sealed_under_a_claim_that_does_not_count_is_not_followed() {
+        let forged = Claim::new(piecework_queue_doc::MAX_TERM, PeerId::new("x"));
+        let (old, succ, _) = sealed(&forged, None);
+        assert_eq!(
+            epoch::check_successor(&old, &succ, "automerge:next"),
+            Err(SuccessorCheck::SealerNotRouter(forged))
+        );
+    }
+
+    /// A successor whose seal has not arrived is not followed yet (nor refused).
+    #[test]
+    fn a_successor_without_its_seal_waits() {
+        let (_, succ, _) = sealed(&Claim::new(1, PeerId::new("r")), None);
+        let mut unsealed = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+        queue::create(
+            &mut unsealed,
+            "q",
+            &QueueConfig::default(),
+            &PeerId::new("s"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(
+            epoch::check_successor(&unsealed, &succ, "automerge:next"),
+            Err(SuccessorCheck::NotYet)
+        );
+    }
+}

@@ -159,6 +159,7 @@ impl Core {
                 announced: BTreeSet::new(),
                 asked_behind: None,
                 rejected: BTreeSet::new(),
+                verified: BTreeSet::new(),
                 router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
                 cache: ViewCache::new(),
                 view: Arc::new(QueueView::default()),

@@ -433,6 +433,8 @@ impl World {
                         from_loser: true, ..
                     } => self.count("successor_merge"),
                     EpochEvent::Evicted { .. } => self.count("epoch_evicted"),
+                    // Never among honest nodes: `honest_mixes_refuse_no_successor` checks.
+                    EpochEvent::Refused { .. } => self.count("successor_refused"),
                 }
                 self.trace(|| format!("node{i} {queue}: {event:?}"));
             }
