@@ -802,11 +802,23 @@ pub fn carry_covering(
         if claim.is_some() {
             // The chained claims `into` lacks, as `from` holds them: a claim of `from` above
             // the seal's counts in `into` too, its chain running through the sealer's claim.
-            // Every record `into` lacks: a claim counts only with the chain below it.
-            let have: HashSet<String> = chained_claims(tx).into_iter().map(|(k, _)| k).collect();
+            // The records that count in `into` once carried and do not yet: a claim counts
+            // only with the chain below it, and the chain runs through a claim that counts
+            // there (the sealer's, a base of its lineage). Records that would not count (a
+            // forged term, say) are left behind.
+            let (before, _) = crate::view::read_claims(tx);
+            let mut after: BTreeSet<Claim> = before.iter().cloned().collect();
+            let mut bad = 0;
+            let mut records = crate::view::chained_records(from, &mut bad);
+            records.extend(crate::view::chained_records(tx, &mut bad));
+            crate::view::extend_chain(&mut after, records);
+            let new: HashSet<String> = after
+                .difference(&before.into_iter().collect())
+                .map(|c| format!("{}/{}", c.term, c.peer))
+                .collect();
             let missing: Vec<(String, String)> = chained_claims(from)
                 .into_iter()
-                .filter(|(k, _)| !have.contains(k))
+                .filter(|(k, _)| new.contains(k))
                 .collect();
             if !missing.is_empty() {
                 let claims = match am::object(tx, &ROOT, keys::CLAIMS, ObjType::Map) {

@@ -109,7 +109,12 @@ impl World {
     /// concurrency limit (swarm seed 281: an assignment reached a node whose outgoing
     /// messages were lost for 12.7 s; it started 27 ms after the cut ended, the task running
     /// again elsewhere by then).
-    pub(super) fn cut_from_its_router_since(&self, i: usize, claim: &Claim, assigned_us: u64) -> bool {
+    pub(super) fn cut_from_its_router_since(
+        &self,
+        i: usize,
+        claim: &Claim,
+        assigned_us: u64,
+    ) -> bool {
         let Some(r) = self.index_of(&claim.peer) else {
             return false;
         };
