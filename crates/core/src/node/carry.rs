@@ -187,7 +187,7 @@ impl Core {
             if let Some(c) = self
                 .replica
                 .get(&from)
-                .and_then(|f| epoch::carried_claim(&*f, &*target))
+                .and_then(|f| epoch::carried_claim(f, target))
             {
                 see(&mut self.seen, id, &c);
             }
