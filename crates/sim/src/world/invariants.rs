@@ -109,7 +109,12 @@ impl World {
     /// concurrency limit (swarm seed 281: an assignment reached a node whose outgoing
     /// messages were lost for 12.7 s; it started 27 ms after the cut ended, the task running
     /// again elsewhere by then).
-    pub(super) fn cut_from_its_router_since(&self, i: usize, claim: &Claim, assigned_us: u64) -> bool {
+    pub(super) fn cut_from_its_router_since(
+        &self,
+        i: usize,
+        claim: &Claim,
+        assigned_us: u64,
+    ) -> bool {
         let Some(r) = self.index_of(&claim.peer) else {
             return false;
         };
@@ -281,6 +286,9 @@ impl World {
         for (id, t) in view.tasks() {
             if t.state().is_final() && !self.ever_final.contains(id) {
                 self.ever_final.insert(id.clone());
+            }
+            if t.state() == TaskState::Succeeded && !self.ever_succeeded.contains(id) {
+                self.ever_succeeded.insert(id.clone());
             }
         }
     }
@@ -462,6 +470,7 @@ impl World {
         self.trace(|| "settled".into());
         // Settling proves 1 and 3; re-check explicitly so a wrong `is_settled` cannot hide one.
         self.every_acknowledged_task_reaches_an_outcome();
+        self.every_task_succeeds_beside_a_hostile_member();
         self.only_the_agreed_router_is_active();
         self.every_stored_document_belongs_to_a_joined_queue();
     }
@@ -472,6 +481,30 @@ impl World {
         let lost = self.lost();
         if lost > 0 {
             self.violate(1, format!("{lost} tasks without an outcome after settling"));
+        }
+    }
+
+    /// Invariant 1, with a Byzantine member (whose mix has handlers that never fail): every
+    /// acknowledged task ended `succeeded` (some view showed it so; invariant 2 keeps it so).
+    fn every_task_succeeds_beside_a_hostile_member(&mut self) {
+        if self.hostile.is_none() {
+            return;
+        }
+        let not: Vec<TaskId> = self
+            .submitted
+            .keys()
+            .filter(|t| !self.ever_succeeded.contains(*t))
+            .cloned()
+            .collect();
+        if !not.is_empty() {
+            self.violate(
+                1,
+                format!(
+                    "{} tasks never succeeded beside the hostile member (first {})",
+                    not.len(),
+                    not[0]
+                ),
+            );
         }
     }
 
