@@ -24,6 +24,7 @@
 //! | 7 | no two runs of a task overlap (unless a loss explains it) | [`World::no_two_runs_of_a_task_overlap`] | at every run start |
 //! | 8 | an acknowledged submit is on the submitting node's disk | [`World::an_acknowledged_submit_is_on_disk`] | at every acknowledged submit |
 //! | 9 | a node stores only documents of queues it joined | [`World::a_saved_document_belongs_to_a_joined_queue`], [`World::every_stored_document_belongs_to_a_joined_queue`] | at every save; once settled, on every disk |
+//! | 10 | no honest node counts a value the Byzantine member sent or wrote (`byzantine` mix) | `World::judge_hostile_delivery`, `World::judge_hostile_writes` (in `byzantine.rs`); with it, invariant 1 requires every task `succeeded` ([`World::every_task_succeeds_beside_a_hostile_member`]) | at every hostile heartbeat delivered to an honest node; on every view of an honest node |
 //!
 //! The simulator's tests of each, as `docs/protocol.md` names them (in
 //! `crates/sim/tests/seeds.rs` unless said otherwise):
