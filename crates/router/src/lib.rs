@@ -108,6 +108,15 @@ pub enum Event {
         /// Why it was ignored.
         reason: Rejection,
     },
+    /// A pool heartbeat listed workers a reader does not count: an index listed more than
+    /// once, or one at or above `MAX_POOL_WORKERS` ([`PoolBeat::normalized`]). The router
+    /// keeps one report per index below the bound, so the extra reports win no assignment.
+    PoolBeatTrimmed {
+        /// The pool's peer.
+        peer: PeerId,
+        /// How many of the heartbeat's reports were not counted.
+        dropped: usize,
+    },
     /// The router would have claimed, but the greatest known term is already [`MAX_TERM`]:
     /// it stays a follower (and says so once per `takeover_after`).
     TermsExhausted {
@@ -199,8 +208,12 @@ pub struct Router {
     /// A member of the queue has been reached since this router started
     /// ([`Router::handle_member_connected`]).
     met_member: bool,
-    /// The greatest claim heard in a heartbeat, and its last counter.
+    /// The greatest claim the document did not hold when it was heard in a heartbeat, and
+    /// its counter then (each such claim is a sign of life once).
     best_beat: Option<(Claim, u64)>,
+    /// The effective router's claim as last heard in a heartbeat, and that beat's counter
+    /// (its replays are ignored).
+    effective_beat: Option<(Claim, u64)>,
     started_at: Instant,
     next_beat: Instant,
     beat_counter: u64,
@@ -248,6 +261,7 @@ impl Router {
             heard_at: now,
             met_member: false,
             best_beat: None,
+            effective_beat: None,
             started_at: now,
             next_beat: now,
             beat_counter: 0,
@@ -370,18 +384,18 @@ impl Router {
             });
             return;
         }
-        if let Some((best, counter)) = &self.best_beat
-            && (beat.claim < *best || (beat.claim == *best && beat.counter <= *counter))
-        {
-            return; // stale or replayed
-        }
-        let first_of_claim = self
-            .best_beat
-            .as_ref()
-            .is_none_or(|(best, _)| *best != beat.claim);
-        self.best_beat = Some((beat.claim.clone(), beat.counter));
         match self.effective() {
             Some(e) if *e == beat.claim => {
+                // Replays are told apart per claim: a greater claim heard before (one the
+                // document does not hold, at the term bound say) must not hide the effective
+                // router's beats, or every follower takes over once per `takeover_after`.
+                if let Some((last, counter)) = &self.effective_beat
+                    && *last == beat.claim
+                    && beat.counter <= *counter
+                {
+                    return; // stale or replayed
+                }
+                self.effective_beat = Some((beat.claim.clone(), beat.counter));
                 self.heard_at = now;
                 if beat.handover.as_ref() == Some(&self.me)
                     && self.role == Role::Follower
@@ -395,14 +409,23 @@ impl Router {
                 }
             }
             Some(e) if beat.claim < *e => {} // a deposed router that does not know it yet
-            _ if first_of_claim => {
+            _ => {
+                // A claim the document does not hold: a sign of life once per claim, and
+                // only for a claim greater than any such claim heard before.
+                if self
+                    .best_beat
+                    .as_ref()
+                    .is_some_and(|(best, _)| beat.claim <= *best)
+                {
+                    return;
+                }
+                self.best_beat = Some((beat.claim.clone(), beat.counter));
                 self.heard_at = now;
                 self.events.push_back(Event::RejectedBeat {
                     claim: beat.claim.clone(),
                     reason: Rejection::NotInDocument,
                 });
             }
-            _ => {}
         }
     }
 
@@ -433,11 +456,19 @@ impl Router {
                 }
             }
         }
+        let normalized = beat.normalized();
+        let dropped = beat.workers.len() - normalized.workers.len();
+        if dropped > 0 {
+            self.events.push_back(Event::PoolBeatTrimmed {
+                peer: beat.peer.clone(),
+                dropped,
+            });
+        }
         self.pools.insert(
             beat.peer.clone(),
             PoolState {
                 heard_at: now,
-                beat: beat.normalized(),
+                beat: normalized,
             },
         );
         self.dirty = true;

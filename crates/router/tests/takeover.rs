@@ -513,6 +513,42 @@ fn a_members_heartbeat_at_the_term_bound_stops_nothing() {
     );
 }
 
+/// Story 5b: After a member's heartbeat at the term bound (a claim the document does not
+/// hold), the effective router's own heartbeats still count: the followers hear it, and none
+/// takes over while it beats. Found by the simulator's `byzantine` mix: beats were told stale
+/// by the greatest claim ever heard, so the bound's claim hid the effective router's and every
+/// follower took over once per `takeover_after` (60 takeovers in four calm seeds).
+#[test]
+fn the_effective_routers_beats_count_after_a_heartbeat_at_the_term_bound() {
+    let mut c = Cluster::new(3);
+    c.elect_first(0);
+    let bound = RouterBeat {
+        queue: QueueId::new(QUEUE),
+        claim: Claim::new(MAX_TERM, c.peers[2].id.clone()),
+        counter: 1,
+        epoch: None,
+        handover: None,
+    };
+    let t = c.at(150);
+    c.peers[1].router.handle_router_beat(t, &bound);
+    c.peers[1].drain(t);
+    // Peer 0 beats every 100 ms for three times `takeover_after`.
+    for k in 2..=15 {
+        let now = c.at(k * 100);
+        c.peers[0].tick(now);
+        c.deliver_beats(0, now);
+        c.peers[1].tick(now);
+        assert!(
+            c.peers[1].router.role() == &Role::Follower,
+            "at {} ms peer 1 is {:?}, events {:?}",
+            k * 100,
+            c.peers[1].router.role(),
+            c.peers[1].events
+        );
+    }
+    assert!(c.peers[0].router.is_active());
+}
+
 /// Story 6: A task whose worker's pool goes silent for `lease` is routed again, to a live worker,
 /// with the next attempt number.
 #[test]

@@ -196,6 +196,48 @@ fn partition_seeds_pass() {
     }
 }
 
+/// The `byzantine` mix: the last node is a hostile member (see `docs/testing.md`, "The
+/// Byzantine member"). Every seed passes, invariant 10 (no honest node counts a hostile value)
+/// included, and every task succeeds; every hostile act is sent and refused at least once. On
+/// a network that loses nothing, with no crash, no router is ever deposed: before the router
+/// told replays per claim, a member's heartbeat at the term bound hid the effective router's
+/// and followers took over every `takeover_after` (30 takeovers in seeds 0 and 1).
+#[test]
+fn byzantine_seeds_pass_and_every_hostile_act_is_refused() {
+    let config = Config {
+        mix: FaultMix::byzantine(),
+        ..Config::default()
+    };
+    let (mut sent, mut refused) = (
+        BTreeMap::<String, u64>::new(),
+        BTreeMap::<String, u64>::new(),
+    );
+    let mut takeovers = 0;
+    for seed in 6_000..6_000 + CI_SEEDS / 2 {
+        let r = run(seed, &config);
+        assert!(r.passed(), "{}", describe(&r));
+        assert_eq!(r.lost, 0, "{}", describe(&r));
+        takeovers += r.takeovers;
+        for (k, v) in r.byzantine_sent {
+            *sent.entry(k).or_default() += v;
+        }
+        for (k, v) in r.byzantine_refused {
+            *refused.entry(k).or_default() += v;
+        }
+    }
+    for act in ["router_beat", "claim", "oversized", "pool_flood"] {
+        assert!(
+            sent.get(act).copied().unwrap_or(0) > 0,
+            "{act} never sent: {sent:?}"
+        );
+        assert!(
+            refused.get(act).copied().unwrap_or(0) > 0,
+            "{act} never refused: {refused:?} (sent {sent:?})"
+        );
+    }
+    assert_eq!(takeovers, 0, "routers churned beside the hostile member");
+}
+
 /// Sealed epochs deleted on disk, 2 kept per node (a node keeps 256 by default): the default
 /// mix's seeds still pass. And members come back behind documents of the chain every member
 /// deleted and move past them: nodes down across rotations (the crashes mix, 120 tasks, 1

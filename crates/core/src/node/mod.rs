@@ -189,6 +189,24 @@ impl Core {
         self.broken = core;
     }
 
+    /// The simulator's hook for a hostile member (feature `hostile`, enabled only by
+    /// `piecework-sim`): applies `f` to this node's replica of `doc` as a raw Automerge change,
+    /// bypassing every typed write and its checks, then runs a turn, so the change is saved
+    /// and synced to the peers as any local change would be. `None` if `doc` is not loaded.
+    /// It lets the simulator's world write what a hostile member's own code could write (a
+    /// claim that skips terms, an oversized record); the node's logic is unchanged.
+    #[cfg(feature = "hostile")]
+    pub fn hostile_change<R>(
+        &mut self,
+        now: Time,
+        doc: &DocId,
+        f: impl FnOnce(&mut Automerge) -> R,
+    ) -> Option<R> {
+        let r = self.change(doc, f);
+        self.turn(now);
+        r
+    }
+
     fn fencing(&self) -> bool {
         #[cfg(feature = "broken")]
         if self.broken {

@@ -24,6 +24,7 @@
 //! | 7 | no two runs of a task overlap (unless a loss explains it) | [`World::no_two_runs_of_a_task_overlap`] | at every run start |
 //! | 8 | an acknowledged submit is on the submitting node's disk | [`World::an_acknowledged_submit_is_on_disk`] | at every acknowledged submit |
 //! | 9 | a node stores only documents of queues it joined | [`World::a_saved_document_belongs_to_a_joined_queue`], [`World::every_stored_document_belongs_to_a_joined_queue`] | at every save; once settled, on every disk |
+//! | 10 | no honest node counts a value the Byzantine member sent or wrote (`byzantine` mix) | `World::judge_hostile_delivery`, `World::judge_hostile_writes` (in `byzantine.rs`); with it, invariant 1 requires every task `succeeded` ([`World::every_task_succeeds_beside_a_hostile_member`]) | at every hostile heartbeat delivered to an honest node; on every view of an honest node |
 //!
 //! The simulator's tests of each, as `docs/protocol.md` names them (in
 //! `crates/sim/tests/seeds.rs` unless said otherwise):
@@ -287,6 +288,9 @@ impl World {
             if t.state().is_final() && !self.ever_final.contains(id) {
                 self.ever_final.insert(id.clone());
             }
+            if t.state() == TaskState::Succeeded && !self.ever_succeeded.contains(id) {
+                self.ever_succeeded.insert(id.clone());
+            }
         }
     }
 
@@ -467,6 +471,7 @@ impl World {
         self.trace(|| "settled".into());
         // Settling proves 1 and 3; re-check explicitly so a wrong `is_settled` cannot hide one.
         self.every_acknowledged_task_reaches_an_outcome();
+        self.every_task_succeeds_beside_a_hostile_member();
         self.only_the_agreed_router_is_active();
         self.every_stored_document_belongs_to_a_joined_queue();
     }
@@ -477,6 +482,30 @@ impl World {
         let lost = self.lost();
         if lost > 0 {
             self.violate(1, format!("{lost} tasks without an outcome after settling"));
+        }
+    }
+
+    /// Invariant 1, with a Byzantine member (whose mix has handlers that never fail): every
+    /// acknowledged task ended `succeeded` (some view showed it so; invariant 2 keeps it so).
+    fn every_task_succeeds_beside_a_hostile_member(&mut self) {
+        if self.hostile.is_none() {
+            return;
+        }
+        let not: Vec<TaskId> = self
+            .submitted
+            .keys()
+            .filter(|t| !self.ever_succeeded.contains(*t))
+            .cloned()
+            .collect();
+        if !not.is_empty() {
+            self.violate(
+                1,
+                format!(
+                    "{} tasks never succeeded beside the hostile member (first {})",
+                    not.len(),
+                    not[0]
+                ),
+            );
         }
     }
 

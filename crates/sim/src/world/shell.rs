@@ -221,7 +221,10 @@ impl World {
             }
             // Every pair of up, uncut nodes is connected: dials change nothing here.
             Io::Dial { .. } => {}
-            Io::Publish { topic, data } => self.gossip(i, topic, data),
+            Io::Publish { topic, data } => {
+                let data = self.flood_pool_beat(i, data);
+                self.gossip(i, topic, data)
+            }
             Io::Subscribe { topic } => {
                 self.nodes[i].subscribed.insert(topic);
             }
@@ -357,6 +360,10 @@ impl World {
                     self.count("router_stepped_down");
                     self.trace(|| format!("node{i} router: {event:?}"));
                 }
+                RouterEvent::PoolBeatTrimmed { ref peer, .. } => {
+                    self.pool_beat_trimmed(i, peer);
+                    self.trace(|| format!("node{i} router: {event:?}"));
+                }
                 RouterEvent::ClaimLost { .. } => {
                     self.claims_lost += 1;
                     self.trace(|| format!("node{i} router: {event:?}"));
@@ -451,6 +458,7 @@ impl World {
         self.remember_final_tasks(view);
         self.superseded_attempt_held(i, view);
         self.assignments_keep_the_rate_interval(i, queue, view);
+        self.judge_hostile_writes(i, queue, view);
     }
 
     /// Counts the tasks that enter `input_unavailable` on node `i`, or leave it.
