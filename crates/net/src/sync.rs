@@ -42,6 +42,9 @@
 //!   `Blocked` and no byte has been written to the stream since for `Config::sync_stall_timeout`
 //!   (default [`STALL_TIMEOUT`]; checked every quarter of it), the stream is closed, which emits
 //!   `SyncClosed` on both sides and reopens it as above.
+//! - The accepting side accepts at most [`MAX_ACCEPTS_PER_WINDOW`] streams per peer per
+//!   [`ACCEPT_WINDOW`] (each one replaces the current stream and resyncs); beyond, a new stream
+//!   is reset at once, without `SyncOpened`, and the current one stays open.
 //! - Frames read wait for room in the event channel: a slow application slows the remote writer
 //!   down through Yamux flow control (and, past its stall timeout, gets the stream reset).
 
@@ -74,7 +77,7 @@ pub const FRAME_HEADER_BYTES: usize = 4;
 /// payload plus [`FRAME_HEADER_BYTES`], queued but not yet written.
 ///
 /// It must exceed the largest document the replica accepts (16 MiB,
-/// `piecework_replica::MAX_DOC_BYTES`) and [`MAX_FRAME`], so that on a fresh stream, with nothing
+/// `piecework_replica::MAX_SYNC_MESSAGE_BYTES`) and [`MAX_FRAME`], so that on a fresh stream, with nothing
 /// queued, any frame the stream can carry is accepted: a new peer's first sync message always
 /// fits.
 pub const MAX_QUEUED_BYTES: usize = 96 * 1024 * 1024;
@@ -86,6 +89,17 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const REOPEN_BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The longest delay between attempts to open a sync stream.
 pub const REOPEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The most sync streams accepted from one peer per [`ACCEPT_WINDOW`]: 30. Each accepted
+/// stream replaces the current one and starts a full resync of every document shared with the
+/// peer, so a peer opening streams without end would keep this node resyncing. An honest
+/// opener makes at most about 18 in its worst minute (its backoff from [`REOPEN_BACKOFF_MIN`]
+/// doubling to [`REOPEN_BACKOFF_MAX`] makes 7 in the first 6.3 s, then one per 5 s); this is
+/// room for that and a reconnect. Streams beyond it are reset at once, without a `SyncOpened`
+/// (so without a resync here), and the current stream stays open; the opener backs off and
+/// retries.
+pub const MAX_ACCEPTS_PER_WINDOW: usize = 30;
+/// The window [`MAX_ACCEPTS_PER_WINDOW`] counts in: a minute.
+pub const ACCEPT_WINDOW: Duration = Duration::from_secs(60);
 
 const _: () = assert!(MAX_QUEUED_BYTES > MAX_FRAME + FRAME_HEADER_BYTES);
 const _: () = assert!(MAX_QUEUED_BYTES > 16 * 1024 * 1024 + FRAME_HEADER_BYTES);
@@ -615,7 +629,8 @@ pub(crate) async fn keep_open(
     }
 }
 
-/// Accepts inbound sync streams until the swarm goes away.
+/// Accepts inbound sync streams until the swarm goes away, at most [`MAX_ACCEPTS_PER_WINDOW`]
+/// per peer per [`ACCEPT_WINDOW`].
 pub(crate) async fn accept(mut control: libp2p_stream::Control, streams: Streams) {
     let mut incoming = match control.accept(SYNC_PROTOCOL) {
         Ok(i) => i,
@@ -624,8 +639,62 @@ pub(crate) async fn accept(mut control: libp2p_stream::Control, streams: Streams
             return;
         }
     };
+    let mut rate = AcceptRate::default();
     while let Some((peer, stream)) = incoming.next().await {
-        streams.register(peer, stream.compat());
+        rate.accept(&streams, peer, stream.compat(), Instant::now());
+    }
+}
+
+/// When each peer's recent accepted streams were accepted, to bound them
+/// ([`MAX_ACCEPTS_PER_WINDOW`]).
+#[derive(Debug, Default)]
+struct AcceptRate {
+    /// Per peer, the accept times within the last [`ACCEPT_WINDOW`], oldest first: at most
+    /// [`MAX_ACCEPTS_PER_WINDOW`] each. A peer is forgotten once all of its are older than the
+    /// window, when the map holds more peers than [`crate::MAX_CONNECTIONS`] (so it holds at
+    /// most the peers that opened a stream in the last window, plus that many).
+    recent: HashMap<PeerId, std::collections::VecDeque<Instant>>,
+}
+
+impl AcceptRate {
+    /// Registers `io` as `peer`'s new stream, or resets it (drops it) if the peer opened
+    /// [`MAX_ACCEPTS_PER_WINDOW`] already in the last [`ACCEPT_WINDOW`]. Returns the stream's
+    /// end token if it was accepted.
+    fn accept<S>(
+        &mut self,
+        streams: &Streams,
+        peer: PeerId,
+        io: S,
+        now: Instant,
+    ) -> Option<CancellationToken>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let max_peers = usize::try_from(crate::MAX_CONNECTIONS).unwrap_or(usize::MAX);
+        if self.recent.len() > max_peers {
+            self.recent.retain(|_, times| {
+                times
+                    .back()
+                    .is_some_and(|t| now.saturating_duration_since(*t) < ACCEPT_WINDOW)
+            });
+        }
+        let times = self.recent.entry(peer).or_default();
+        while times
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= ACCEPT_WINDOW)
+        {
+            times.pop_front();
+        }
+        if times.len() >= MAX_ACCEPTS_PER_WINDOW {
+            tracing::debug!(
+                %peer,
+                "refused a sync stream: {MAX_ACCEPTS_PER_WINDOW} accepted from it within {ACCEPT_WINDOW:?}"
+            );
+            drop(io);
+            return None;
+        }
+        times.push_back(now);
+        Some(streams.register(peer, io))
     }
 }
 
@@ -769,6 +838,52 @@ mod tests {
             big.send(&peer, vec![0; MAX_FRAME + 1]),
             SendOutcome::TooLarge
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn streams_accepted_from_a_peer_beyond_the_bound_per_minute_are_reset_without_a_resync() {
+        let (s, mut events) = streams(MAX_QUEUED_BYTES);
+        let mut rate = AcceptRate::default();
+        let peer = PeerId::random();
+        let other = PeerId::random();
+        let mut remotes = Vec::new();
+        let step = Duration::from_millis(100);
+        for i in 0..MAX_ACCEPTS_PER_WINDOW {
+            let (ours, theirs) = pipe();
+            remotes.push(theirs);
+            assert!(rate.accept(&s, peer, ours, Instant::now()).is_some());
+            if i > 0 {
+                assert!(matches!(next(&mut events).await, Event::SyncClosed(_)));
+            }
+            assert!(matches!(next(&mut events).await, Event::SyncOpened(p) if p == peer));
+            tokio::time::advance(step).await;
+        }
+        // One more within the minute: reset at once, no event, and the current stream stays.
+        let (ours, mut refused) = pipe();
+        assert!(rate.accept(&s, peer, ours, Instant::now()).is_none());
+        let mut buf = [0; 8];
+        assert_eq!(
+            refused.read(&mut buf).await.unwrap(),
+            0,
+            "the opener sees it end"
+        );
+        assert_eq!(s.send(&peer, vec![5]), SendOutcome::Queued);
+        let current = remotes.last_mut().unwrap();
+        current.read_exact(&mut buf[..5]).await.unwrap();
+        assert_eq!(&buf[..5], &[0, 0, 0, 1, 5]);
+        // Another peer is not affected.
+        let (ours, _theirs) = pipe();
+        assert!(rate.accept(&s, other, ours, Instant::now()).is_some());
+        assert!(matches!(next(&mut events).await, Event::SyncOpened(p) if p == other));
+        // Once the first accept is a minute old, one more is accepted: the next events are
+        // that stream's replacement, nothing from the refused one.
+        let accepted = u32::try_from(MAX_ACCEPTS_PER_WINDOW).unwrap();
+        tokio::time::advance(ACCEPT_WINDOW - step * accepted).await;
+        let (ours, _theirs) = pipe();
+        assert!(rate.accept(&s, peer, ours, Instant::now()).is_some());
+        assert!(matches!(next(&mut events).await, Event::SyncClosed(p) if p == peer));
+        assert!(matches!(next(&mut events).await, Event::SyncOpened(p) if p == peer));
+        assert!(events.try_recv().is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -48,7 +48,9 @@
 //! **Bounds.** Everything a peer can make the replica keep is bounded: loads started by peers
 //! ([`MAX_PENDING_LOADS`]), messages kept while loading ([`MAX_QUEUED_PER_LOAD`],
 //! [`MAX_QUEUED_BYTES`]), held pushes ([`MAX_HELD`]), requests and answers waiting for a peer
-//! ([`MAX_QUEUED_PER_PEER`]), the size of one sync message ([`MAX_DOC_BYTES`]), the probes of
+//! ([`MAX_QUEUED_PER_PEER`]), the size of one sync message
+//! ([`MAX_SYNC_MESSAGE_BYTES`]: larger ones this replica sends in parts) and what its changes may
+//! inflate to ([`MAX_INFLATED_BYTES`]), the probes of
 //! a peer's Bloom filter ([`MAX_BLOOM_PROBES`]), fetches ([`FETCH_TIMEOUT`]). Loaded documents
 //! are the driver's to bound: it reads [`Replica::loaded`] and [`Replica::evict`]s; peers only
 //! add documents the driver scoped or fetches. Groups and scopes grow only by the driver's
@@ -76,6 +78,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod chunks;
 mod ids;
 mod load;
 mod message;
@@ -89,9 +92,10 @@ pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
 pub use load::{REPLAY_MIN_BYTES, load_chunks};
 pub use message::{DecodeError, Message};
 pub use replica::{
-    Event, FETCH_TIMEOUT, HELD_FOR, MAX_BLOOM_PROBES, MAX_DOC_BYTES, MAX_HELD, MAX_PENDING_LOADS,
-    MAX_QUEUED_BYTES, MAX_QUEUED_PER_LOAD, MAX_QUEUED_PER_PEER, RELAY_AFTER, RELAY_AFTER_HIGHER,
-    Replica, SYNC_ANSWER_WAIT, Scope, Unsaved,
+    Event, FETCH_TIMEOUT, HELD_FOR, Limits, MAX_BLOOM_PROBES, MAX_HELD, MAX_INFLATED_BYTES,
+    MAX_PENDING_LOADS, MAX_QUEUED_BYTES, MAX_QUEUED_PER_LOAD, MAX_QUEUED_PER_PEER,
+    MAX_SYNC_MESSAGE_BYTES, RELAY_AFTER, RELAY_AFTER_HIGHER, Replica, SYNC_ANSWER_WAIT, Scope,
+    Unsaved,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use test_support::TestNet;

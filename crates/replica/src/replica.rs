@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use automerge::sync::{self, SyncDoc};
 use automerge::{ActorId, Automerge, ChangeHash};
 
-use crate::{DocId, Message, PeerId};
+use crate::{DocId, Message, PeerId, chunks};
 
 mod fetch;
 mod flow;
@@ -60,14 +60,48 @@ pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 /// its own timeout, a dropped request leaves the fetch to the other peers and its timeout.
 pub const MAX_QUEUED_PER_PEER: usize = 1024;
 
-/// The largest sync message accepted from a peer, in bytes: 16 MiB. A sync message carries the
-/// changes a peer lacks, so this bounds the document a peer can send at once (its changes plus a
-/// few hundred bytes of heads and filters). Larger ones are rejected ([`Event::Rejected`]) before
-/// decoding and not answered, so the peer's sync of that document stalls (it sends the same again,
-/// and is rejected again, at this replica's next change or a reconnect). The transport's
-/// frame bound (64 MiB) is larger, so such a message reaches this check. Documents this replica
-/// sends are not checked: a document that large is refused by the peers it is sent to.
-pub const MAX_DOC_BYTES: usize = 16 << 20;
+/// The largest sync message accepted from a peer, and the size this replica keeps its own
+/// under, in bytes: 16 MiB. Larger ones are rejected ([`Event::Rejected`]) before decoding and
+/// not answered. Automerge's sync protocol puts every change a peer lacks in one message; this
+/// replica splits such a message into several under this size instead (see
+/// [`Replica::poll_transmit`]), so a document of any size syncs, in steps of at most this much.
+/// A single change larger than this on its own still travels alone, and is refused by its
+/// receivers: only a local writer can make one, and the layers above bound what goes into a
+/// change (a task's result, its logs) far below it. The transport's frame bound (64 MiB) is
+/// larger, so an oversized message reaches this check. It bounds the memory one message costs
+/// a receiver before Automerge applies it, and the work of applying it.
+pub const MAX_SYNC_MESSAGE_BYTES: usize = 16 << 20;
+
+/// The most bytes the deflated parts of one sync message's changes may inflate to: 128 MiB,
+/// eight times [`MAX_SYNC_MESSAGE_BYTES`]. Automerge inflates a saved document's deflated
+/// columns, and a compressed change, whole and without a bound (16 MiB of deflated zeros become
+/// 16 GiB); a message whose chunks would inflate beyond this is rejected ([`Event::Rejected`])
+/// before Automerge reads it, counting (not keeping) at most this many inflated bytes. A saved
+/// document, the only thing an honest peer deflates, rarely compresses eightfold; this replica
+/// checks its own before sending and sends one that would inflate beyond it as its changes
+/// instead (never deflated), so honest documents always get through.
+pub const MAX_INFLATED_BYTES: usize = 128 << 20;
+
+/// The sizes a replica keeps its sync messages under and accepts from peers. Both ends of a
+/// sync must use the same; the default is [`MAX_SYNC_MESSAGE_BYTES`] and
+/// [`MAX_INFLATED_BYTES`], and only tests and simulators set others
+/// ([`Replica::set_limits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest sync message, in bytes.
+    pub message_bytes: usize,
+    /// The most bytes the deflated parts of one sync message's changes may inflate to.
+    pub inflated_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            message_bytes: MAX_SYNC_MESSAGE_BYTES,
+            inflated_bytes: MAX_INFLATED_BYTES,
+        }
+    }
+}
 
 /// How long a sync message that carried changes to a peer waits for that peer's answer before
 /// the next one for the same document is sent anyway. While it waits, further changes collect
@@ -202,6 +236,12 @@ struct Link {
     unanswered: BTreeMap<DocId, Instant>,
     /// Documents with a message owed, held back until their entry in `unanswered` goes.
     held: BTreeSet<DocId>,
+    /// The rest of a sync message too large to go at once, per document: the parts still to
+    /// send, each under [`Limits::message_bytes`], in order. While a document has parts here
+    /// nothing else is generated for it; each part waits for the answer to the one before (or
+    /// [`SYNC_ANSWER_WAIT`]), and they are dropped when the peer's sync state for the document
+    /// starts over. Bounded by one generated message per document.
+    parts: BTreeMap<DocId, VecDeque<Vec<u8>>>,
     /// Documents whose changes from another peer are to be passed on, and when
     /// ([`RELAY_AFTER`]); a message generated for the document before then passes them on.
     relay: BTreeMap<DocId, Instant>,
@@ -276,6 +316,8 @@ pub struct Replica {
     /// Drained by the driver after every input; each input adds a bounded number (at most one
     /// or two per document it concerns).
     events: VecDeque<Event>,
+    /// The sizes of sync messages, sent and accepted.
+    limits: Limits,
 }
 
 impl Replica {
@@ -306,6 +348,13 @@ impl Replica {
     /// [`RELAY_AFTER`] and [`RELAY_AFTER_HIGHER`]). For a simulator that explores timings.
     pub fn set_relay_waits(&mut self, lower: Duration, higher: Duration) {
         self.relay_waits = Some((lower, higher));
+    }
+
+    /// Sets the sizes this replica keeps its sync messages under and accepts (by default
+    /// [`MAX_SYNC_MESSAGE_BYTES`] and [`MAX_INFLATED_BYTES`]); every replica it syncs with must
+    /// use the same. For tests and simulators that want large documents without large data.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
     }
 
     // ----- getters -----
@@ -579,13 +628,14 @@ impl Replica {
             return;
         }
         let id = msg.doc().clone();
+        let limit = self.limits.message_bytes;
         if let Message::Sync { data, .. } = &msg
-            && data.len() > MAX_DOC_BYTES
+            && data.len() > limit
         {
             self.events.push_back(Event::Rejected {
                 peer: peer.clone(),
                 reason: format!(
-                    "sync message for {id} of {} bytes, above the {MAX_DOC_BYTES} accepted",
+                    "sync message for {id} of {} bytes, above the {limit} accepted",
                     data.len()
                 ),
             });
@@ -595,6 +645,7 @@ impl Replica {
             if let Some(e) = self.docs.get_mut(&id) {
                 e.peers.remove(peer);
             }
+            self.forget_parts(&id, Some(peer));
             self.unavailable_from(&id, peer);
             return;
         }
@@ -785,6 +836,7 @@ impl Replica {
                 if let Some(e) = self.docs.get_mut(id) {
                     e.peers.insert(peer.clone(), sync::State::new());
                 }
+                self.forget_parts(id, Some(peer));
                 self.sync_one(id, peer);
             }
             Message::Unavailable { .. } => {}
@@ -824,6 +876,14 @@ impl Replica {
             });
             return;
         }
+        // Before Automerge inflates anything: what the changes come to, counted up to the bound.
+        if let Err(why) = chunks::inflated_size(msg.changes.iter(), self.limits.inflated_bytes) {
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!("sync message for {id} with {why}"),
+            });
+            return;
+        }
         let Some(e) = self.docs.get_mut(id) else {
             return;
         };
@@ -832,6 +892,7 @@ impl Replica {
         if let Err(err) = e.doc.receive_sync_message(state, msg) {
             // A hostile or broken peer; reset our state with it and carry on.
             e.peers.remove(peer);
+            self.forget_parts(id, Some(peer));
             self.events.push_back(Event::Rejected {
                 peer: peer.clone(),
                 reason: format!("bad sync message for {id}: {err}"),
@@ -907,6 +968,7 @@ impl Replica {
             l.unanswered.remove(id);
             l.relay.remove(id);
             l.heads_only.remove(id);
+            l.parts.remove(id);
         }
     }
 
@@ -925,6 +987,7 @@ impl Replica {
     pub fn resync_with_members(&mut self, id: &DocId) {
         if let Some(e) = self.docs.get_mut(id) {
             e.peers.clear();
+            self.forget_parts(id, None);
             self.announce(id);
         }
     }
@@ -971,7 +1034,7 @@ fn unusable_bloom(msg: &sync::Message) -> Option<String> {
 
 /// Reads an unsigned LEB128 number off the front of `bytes` (`None` past its end, or past 64
 /// bits).
-fn leb128(bytes: &mut &[u8]) -> Option<u64> {
+pub(crate) fn leb128(bytes: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let (&b, rest) = bytes.split_first()?;

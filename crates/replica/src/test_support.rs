@@ -17,6 +17,8 @@ pub struct TestNet {
     pub stores: BTreeMap<PeerId, BTreeMap<DocId, Vec<Vec<u8>>>>,
     /// The time given to the replicas.
     pub now: Instant,
+    /// The sync messages delivered so far, and the largest one's payload in bytes.
+    pub synced: (usize, usize),
 }
 
 impl TestNet {
@@ -27,6 +29,7 @@ impl TestNet {
             events: BTreeMap::new(),
             stores: BTreeMap::new(),
             now,
+            synced: (0, 0),
         }
     }
 
@@ -115,6 +118,13 @@ impl TestNet {
     /// ([`crate::RELAY_AFTER`]): the clock moves on to them (never further) when nothing else
     /// moves.
     pub fn run(&mut self) {
+        self.run_at_most(usize::MAX);
+    }
+
+    /// As [`TestNet::run`], delivering at most `messages` messages: true if nothing moved any
+    /// more before that (two peers whose heads stay apart answer each other without end).
+    pub fn run_at_most(&mut self, messages: usize) -> bool {
+        let mut delivered = 0usize;
         loop {
             let now = self.now;
             let mut moved = false;
@@ -132,12 +142,19 @@ impl TestNet {
                         self.events.entry(p.clone()).or_default().push(ev);
                         continue;
                     }
+                    if delivered >= messages {
+                        return false;
+                    }
                     let Some((to, msg)) = r.poll_transmit(now) else {
                         break;
                     };
+                    delivered += 1;
                     moved = true;
                     // Round-trip through the wire format, as the network would.
                     let msg = Message::decode(&msg.encode()).expect("own messages decode");
+                    if let Message::Sync { data, .. } = &msg {
+                        self.synced = (self.synced.0 + 1, self.synced.1.max(data.len()));
+                    }
                     if let Some(dst) = self.replicas.get_mut(&to) {
                         dst.handle_message(p, msg, now);
                     }
@@ -152,7 +169,7 @@ impl TestNet {
                     .filter(|at| *at <= soon)
                     .min()
                 else {
-                    break;
+                    return true;
                 };
                 self.now = self.now.max(at);
                 for r in self.replicas.values_mut() {

@@ -8,6 +8,8 @@ use automerge::{Automerge, ROOT, ReadDoc};
 
 use crate::*;
 
+mod sizes;
+
 fn id(n: u8) -> DocId {
     DocId::parse(&format!(
         "{URL_PREFIX}{}",
@@ -587,7 +589,7 @@ fn s16_an_oversized_sync_message_is_rejected_as_data() {
     r.handle_connected(a.clone());
     let msg = Message::Sync {
         doc: id(17),
-        data: vec![0x42; MAX_DOC_BYTES + 1],
+        data: vec![0x42; MAX_SYNC_MESSAGE_BYTES + 1],
     };
     r.handle_message(&a, msg, now);
     let events = drain(&mut r);

@@ -3,13 +3,16 @@
 //! peer has not answered the last one ([`SYNC_ANSWER_WAIT`]), and one peer's changes passed on
 //! to the others ([`RELAY_AFTER`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
+use automerge::Automerge;
 use automerge::sync::{self, SyncDoc};
 
+#[cfg(doc)]
+use super::Limits;
 use super::{MAX_QUEUED_PER_PEER, RELAY_AFTER, RELAY_AFTER_HIGHER, Replica, SYNC_ANSWER_WAIT};
-use crate::{DocId, Message, PeerId};
+use crate::{DocId, Message, PeerId, chunks};
 
 impl Replica {
     // ----- inputs -----
@@ -72,12 +75,20 @@ impl Replica {
                     }
                     None => false,
                 };
-                if let Some((msg, changes)) = self.generate(&doc, &peer, heads_only) {
+                let next = match self.next_part(&doc, &peer) {
+                    Some(part) => Some((part, true)),
+                    None => self.generate(&doc, &peer, heads_only),
+                };
+                if let Some((msg, changes)) = next {
                     if let Some(l) = self.links.get_mut(&peer) {
                         match changes {
-                            true => l.unanswered.insert(doc, now + SYNC_ANSWER_WAIT),
+                            true => l.unanswered.insert(doc.clone(), now + SYNC_ANSWER_WAIT),
                             false => l.unanswered.remove(&doc),
                         };
+                        // The next part goes once this one is answered (or its wait is over).
+                        if l.parts.contains_key(&doc) {
+                            l.sync.insert(doc);
+                        }
                     }
                     self.cursor = Some(peer.clone());
                     return Some((peer, msg));
@@ -173,13 +184,56 @@ impl Replica {
         }
     }
 
+    /// Drops the parts of a split message still to send for `doc`, to `peer` or (`None`) to
+    /// every peer: the sync state they came from has started over.
+    pub(super) fn forget_parts(&mut self, doc: &DocId, peer: Option<&PeerId>) {
+        match peer {
+            Some(p) => {
+                if let Some(l) = self.links.get_mut(p) {
+                    l.parts.remove(doc);
+                }
+            }
+            None => {
+                for l in self.links.values_mut() {
+                    l.parts.remove(doc);
+                }
+            }
+        }
+    }
+
+    /// The next part of a split sync message for `peer`, if one waits.
+    fn next_part(&mut self, id: &DocId, peer: &PeerId) -> Option<Message> {
+        if !self.admits(id, peer) {
+            self.forget_parts(id, Some(peer));
+            return None;
+        }
+        let l = self.links.get_mut(peer)?;
+        let parts = l.parts.get_mut(id)?;
+        let part = parts.pop_front();
+        if parts.is_empty() {
+            l.parts.remove(id);
+        }
+        Some(Message::Sync {
+            doc: id.clone(),
+            data: part?,
+        })
+    }
+
     /// The next sync message for `peer`, and whether it carries changes. `heads_only`: a
     /// message that says what we have without sending changes (as if the peer had not said
     /// what it has yet); a peer that lacks them asks.
+    ///
+    /// A message above [`Limits::message_bytes`] (or a saved document that would inflate
+    /// beyond [`Limits::inflated_bytes`]) is split: its changes go in parts under the limit,
+    /// each with the message's heads, needs and summary, in the order Automerge put them
+    /// (the order they were applied in, so each part's changes find their dependencies in the
+    /// parts before). The first part is returned; the rest wait in the link, sent one per
+    /// answer. A saved document, which cannot be cut, is replaced by all of its changes.
     fn generate(&mut self, id: &DocId, peer: &PeerId, heads_only: bool) -> Option<(Message, bool)> {
         if !self.admits(id, peer) {
             return None;
         }
+        let limits = self.limits;
         let e = self.docs.get_mut(id)?;
         let state = e.peers.entry(peer.clone()).or_default();
         // A peer that holds part of the document gets the changes it lacks, never the whole
@@ -200,12 +254,102 @@ impl Replica {
         }
         let msg = msg?;
         let changes = !msg.changes.is_empty();
+        // A saved document is the one thing this replica sends deflated: it must inflate
+        // within what its receiver accepts.
+        let whole = changes && holds_document(&msg);
+        let inflates =
+            whole && chunks::inflated_size(msg.changes.iter(), limits.inflated_bytes).is_err();
+        let data = msg.encode();
+        if data.len() <= limits.message_bytes && !inflates {
+            let msg = Message::Sync {
+                doc: id.clone(),
+                data,
+            };
+            return Some((msg, changes));
+        }
+        let mut parts = split(&e.doc, &data, whole, limits.message_bytes)
+            .unwrap_or_else(|| VecDeque::from([data]));
+        let first = parts.pop_front()?;
+        if !parts.is_empty()
+            && let Some(l) = self.links.get_mut(peer)
+        {
+            l.parts.insert(id.clone(), parts);
+        }
         let msg = Message::Sync {
             doc: id.clone(),
-            data: msg.encode(),
+            data: first,
         };
         Some((msg, changes))
     }
+}
+
+/// The most bytes a LEB128 length prefix takes (of a 64-bit number): room kept for each
+/// change's prefix, and the list's, when parts are packed.
+const LEB128_MAX: usize = 10;
+
+/// Whether a sync message's changes are a saved document.
+fn holds_document(msg: &sync::Message) -> bool {
+    msg.changes.iter().any(|entry| {
+        chunks::chunks(entry)
+            .next()
+            .is_some_and(|c| c.is_ok_and(|c| c.kind == chunks::Kind::Document))
+    })
+}
+
+/// Splits an encoded sync message of `doc` into messages of at most `limit` bytes, each with its
+/// heads, needs, summary and flags and a run of its changes, in order (see
+/// [`Replica::generate`]); a change larger than `limit` on its own goes alone. `whole`: the
+/// message holds a saved document, replaced by all of `doc`'s changes. `None` if the message
+/// does not decode into chunks (never for one this replica generated).
+fn split(doc: &Automerge, data: &[u8], whole: bool, limit: usize) -> Option<VecDeque<Vec<u8>>> {
+    let msg = sync::Message::decode(data).ok()?;
+    let changes: Vec<Vec<u8>> = if whole {
+        doc.get_changes(&[])
+            .iter()
+            .map(|c| c.raw_bytes().to_vec())
+            .collect()
+    } else {
+        let mut out = Vec::new();
+        for entry in msg.changes.iter() {
+            for c in chunks::chunks(entry) {
+                out.push(c.ok()?.bytes.to_vec());
+            }
+        }
+        out
+    };
+    let header = sync::Message {
+        changes: sync::ChunkList::empty(),
+        ..msg
+    };
+    let overhead = header.clone().encode().len() + LEB128_MAX;
+    let build = |batch: Vec<Vec<u8>>| {
+        let changes = match header.version {
+            // One chunk of changes back to back, as Automerge writes a version 2 message.
+            sync::MessageVersion::V2 => sync::ChunkList::from(batch.concat()),
+            sync::MessageVersion::V1 => sync::ChunkList::from(batch),
+        };
+        sync::Message {
+            changes,
+            ..header.clone()
+        }
+        .encode()
+    };
+    let mut parts = VecDeque::new();
+    let mut batch = Vec::new();
+    let mut size = overhead;
+    for c in changes {
+        let cost = c.len() + LEB128_MAX;
+        if !batch.is_empty() && size + cost > limit {
+            parts.push_back(build(std::mem::take(&mut batch)));
+            size = overhead;
+        }
+        size += cost;
+        batch.push(c);
+    }
+    if !batch.is_empty() {
+        parts.push_back(build(batch));
+    }
+    Some(parts)
 }
 
 /// Takes the whole-document capability out of `state` while the peer holds part of the

@@ -140,9 +140,12 @@ impl Replica {
             .cloned()
             .collect();
         if let Some(e) = self.docs.get_mut(doc) {
-            for p in gone {
-                e.peers.remove(&p);
+            for p in &gone {
+                e.peers.remove(p);
             }
+        }
+        for p in &gone {
+            self.forget_parts(doc, Some(p));
         }
     }
 
