@@ -229,6 +229,11 @@ pub enum QueueError {
     /// Too many requests are waiting on this node.
     #[error("the node is busy: {0} requests are waiting already")]
     Busy(usize),
+    /// The queue document could not be written to disk, so the queue is not durably
+    /// remembered: the node serves it and keeps trying to write it, but would forget it at a
+    /// restart before that succeeds.
+    #[error("queue {0} could not be made durable: {1}")]
+    NotDurable(QueueId, StorageFailure),
     /// The node is stopping.
     #[error("the node is stopping")]
     Stopped,

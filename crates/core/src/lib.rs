@@ -46,9 +46,13 @@
 //!     name: "emails".into(),
 //!     config: Default::default(),
 //! });
+//! // The new queue document must be saved: the core asks for it, and answers once it is.
+//! let save = std::iter::from_fn(|| core.poll_io())
+//!     .find_map(|io| match io { Io::Save(s) => Some(s), _ => None })
+//!     .unwrap();
+//! assert!(core.poll_reply().is_none());
+//! core.handle_saved(t0, save.id, Ok(Default::default()));
 //! let Some((CommandId(1), Reply::Created(Ok(queue)))) = core.poll_reply() else { panic!() };
-//! // The new queue document must be saved: the core asks for it.
-//! assert!(std::iter::from_fn(|| core.poll_io()).any(|io| matches!(io, Io::Save(_))));
 //! assert!(core.view(&queue).is_some());
 //! ```
 //!
@@ -57,7 +61,9 @@
 //! Saves are ordered per document: one write per document is in flight at a time, and each
 //! carries every change since the last acknowledged one. A write that fails is retried with a
 //! backoff; after [`SAVE_FAILURES_REPORTED`] failures in a row the core reports
-//! [`Event::SaveFailed`] and fails the submits waiting on that document. A submit is
+//! [`Event::SaveFailed`] and fails the submits waiting on that document. After as many
+//! failures in a row of any documents the store as a whole is failing ([`Event::StoreFailing`]):
+//! submits are refused before they change anything, until a write succeeds. A submit is
 //! acknowledged only when its changes, and every earlier change of both its documents, are on
 //! disk. A document with changes not yet on disk is never evicted.
 
@@ -856,6 +862,15 @@ pub enum Io {
         /// Its name.
         name: String,
     },
+    /// Move a stored chunk of a document that does not decode out of the document (the store
+    /// finds it by its bytes and keeps it aside), so that later loads neither see nor report
+    /// it again. No answer.
+    Quarantine {
+        /// The document.
+        doc: DocId,
+        /// The chunk's bytes, as loaded.
+        chunk: Vec<u8>,
+    },
     /// Remember the epoch document a queue is on now, so that a restart resumes there
     /// ([`Config::resume`]). No answer; a later one replaces it.
     RememberEpoch {
@@ -931,6 +946,25 @@ pub enum Event {
         failures: u32,
         /// The last error.
         error: api::StorageFailure,
+    },
+    /// The store's writes, of any document, failed [`SAVE_FAILURES_REPORTED`] times in a row
+    /// (a full disk): submits are refused at once ([`api::SubmitError::NotDurable`]) until a
+    /// write succeeds ([`Event::StoreRecovered`]). Failed writes are retried meanwhile.
+    StoreFailing {
+        /// The last error.
+        error: api::StorageFailure,
+    },
+    /// A write succeeded after [`Event::StoreFailing`]: the node takes submits again.
+    StoreRecovered,
+    /// A stored chunk of a document did not decode: it is moved aside ([`Io::Quarantine`]) and
+    /// the rest of the document loaded. Reported once per chunk.
+    Quarantined {
+        /// The document.
+        doc: DocId,
+        /// The chunk's size.
+        bytes: usize,
+        /// Why the document did not load with it.
+        error: String,
     },
     /// A document could not be read from disk.
     LoadFailed {

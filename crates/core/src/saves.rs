@@ -72,6 +72,11 @@ pub(crate) struct Saves {
     retries: BTreeSet<(Instant, DocId)>,
     next_id: u64,
     in_flight: BTreeMap<SaveId, DocId>,
+    /// Writes answered with a failure in a row, of any document: the store as a whole fails
+    /// (a full disk) once they reach [`SAVE_FAILURES_REPORTED`], until a write succeeds.
+    store_failures: u32,
+    /// The last of those failures.
+    store_error: Option<StorageFailure>,
 }
 
 fn retry_delay(failures: u32) -> Duration {
@@ -115,6 +120,14 @@ impl Saves {
         let d = self.docs.get(doc)?;
         (d.failures >= SAVE_FAILURES_REPORTED)
             .then_some(d.last_error.as_ref())
+            .flatten()
+    }
+
+    /// The last error, if the store's writes (of any document) have failed
+    /// [`SAVE_FAILURES_REPORTED`] times in a row: new work is refused until one succeeds.
+    pub(crate) fn store_failing(&self) -> Option<&StorageFailure> {
+        (self.store_failures >= SAVE_FAILURES_REPORTED)
+            .then_some(self.store_error.as_ref())
             .flatten()
     }
 
@@ -240,6 +253,8 @@ impl Saves {
         let flight = d.in_flight.take().filter(|f| f.id == id)?;
         match result {
             Ok(saved) => {
+                self.store_failures = 0;
+                self.store_error = None;
                 replica.mark_saved(&doc, &flight.heads);
                 d.durable = d.durable.max(flight.version);
                 d.failures = 0;
@@ -268,6 +283,8 @@ impl Saves {
                 Some(Acked::Saved)
             }
             Err(error) => {
+                self.store_failures = self.store_failures.saturating_add(1);
+                self.store_error = Some(error.clone());
                 d.failures = d.failures.saturating_add(1);
                 d.last_error = Some(error.clone());
                 self.retries

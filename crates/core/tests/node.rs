@@ -51,6 +51,8 @@ struct One {
     /// deleted, in order.
     retired: Vec<(DocId, Retired)>,
     deleted: Vec<DocId>,
+    /// Documents a chunk was moved aside from (`Io::Quarantine`), in order.
+    quarantined: Vec<DocId>,
     next: u64,
 }
 
@@ -90,6 +92,7 @@ impl One {
             builds: vec![],
             retired: vec![],
             deleted: vec![],
+            quarantined: vec![],
             next: 0,
         };
         one.drain();
@@ -131,6 +134,12 @@ impl One {
                         self.disk.remove(&doc);
                         self.retired.retain(|(d, _)| *d != doc);
                         self.deleted.push(doc);
+                    }
+                    Io::Quarantine { doc, chunk } => {
+                        if let Some(chunks) = self.disk.get_mut(&doc) {
+                            chunks.retain(|c| *c != chunk);
+                        }
+                        self.quarantined.push(doc);
                     }
                     _ => {}
                 }
@@ -231,10 +240,14 @@ impl One {
             name: "q".into(),
             config,
         });
+        assert!(
+            self.reply(id).is_none(),
+            "answered once the queue document is on disk"
+        );
+        self.ack_saves();
         let Some(Reply::Created(Ok(q))) = self.reply(id) else {
             panic!("created")
         };
-        self.ack_saves();
         q
     }
 
@@ -575,8 +588,62 @@ fn join_from_disk(one: &mut One, doc: &Automerge, seed: u64) -> QueueId {
         from_peers: false,
     });
     one.answer_loads();
+    // Answered once its membership is on disk.
+    one.ack_saves();
     assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
     q
+}
+
+/// Issue 34: a stored chunk that does not decode made its document absent at every load. Now
+/// it is moved aside and reported once, and the rest of the document loads.
+#[test]
+fn a_stored_chunk_that_does_not_decode_is_quarantined_once_and_the_rest_loads() {
+    let doc = written_elsewhere("damaged");
+    let id =
+        DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(41));
+    let mut one = One::new();
+    // A chunk damaged on disk (its checksum flipped), read first: as a snapshot is.
+    let mut damaged = written_elsewhere("other").save();
+    if let Some(b) = damaged.get_mut(5) {
+        *b ^= 0xff;
+    }
+    one.disk
+        .insert(id.clone(), vec![damaged.clone(), doc.save()]);
+    let q = QueueId::new(id.as_str());
+    let cmd = one.command(Command::JoinQueue {
+        id: q.clone(),
+        from_peers: false,
+    });
+    one.answer_loads();
+    one.ack_saves();
+    assert!(
+        matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))),
+        "the rest of the document loads"
+    );
+    let reported = |one: &One| {
+        one.events
+            .iter()
+            .filter(|e| matches!(e, Event::Quarantined { .. }))
+            .count()
+    };
+    assert_eq!(reported(&one), 1);
+    assert_eq!(one.quarantined, vec![id.clone()]);
+    assert!(
+        !one.disk[&id].contains(&damaged),
+        "the bad chunk was moved aside"
+    );
+    // Loaded again (a restart on the same disk): nothing more to report.
+    let disk = one.disk.clone();
+    let mut again = One::new();
+    again.disk = disk;
+    let cmd = again.command(Command::JoinQueue {
+        id: q,
+        from_peers: false,
+    });
+    again.answer_loads();
+    again.ack_saves();
+    assert!(matches!(again.reply(cmd), Some(Reply::Joined(Ok(_)))));
+    assert_eq!(reported(&again), 0, "reported once");
 }
 
 /// Fault 6: a peer's garbage is rejected as data; a queue document with absurd timings (written

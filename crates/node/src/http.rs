@@ -65,6 +65,7 @@ impl From<QueueError> for ApiError {
             QueueError::BadId(_) | QueueError::Create(_) => StatusCode::BAD_REQUEST,
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
             // Busy or stopping: a client may try again (here later, or another node).
             QueueError::Busy(_) | QueueError::Stopped | QueueError::Ended(_) => {
                 StatusCode::SERVICE_UNAVAILABLE

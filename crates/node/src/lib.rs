@@ -89,6 +89,9 @@ pub struct Config {
     pub workers: u32,
     /// Handlers by kind.
     pub registry: Registry,
+    /// A switch that makes the store's disk act full, for tests ([`storage::DiskFault`]).
+    #[doc(hidden)]
+    pub disk_fault: Option<storage::DiskFault>,
     /// When this node, as a queue's router, rotates the queue document: `(ratio, min_live)`
     /// (`piecework_core::Config::rotate_ratio`); `None` for the defaults.
     pub rotation: Option<(usize, usize)>,
@@ -117,6 +120,7 @@ impl Config {
             bootstrap: vec![],
             workers,
             registry,
+            disk_fault: None,
             rotation: None,
             archive_keep: storage::ARCHIVE_KEEP,
             max_live: None,
@@ -155,6 +159,12 @@ pub enum NodeEvent {
         task: TaskId,
         /// Whether the handler succeeded.
         ok: bool,
+    },
+    /// The disk refuses writes (`Some`, with the error: submits are refused) or takes them
+    /// again (`None`).
+    Store {
+        /// The error while failing.
+        failing: Option<String>,
     },
 }
 
@@ -224,6 +234,8 @@ pub(crate) struct Shared {
     /// A fault to inject, for tests of what a panic in the shell does
     /// ([`NodeHandle::inject_shell_panic`]): the shell panics at its next turn.
     pub(crate) panic_injected: std::sync::atomic::AtomicBool,
+    /// Stored chunks moved aside because they did not decode, since this start.
+    pub(crate) quarantined: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -271,8 +283,11 @@ impl Node {
         })?;
         let keypair = identity::load_or_create(&config.data_dir)?;
         let libp2p_peer = keypair.public().to_peer_id();
-        let store = storage::Store::open(&config.data_dir.join("piecework.redb"))?
-            .with_archive_keep(config.archive_keep);
+        let store = storage::Store::open_with(
+            &config.data_dir.join("piecework.redb"),
+            config.disk_fault.clone(),
+        )?
+        .with_archive_keep(config.archive_keep);
         let incarnation = store
             .meta("incarnation")
             .await?
@@ -300,6 +315,7 @@ impl Node {
             commands,
             ended: watch::Sender::new(None),
             panic_injected: std::sync::atomic::AtomicBool::new(false),
+            quarantined: std::sync::atomic::AtomicU64::new(0),
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
         let t0 = piecework_core::Time {
@@ -642,7 +658,19 @@ impl NodeHandle {
             queues: status.queues,
             workers: status.workers,
             documents_loaded: status.documents_loaded,
-            internals: status.internals,
+            internals: {
+                let mut internals = status.internals;
+                internals.insert(
+                    "quarantined_chunks".to_owned(),
+                    usize::try_from(
+                        self.shared
+                            .quarantined
+                            .load(std::sync::atomic::Ordering::Relaxed),
+                    )
+                    .unwrap_or(usize::MAX),
+                );
+                internals
+            },
         })
     }
 }

@@ -258,14 +258,11 @@ async fn save_doc(
     store: &crate::storage::Store,
     compactor: &std::sync::mpsc::Sender<CompactJob>,
     doc: &DocId,
-    changes: Vec<(String, Vec<u8>)>,
+    appended: impl std::future::Future<Output = Result<(), crate::storage::StorageError>>,
     compact: Option<piecework_core::Compact>,
 ) -> Result<Saved, StorageFailure> {
     let failed = |e: &dyn std::fmt::Display| StorageFailure(e.to_string());
-    store
-        .append(doc.as_str(), changes)
-        .await
-        .map_err(|e| failed(&e))?;
+    appended.await.map_err(|e| StorageFailure(e.detail()))?;
     let Some(c) = compact else {
         return Ok(Saved::default());
     };
@@ -278,7 +275,7 @@ async fn save_doc(
     store
         .compact(doc.as_str(), snapshot, replaces)
         .await
-        .map_err(|e| failed(&e))?;
+        .map_err(|e| StorageFailure(e.detail()))?;
     Ok(Saved {
         snapshot_bytes: Some(snapshot_bytes),
     })
@@ -647,7 +644,7 @@ impl Shell {
                     let chunks = store
                         .load_doc(doc.as_str())
                         .await
-                        .map_err(|e| StorageFailure(e.to_string()));
+                        .map_err(|e| StorageFailure(e.detail()));
                     let _ = tx.send(Input::Loaded { doc, chunks }).await;
                 });
             }
@@ -655,14 +652,16 @@ impl Shell {
                 let store = self.shared.store.clone();
                 let compactor = self.compactor.clone();
                 let tx = self.inputs_tx.clone();
+                let Save {
+                    id,
+                    doc,
+                    changes,
+                    compact,
+                } = save;
+                // Enqueued now, in the order the core asked (after a queue's record).
+                let appended = store.append(doc.as_str(), changes);
                 tokio::spawn(async move {
-                    let Save {
-                        id,
-                        doc,
-                        changes,
-                        compact,
-                    } = save;
-                    let result = save_doc(&store, &compactor, &doc, changes, compact).await;
+                    let result = save_doc(&store, &compactor, &doc, appended, compact).await;
                     if let Err(e) = &result {
                         tracing::error!(%doc, "cannot save changes: {e}");
                     }
@@ -734,7 +733,9 @@ impl Shell {
                         .map(|(t, json)| (t.as_str().to_owned(), json))
                         .collect();
                     if let Err(e) = store.archive(records).await {
-                        tracing::error!("cannot archive final task statuses: {e}");
+                        tracing::warn!(
+                            "cannot archive final task statuses yet (the store keeps them and retries): {e}"
+                        );
                     }
                 });
             }
@@ -760,7 +761,7 @@ impl Shell {
                 };
                 tokio::spawn(async move {
                     if let Err(e) = store.retire(doc.as_str(), kind).await {
-                        tracing::error!(%doc, "cannot record a retired document: {e}");
+                        tracing::warn!(%doc, "cannot record a retired document yet (the store keeps it and retries): {e}");
                     }
                 });
             }
@@ -769,7 +770,17 @@ impl Shell {
                 tokio::spawn(async move {
                     match store.delete_doc(doc.as_str()).await {
                         Ok(()) => tracing::debug!(%doc, "deleted a retired document"),
-                        Err(e) => tracing::error!(%doc, "cannot delete a retired document: {e}"),
+                        Err(e) => {
+                            tracing::warn!(%doc, "cannot delete a retired document yet (the store keeps the deletion and retries): {e}")
+                        }
+                    }
+                });
+            }
+            Io::Quarantine { doc, chunk } => {
+                let store = self.shared.store.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.quarantine(doc.as_str(), chunk).await {
+                        tracing::warn!(%doc, "cannot move a chunk aside yet (the store keeps the move and retries): {e}");
                     }
                 });
             }
@@ -777,15 +788,17 @@ impl Shell {
                 let store = self.shared.store.clone();
                 tokio::spawn(async move {
                     if let Err(e) = store.set_epoch(queue.as_str(), doc.as_str()).await {
-                        tracing::error!(%queue, "cannot remember the queue's epoch: {e}");
+                        tracing::warn!(%queue, "cannot remember the queue's epoch yet (the store keeps it and retries): {e}");
                     }
                 });
             }
             Io::RememberQueue { id, name } => {
-                let store = self.shared.store.clone();
+                // Enqueued now: before the queue document's write, which a create or join
+                // waits on.
+                let remembered = self.shared.store.add_queue(id.as_str(), &name);
                 tokio::spawn(async move {
-                    if let Err(e) = store.add_queue(id.as_str(), &name).await {
-                        tracing::error!(queue = %id, "cannot remember the queue: {e}");
+                    if let Err(e) = remembered.await {
+                        tracing::warn!(queue = %id, "cannot remember the queue yet (the store keeps the record and retries): {e}");
                     }
                 });
             }
@@ -874,6 +887,24 @@ impl Shell {
                 error,
             } => tracing::error!(%doc, failures, "writes keep failing: {error}"),
             Event::LoadFailed { doc, error } => tracing::warn!(%doc, "cannot load: {error}"),
+            Event::StoreFailing { error } => {
+                tracing::error!(
+                    "the disk refuses writes: submits are refused until it takes them again: {error}"
+                );
+                let _ = self.shared.events.send(NodeEvent::Store {
+                    failing: Some(error.to_string()),
+                });
+            }
+            Event::StoreRecovered => {
+                tracing::warn!("the disk takes writes again: submits are taken again");
+                let _ = self.shared.events.send(NodeEvent::Store { failing: None });
+            }
+            Event::Quarantined { doc, bytes, error } => {
+                self.shared
+                    .quarantined
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(%doc, bytes, "a stored chunk does not decode: moved aside into the store's quarantine table, the rest of the document loaded ({error})");
+            }
             Event::FetchFailed { task, timed_out } => {
                 tracing::warn!(%task, timed_out, "no reachable member has the task's document")
             }

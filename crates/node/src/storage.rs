@@ -19,12 +19,36 @@
 //! transaction starts joins it (at most [`MAX_BATCH`]), and all of them are acknowledged after
 //! the one durable commit. A write is acknowledged only once it is on disk. Reads run on tokio's
 //! blocking pool against redb's snapshot reads.
+//!
+//! # I/O errors
+//!
+//! redb latches its first I/O error: every later read and write of that `Database` fails
+//! (`PreviousIo`). So any failed read or commit drops the database, opens the file again (redb
+//! repairs it to its last commit) and tries once more; while it cannot be opened (the repair
+//! writes, so a full disk refuses it too) reads fail as well, and every access tries again. The writes nobody waits on — archived
+//! statuses, retirement records, deletions and a queue's epoch (`piecework_core::Io::Archive`,
+//! `Retire`, `Delete`, `RememberEpoch`) and a queue's record (`RememberQueue`, which a create
+//! or join waits on through its document's write) — are not dropped when a commit fails: the writer
+//! keeps them, in order, and commits them before the next writes (at the latest after
+//! [`KEPT_RETRY`]), so a later one for the same key still lands last. At most [`MAX_KEPT`] are
+//! kept. A chunk that does not decode can be moved aside into a `quarantine` table
+//! ([`Store::quarantine`]), so that the rest of its document loads and it is reported once.
+//!
+//! [`DiskFault`] makes the store's file act as a full disk, for tests.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::backends::FileBackend;
+use redb::{
+    BackendError, Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend,
+    TableDefinition,
+};
 use tokio::sync::oneshot;
 
 const CHUNKS: TableDefinition<&str, &[u8]> = TableDefinition::new("chunks");
@@ -34,6 +58,7 @@ const ARCHIVE: TableDefinition<&str, &[u8]> = TableDefinition::new("archive");
 const ARCHIVE_ORDER: TableDefinition<u64, &str> = TableDefinition::new("archive_order");
 const RETIRED: TableDefinition<&str, u64> = TableDefinition::new("retired");
 const RETIRED_ORDER: TableDefinition<u64, &str> = TableDefinition::new("retired_order");
+const QUARANTINE: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine");
 
 /// Archived task statuses kept, at most: the oldest go first.
 pub const ARCHIVE_KEEP: u64 = 100_000;
@@ -48,6 +73,15 @@ pub const CACHE_BYTES: usize = 4 << 20;
 pub const MAX_BATCH: usize = 512;
 /// Writes waiting for the writer thread, at most (callers wait for room).
 pub const WRITE_QUEUE: usize = 4096;
+/// Writes nobody waits on (archive, retirement, deletion, epoch records) kept after a failed
+/// commit, at most: as many as one full write queue. A disk full for long enough drops the
+/// oldest beyond it, with an error logged; what is lost then is an archived status, a deletion
+/// of a retired document (its disk space) or a resume point, never a task.
+pub const MAX_KEPT: usize = WRITE_QUEUE;
+/// How long the writer waits, holding writes kept after a failed commit, before it tries them
+/// again with no new write to carry them: about the longest retry delay of the core's saves
+/// (`piecework_core::SAVE_RETRY_MAX`), so a store that fails is tried at least that often.
+pub const KEPT_RETRY: Duration = Duration::from_secs(5);
 
 /// Opening or using the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +94,207 @@ pub enum StorageError {
     Stopped,
 }
 
+impl StorageError {
+    /// The error without the `storage:` its display begins with, for an error that says so
+    /// already (`piecework_core::api::StorageFailure`).
+    pub fn detail(&self) -> String {
+        match self {
+            StorageError::Redb(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
 fn redb_err(e: impl std::fmt::Display) -> StorageError {
     StorageError::Redb(e.to_string())
+}
+
+/// A switch that makes a store's file act as a full disk: while it is on, every write and
+/// every change of the file's length fails with `ENOSPC` (reads still work). For tests of what
+/// a node does on a full disk ([`Store::open_with`]); a store opened without one pays nothing.
+#[derive(Clone, Debug, Default)]
+pub struct DiskFault(Arc<AtomicBool>);
+
+impl DiskFault {
+    /// A switch, off.
+    pub fn new() -> DiskFault {
+        DiskFault::default()
+    }
+
+    /// Turns the full disk on or off.
+    pub fn set_full(&self, full: bool) {
+        self.0.store(full, Ordering::SeqCst);
+    }
+
+    fn check(&self) -> std::io::Result<()> {
+        match self.0.load(Ordering::SeqCst) {
+            true => Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "no space left on device (a full disk, simulated)",
+            )),
+            false => Ok(()),
+        }
+    }
+}
+
+/// redb's file backend, failing writes while a [`DiskFault`] is on.
+#[derive(Debug)]
+struct Backend {
+    file: FileBackend,
+    fault: Option<DiskFault>,
+}
+
+impl Backend {
+    fn fault(&self) -> std::io::Result<()> {
+        self.fault.as_ref().map_or(Ok(()), DiskFault::check)
+    }
+}
+
+impl StorageBackend for Backend {
+    fn len(&self) -> std::io::Result<u64> {
+        self.file.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.file.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.fault()?;
+        self.file.set_len(len)
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.fault()?;
+        self.file.write(offset, data)
+    }
+
+    fn close(&self) -> std::io::Result<()> {
+        self.file.close()
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.file.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.file.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.file.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.file.query_lock_range(start, end)
+    }
+}
+
+/// The database, reopened after an error (see the module's doc).
+struct Db {
+    path: PathBuf,
+    fault: Option<DiskFault>,
+    /// `None` while it could not be opened again.
+    slot: RwLock<Option<Database>>,
+    /// Opens so far: a caller that saw an error reopens only if nobody did since.
+    opens: AtomicU64,
+}
+
+impl Db {
+    fn open_file(path: &Path, fault: Option<&DiskFault>) -> Result<Database, StorageError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| StorageError::Redb(format!("cannot open {}: {e}", path.display())))?;
+        let backend = Backend {
+            file: FileBackend::new(file).map_err(redb_err)?,
+            fault: fault.cloned(),
+        };
+        Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(backend)
+            .map_err(redb_err)
+    }
+
+    /// Creates the tables a new store lacks (at the first open only: a reopen on a full disk
+    /// must not need a write).
+    fn create_tables(db: &Database) -> Result<(), StorageError> {
+        let tx = db.begin_write().map_err(redb_err)?;
+        tx.open_table(CHUNKS).map_err(redb_err)?;
+        tx.open_table(META).map_err(redb_err)?;
+        tx.open_table(QUEUES).map_err(redb_err)?;
+        tx.open_table(ARCHIVE).map_err(redb_err)?;
+        tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
+        tx.open_table(RETIRED).map_err(redb_err)?;
+        tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
+        tx.open_table(QUARANTINE).map_err(redb_err)?;
+        tx.commit().map_err(redb_err)
+    }
+
+    /// Runs `f` on the database; if it fails, reopens the database and runs it once more.
+    fn with<T>(&self, f: impl Fn(&Database) -> Result<T, StorageError>) -> Result<T, StorageError> {
+        let opens = self.opens.load(Ordering::SeqCst);
+        let first = {
+            let slot = self.slot.read().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(db) => f(db),
+                None => Err(StorageError::Redb("the store is not open".into())),
+            }
+        };
+        let Err(e) = first else { return first };
+        self.reopen(opens, &e)?;
+        let slot = self.slot.read().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref() {
+            Some(db) => f(db),
+            None => Err(e),
+        }
+    }
+
+    /// Drops the database and opens its file again, unless another caller did since `seen`;
+    /// the error of that open, if it failed.
+    fn reopen(&self, seen: u64, error: &StorageError) -> Result<(), StorageError> {
+        let mut slot = self.slot.write().unwrap_or_else(|e| e.into_inner());
+        if self.opens.load(Ordering::SeqCst) != seen && slot.is_some() {
+            return Ok(());
+        }
+        // The file is released before it is opened again (redb locks it).
+        let was_open = slot.take().is_some();
+        self.opens.fetch_add(1, Ordering::SeqCst);
+        match Db::open_file(&self.path, self.fault.as_ref()) {
+            Ok(db) => {
+                tracing::warn!("storage failed ({error}): the store is reopened");
+                *slot = Some(db);
+                Ok(())
+            }
+            Err(e) => {
+                if was_open {
+                    tracing::error!("storage failed ({error}); it cannot be reopened yet: {e}");
+                }
+                Err(StorageError::Redb(format!(
+                    "the store cannot be reopened after an I/O error: {e}"
+                )))
+            }
+        }
+    }
 }
 
 enum Write {
@@ -81,6 +314,26 @@ enum Write {
         kind: RetiredKind,
     },
     Delete(String),
+    Quarantine {
+        doc: String,
+        chunk: Vec<u8>,
+    },
+}
+
+impl Write {
+    /// Whether the writer keeps the write after a failed commit, to commit it later: nobody
+    /// waits on it (see the module's doc).
+    fn kept(&self) -> bool {
+        match self {
+            Write::Archive { .. }
+            | Write::Retire { .. }
+            | Write::Delete(_)
+            | Write::Quarantine { .. } => true,
+            Write::Queue(..) => true,
+            Write::Meta(k, _) => k.starts_with(EPOCH_PREFIX),
+            Write::Append(_) | Write::Compact { .. } => false,
+        }
+    }
 }
 
 /// Why a document was retired (as `piecework_core::Retired`, which this crate's storage does
@@ -110,7 +363,7 @@ struct Request {
 /// The node's store. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<Database>,
+    db: Arc<Db>,
     writes: std_mpsc::SyncSender<Request>,
     closed: tokio::sync::watch::Receiver<bool>,
     archive_keep: u64,
@@ -145,23 +398,19 @@ fn snapshot_key(doc: &str) -> String {
 impl Store {
     /// Opens (or creates) the store at `path` and starts its writer thread.
     pub fn open(path: &Path) -> Result<Store, StorageError> {
-        let db = Arc::new(
-            Database::builder()
-                .set_cache_size(CACHE_BYTES)
-                .create(path)
-                .map_err(redb_err)?,
-        );
-        {
-            let tx = db.begin_write().map_err(redb_err)?;
-            tx.open_table(CHUNKS).map_err(redb_err)?;
-            tx.open_table(META).map_err(redb_err)?;
-            tx.open_table(QUEUES).map_err(redb_err)?;
-            tx.open_table(ARCHIVE).map_err(redb_err)?;
-            tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
-            tx.open_table(RETIRED).map_err(redb_err)?;
-            tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
-            tx.commit().map_err(redb_err)?;
-        }
+        Store::open_with(path, None)
+    }
+
+    /// Opens the store at `path`, its writes failing while `fault` is on (for tests).
+    pub fn open_with(path: &Path, fault: Option<DiskFault>) -> Result<Store, StorageError> {
+        let first = Db::open_file(path, fault.as_ref())?;
+        Db::create_tables(&first)?;
+        let db = Arc::new(Db {
+            path: path.to_owned(),
+            slot: RwLock::new(Some(first)),
+            fault,
+            opens: AtomicU64::new(0),
+        });
         let (tx, rx) = std_mpsc::sync_channel(WRITE_QUEUE);
         let (closed_tx, closed) = tokio::sync::watch::channel(false);
         let writer_db = db.clone();
@@ -192,33 +441,58 @@ impl Store {
         Closed(self.closed.clone())
     }
 
-    async fn write(&self, write: Write) -> Result<(), StorageError> {
+    /// Hands `write` to the writer at once while its queue has room (the usual case), so that
+    /// a write enqueued before another commits no later than it; the future answers once it is
+    /// committed. With the queue full, the future waits for room, off the async threads.
+    fn enqueue(
+        &self,
+        write: Write,
+    ) -> impl std::future::Future<Output = Result<(), StorageError>> + Send + 'static {
         let (done, rx) = oneshot::channel();
+        let waiting = match self.writes.try_send(Request { write, done }) {
+            Ok(()) => None,
+            Err(std_mpsc::TrySendError::Full(r)) => Some(r),
+            // The writer is gone: the request is dropped, and `rx` says so.
+            Err(std_mpsc::TrySendError::Disconnected(_)) => None,
+        };
         let writes = self.writes.clone();
-        // The queue is bounded: wait for room off the async threads.
-        tokio::task::spawn_blocking(move || writes.send(Request { write, done }))
-            .await
-            .map_err(|_| StorageError::Stopped)?
-            .map_err(|_| StorageError::Stopped)?;
-        rx.await
-            .map_err(|_| StorageError::Stopped)?
-            .map_err(StorageError::Redb)
+        async move {
+            if let Some(r) = waiting {
+                tokio::task::spawn_blocking(move || writes.send(r))
+                    .await
+                    .map_err(|_| StorageError::Stopped)?
+                    .map_err(|_| StorageError::Stopped)?;
+            }
+            rx.await
+                .map_err(|_| StorageError::Stopped)?
+                .map_err(StorageError::Redb)
+        }
     }
 
-    /// Stores changes of `doc` (hash in hex, raw bytes) durably.
-    pub async fn append(
+    async fn write(&self, write: Write) -> Result<(), StorageError> {
+        self.enqueue(write).await
+    }
+
+    /// Stores changes of `doc` (hash in hex, raw bytes) durably. Enqueued at the call (see
+    /// [`Store::add_queue`]); the future answers once they are on disk.
+    pub fn append(
         &self,
         doc: &str,
         changes: Vec<(String, Vec<u8>)>,
-    ) -> Result<(), StorageError> {
-        if changes.is_empty() {
-            return Ok(());
+    ) -> impl std::future::Future<Output = Result<(), StorageError>> + Send + 'static {
+        let pending = (!changes.is_empty()).then(|| {
+            let chunks = changes
+                .into_iter()
+                .map(|(h, b)| (change_key(doc, &h), b))
+                .collect();
+            self.enqueue(Write::Append(chunks))
+        });
+        async move {
+            match pending {
+                Some(p) => p.await,
+                None => Ok(()),
+            }
         }
-        let chunks = changes
-            .into_iter()
-            .map(|(h, b)| (change_key(doc, &h), b))
-            .collect();
-        self.write(Write::Append(chunks)).await
     }
 
     /// Replaces every chunk of `doc` known as `changes` (hashes in hex) with one snapshot, in one
@@ -243,10 +517,12 @@ impl Store {
         let db = self.db.clone();
         let doc = doc.to_owned();
         tokio::task::spawn_blocking(move || {
-            let mut rows = Store::load_range_blocking(&db, &doc)?;
-            let snap = snapshot_key(&doc);
-            rows.sort_by_key(|(k, _)| *k != snap);
-            Ok(rows.into_iter().map(|(_, v)| v).collect())
+            db.with(|db| {
+                let mut rows = Store::load_range_blocking(db, &doc)?;
+                let snap = snapshot_key(&doc);
+                rows.sort_by_key(|(k, _)| *k != snap);
+                Ok(rows.into_iter().map(|(_, v)| v).collect())
+            })
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -257,11 +533,13 @@ impl Store {
         let db = self.db.clone();
         let key = key.to_owned();
         tokio::task::spawn_blocking(move || {
-            let tx = db.begin_read().map_err(redb_err)?;
-            let t = tx.open_table(META).map_err(redb_err)?;
-            Ok(t.get(key.as_str())
-                .map_err(redb_err)?
-                .map(|v| v.value().to_vec()))
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = tx.open_table(META).map_err(redb_err)?;
+                Ok(t.get(key.as_str())
+                    .map_err(redb_err)?
+                    .map(|v| v.value().to_vec()))
+            })
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -286,10 +564,16 @@ impl Store {
             .and_then(|b| String::from_utf8(b).ok()))
     }
 
-    /// Remembers a joined queue (id → name) durably.
-    pub async fn add_queue(&self, id: &str, name: &str) -> Result<(), StorageError> {
-        self.write(Write::Queue(id.to_owned(), name.to_owned()))
-            .await
+    /// Remembers a joined queue (id → name) durably. Enqueued at the call, so a write of the
+    /// queue's document enqueued after it commits in the same transaction or a later one; a
+    /// failed commit keeps the record and commits it before the next writes. So once the
+    /// queue document is on disk, so is its record.
+    pub fn add_queue(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> impl std::future::Future<Output = Result<(), StorageError>> + Send + 'static {
+        self.enqueue(Write::Queue(id.to_owned(), name.to_owned()))
     }
 
     /// Archives final task statuses (task id → JSON) durably: a task archived again keeps its
@@ -310,11 +594,13 @@ impl Store {
         let db = self.db.clone();
         let task = task.to_owned();
         tokio::task::spawn_blocking(move || {
-            let tx = db.begin_read().map_err(redb_err)?;
-            let t = tx.open_table(ARCHIVE).map_err(redb_err)?;
-            Ok(t.get(task.as_str())
-                .map_err(redb_err)?
-                .map(|v| v.value().to_vec()))
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = tx.open_table(ARCHIVE).map_err(redb_err)?;
+                Ok(t.get(task.as_str())
+                    .map_err(redb_err)?
+                    .map(|v| v.value().to_vec()))
+            })
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -335,27 +621,59 @@ impl Store {
         self.write(Write::Delete(doc.to_owned())).await
     }
 
+    /// Moves a chunk of `doc` that does not decode (found by its bytes) out of the document,
+    /// into the `quarantine` table under its key, so that the rest of the document loads and
+    /// the chunk is kept for a human to look at.
+    pub async fn quarantine(&self, doc: &str, chunk: Vec<u8>) -> Result<(), StorageError> {
+        self.write(Write::Quarantine {
+            doc: doc.to_owned(),
+            chunk,
+        })
+        .await
+    }
+
+    /// The chunks moved aside ([`Store::quarantine`]): key and bytes.
+    pub async fn quarantined(&self) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = tx.open_table(QUARANTINE).map_err(redb_err)?;
+                let mut out = vec![];
+                for row in t.iter().map_err(redb_err)? {
+                    let (k, v) = row.map_err(redb_err)?;
+                    out.push((k.value().to_owned(), v.value().to_vec()));
+                }
+                Ok(out)
+            })
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
     /// The retired documents not deleted yet, in the order they were retired.
     pub async fn retired(&self) -> Result<Vec<(String, RetiredKind)>, StorageError> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            let tx = db.begin_read().map_err(redb_err)?;
-            let t = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
-            let mut out = vec![];
-            for row in t.iter().map_err(redb_err)? {
-                let (_, v) = row.map_err(redb_err)?;
-                let v = v.value();
-                let kind = match v.split_once(':') {
-                    Some(("t", _)) => RetiredKind::Task,
-                    Some(("e", _)) => RetiredKind::Epoch,
-                    _ => {
-                        tracing::warn!("ignoring a malformed retirement record {v:?}");
-                        continue;
-                    }
-                };
-                out.push((v[2..].to_owned(), kind));
-            }
-            Ok(out)
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
+                let mut out = vec![];
+                for row in t.iter().map_err(redb_err)? {
+                    let (_, v) = row.map_err(redb_err)?;
+                    let v = v.value();
+                    let kind = match v.split_once(':') {
+                        Some(("t", _)) => RetiredKind::Task,
+                        Some(("e", _)) => RetiredKind::Epoch,
+                        _ => {
+                            tracing::warn!("ignoring a malformed retirement record {v:?}");
+                            continue;
+                        }
+                    };
+                    out.push((v[2..].to_owned(), kind));
+                }
+                Ok(out)
+            })
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -365,14 +683,16 @@ impl Store {
     pub async fn queues(&self) -> Result<Vec<(String, String)>, StorageError> {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            let tx = db.begin_read().map_err(redb_err)?;
-            let t = tx.open_table(QUEUES).map_err(redb_err)?;
-            let mut out = vec![];
-            for row in t.iter().map_err(redb_err)? {
-                let (k, v) = row.map_err(redb_err)?;
-                out.push((k.value().to_owned(), v.value().to_owned()));
-            }
-            Ok(out)
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = tx.open_table(QUEUES).map_err(redb_err)?;
+                let mut out = vec![];
+                for row in t.iter().map_err(redb_err)? {
+                    let (k, v) = row.map_err(redb_err)?;
+                    out.push((k.value().to_owned(), v.value().to_owned()));
+                }
+                Ok(out)
+            })
         })
         .await
         .map_err(|_| StorageError::Stopped)?
@@ -399,18 +719,68 @@ impl Store {
     }
 }
 
-fn writer(db: &Database, rx: &std_mpsc::Receiver<Request>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+fn writer(db: &Db, rx: &std_mpsc::Receiver<Request>) {
+    // Writes nobody waits on, kept after a failed commit, oldest first.
+    let mut kept: VecDeque<Write> = VecDeque::new();
+    loop {
+        let first = match kept.is_empty() {
+            true => match rx.recv() {
+                Ok(r) => Some(r),
+                Err(_) => break,
+            },
+            false => match rx.recv_timeout(KEPT_RETRY) {
+                Ok(r) => Some(r),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                    // Shutting down: one last try.
+                    let held: Vec<&Write> = kept.iter().collect();
+                    if let Err(e) = db.with(|d| commit(d, &held)) {
+                        tracing::error!(
+                            "storage: {} kept writes are lost at shutdown: {e}",
+                            kept.len()
+                        );
+                    }
+                    break;
+                }
+            },
+        };
+        let mut batch: Vec<Request> = first.into_iter().collect();
+        while !batch.is_empty() && batch.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
                 Err(_) => break,
             }
         }
-        let result = commit(db, &batch).map_err(|e| e.to_string());
-        if let Err(e) = &result {
-            tracing::error!("storage commit failed: {e}");
+        // The kept writes first: later writes for the same key land after them.
+        let writes: Vec<&Write> = kept.iter().chain(batch.iter().map(|r| &r.write)).collect();
+        let result = db.with(|d| commit(d, &writes)).map_err(|e| e.detail());
+        drop(writes);
+        match &result {
+            Ok(()) => {
+                if !kept.is_empty() {
+                    tracing::info!("storage: {} kept writes committed", kept.len());
+                    kept.clear();
+                }
+            }
+            Err(e) => {
+                tracing::error!("storage commit failed: {e}");
+                for r in &mut batch {
+                    if r.write.kept() {
+                        // Its caller hears of the failure; the write is kept.
+                        kept.push_back(std::mem::replace(&mut r.write, Write::Append(vec![])));
+                    }
+                }
+                let mut dropped = 0;
+                while kept.len() > MAX_KEPT {
+                    kept.pop_front();
+                    dropped += 1;
+                }
+                if dropped > 0 {
+                    tracing::error!(
+                        "storage: {dropped} kept writes dropped (more than {MAX_KEPT} kept)"
+                    );
+                }
+            }
         }
         for r in batch {
             let _ = r.done.send(result.clone());
@@ -418,7 +788,7 @@ fn writer(db: &Database, rx: &std_mpsc::Receiver<Request>) {
     }
 }
 
-fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
+fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
     let tx = db.begin_write().map_err(redb_err)?;
     {
         let mut chunks = tx.open_table(CHUNKS).map_err(redb_err)?;
@@ -428,8 +798,9 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
         let mut order = tx.open_table(ARCHIVE_ORDER).map_err(redb_err)?;
         let mut retired = tx.open_table(RETIRED).map_err(redb_err)?;
         let mut retired_order = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
-        for r in batch {
-            match &r.write {
+        let mut quarantine = tx.open_table(QUARANTINE).map_err(redb_err)?;
+        for w in batch {
+            match w {
                 Write::Append(list) => {
                     for (k, v) in list {
                         chunks.insert(k.as_str(), v.as_slice()).map_err(redb_err)?;
@@ -496,15 +867,36 @@ fn commit(db: &Database, batch: &[Request]) -> Result<(), StorageError> {
                         retired_order.remove(seq.value()).map_err(redb_err)?;
                     }
                 }
+                Write::Quarantine { doc, chunk } => {
+                    // The chunk's key: the snapshot's, or a change's with the same bytes.
+                    let lo = format!("{doc}/");
+                    let hi = format!("{doc}0");
+                    let mut keys = vec![];
+                    for row in chunks.range(lo.as_str()..hi.as_str()).map_err(redb_err)? {
+                        let (k, v) = row.map_err(redb_err)?;
+                        if v.value() == chunk.as_slice() {
+                            keys.push(k.value().to_owned());
+                        }
+                    }
+                    for k in keys {
+                        chunks.remove(k.as_str()).map_err(redb_err)?;
+                        quarantine
+                            .insert(k.as_str(), chunk.as_slice())
+                            .map_err(redb_err)?;
+                    }
+                }
             }
         }
     }
     tx.commit().map_err(redb_err)
 }
 
+/// The prefix of the metadata keys under which queues' current epoch documents are remembered.
+const EPOCH_PREFIX: &str = "epoch/";
+
 /// The metadata key under which a queue's current epoch document is remembered.
 fn epoch_key(queue: &str) -> String {
-    format!("epoch/{queue}")
+    format!("{EPOCH_PREFIX}{queue}")
 }
 
 #[cfg(test)]
@@ -564,6 +956,69 @@ mod tests {
         assert_eq!(
             s.queues().await.unwrap(),
             vec![("automerge:q".to_owned(), "emails".to_owned())]
+        );
+    }
+
+    /// Issue 34: redb latches its first I/O error, so a store that once hit a full disk failed
+    /// every later read and write until a restart. Now it reopens once there is space and
+    /// serves again, and the writes nobody waits on were kept and land with the next commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_that_hit_a_full_disk_serves_again_once_there_is_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let chunk = |h: &str| vec![(h.to_owned(), h.as_bytes().to_vec())];
+        let fault = DiskFault::new();
+        let s = Store::open_with(&path, Some(fault.clone())).unwrap();
+        s.append("automerge:a", chunk("c1")).await.unwrap();
+        fault.set_full(true);
+        let refused = s.append("automerge:a", chunk("c2")).await.unwrap_err();
+        assert!(
+            refused.to_string().contains("no space left"),
+            "a clear error: {refused}"
+        );
+        assert!(s.set_epoch("automerge:q", "automerge:e1").await.is_err());
+        s.retire("automerge:a", RetiredKind::Task)
+            .await
+            .unwrap_err();
+        // (Reads may fail meanwhile: reopening needs a write too, as redb repairs the file.)
+        fault.set_full(false);
+        assert_eq!(s.load_doc("automerge:a").await.unwrap().len(), 1);
+        s.append("automerge:a", chunk("c3")).await.unwrap();
+        assert_eq!(s.load_doc("automerge:a").await.unwrap().len(), 2);
+        // The kept writes landed with that commit.
+        assert_eq!(
+            s.epoch("automerge:q").await.unwrap().as_deref(),
+            Some("automerge:e1")
+        );
+        assert_eq!(s.retired().await.unwrap().len(), 1);
+        let closed = s.closed();
+        drop(s);
+        closed.wait().await;
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.load_doc("automerge:a").await.unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_quarantined_chunk_leaves_its_document_and_is_kept_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("store.redb")).unwrap();
+        s.append(
+            "automerge:a",
+            vec![
+                ("aa".into(), b"good".to_vec()),
+                ("bb".into(), b"bad".to_vec()),
+            ],
+        )
+        .await
+        .unwrap();
+        s.quarantine("automerge:a", b"bad".to_vec()).await.unwrap();
+        assert_eq!(
+            s.load_doc("automerge:a").await.unwrap(),
+            vec![b"good".to_vec()]
+        );
+        assert_eq!(
+            s.quarantined().await.unwrap(),
+            vec![("automerge:a/c/bb".to_owned(), b"bad".to_vec())]
         );
     }
 

@@ -22,8 +22,15 @@ impl Core {
         }
         match command {
             Command::CreateQueue { name, config } => {
-                let r = self.create_queue(now, &name, &config);
-                self.replies.push_back((cmd, Reply::Created(r)));
+                if self.waiting() >= MAX_WAITERS {
+                    self.replies
+                        .push_back((cmd, Reply::Created(Err(QueueError::Busy(MAX_WAITERS)))));
+                    return;
+                }
+                match self.create_queue(now, &name, &config) {
+                    Ok(queue) => self.opened(cmd, queue, None),
+                    Err(e) => self.replies.push_back((cmd, Reply::Created(Err(e)))),
+                }
             }
             Command::JoinQueue { id, from_peers } => {
                 if let Some(q) = self.queues.get(&id) {
@@ -97,6 +104,50 @@ impl Core {
                     .ok_or(QueueError::NotJoined(queue));
                 self.replies.push_back((cmd, Reply::Document(saved)));
             }
+        }
+    }
+
+    /// A queue was created (`view` is `None`) or joined: answered once its document is on
+    /// disk ([`Core::check_opens`]), with the queue record written before it (the driver
+    /// performs [`Io::RememberQueue`] first).
+    pub(super) fn opened(&mut self, cmd: CommandId, queue: QueueId, view: Option<Arc<QueueView>>) {
+        let Some(doc) = queue_doc(&queue) else {
+            return;
+        };
+        let version = self.saves.version(&doc);
+        self.opens.push(OpenWait {
+            cmd,
+            queue,
+            doc,
+            version,
+            view,
+        });
+        self.check_opens();
+    }
+
+    /// Answers the creates and joins whose queue document is on disk, and fails those whose
+    /// writes keep failing.
+    pub(super) fn check_opens(&mut self) {
+        if self.opens.is_empty() {
+            return;
+        }
+        for w in std::mem::take(&mut self.opens) {
+            let r = match (
+                self.saves.is_durable(&w.doc, w.version),
+                self.saves.failing(&w.doc),
+            ) {
+                (true, _) => Ok(()),
+                (false, Some(e)) => Err(QueueError::NotDurable(w.queue.clone(), e.clone())),
+                (false, None) => {
+                    self.opens.push(w);
+                    continue;
+                }
+            };
+            let reply = match w.view {
+                None => Reply::Created(r.map(|()| w.queue)),
+                Some(view) => Reply::Joined(r.map(|()| view)),
+            };
+            self.replies.push_back((w.cmd, reply));
         }
     }
 

@@ -23,15 +23,7 @@ impl Core {
                     self.saves.loaded(doc, chunks.len(), bytes);
                     Some(d)
                 }
-                Err(e) => {
-                    self.events.push_back(Event::LoadFailed {
-                        doc: doc.clone(),
-                        error: format!(
-                            "a stored chunk does not load ({e}); the document is treated as absent"
-                        ),
-                    });
-                    None
-                }
+                Err(e) => self.load_without_bad_chunks(doc, &chunks, &e),
             },
             // Retried: a transient read error must not make a stored document look absent.
             Err(e) if self.docs.load_failed(doc, attempts, now.mono) => {
@@ -59,9 +51,56 @@ impl Core {
         self.turn(now);
     }
 
+    /// A document whose stored chunks do not load together: the chunks that do not decode on
+    /// their own are moved aside ([`Io::Quarantine`], reported once as
+    /// [`Event::Quarantined`]) and the rest is loaded. `None` (treated as absent) if it still
+    /// does not load.
+    fn load_without_bad_chunks(
+        &mut self,
+        doc: &DocId,
+        chunks: &[Vec<u8>],
+        error: &automerge::AutomergeError,
+    ) -> Option<Automerge> {
+        let (good, bad): (Vec<&Vec<u8>>, Vec<&Vec<u8>>) = chunks
+            .iter()
+            .partition(|c| Automerge::new().load_incremental(c).is_ok());
+        for chunk in bad {
+            self.events.push_back(Event::Quarantined {
+                doc: doc.clone(),
+                bytes: chunk.len(),
+                error: error.to_string(),
+            });
+            self.io.push_back(Io::Quarantine {
+                doc: doc.clone(),
+                chunk: chunk.clone(),
+            });
+        }
+        let loaded = match good.is_empty() {
+            true => None,
+            false => piecework_replica::load_chunks(&good).ok(),
+        };
+        match loaded {
+            Some(d) => {
+                let bytes = good.iter().map(|c| c.len()).sum();
+                self.saves.loaded(doc, good.len(), bytes);
+                Some(d)
+            }
+            None => {
+                self.events.push_back(Event::LoadFailed {
+                    doc: doc.clone(),
+                    error: format!(
+                        "its stored chunks do not load ({error}); the document is treated as absent"
+                    ),
+                });
+                None
+            }
+        }
+    }
+
     /// The answer to [`Io::Save`].
     pub fn handle_saved(&mut self, now: Time, id: SaveId, result: Result<Saved, StorageFailure>) {
         self.submits.mark_dirty();
+        let was_failing = self.saves.store_failing().is_some();
         match self
             .saves
             .handle_saved(now.mono, id, result, &mut self.replica)
@@ -77,6 +116,13 @@ impl Core {
                     error,
                 });
             }
+            _ => {}
+        }
+        match (was_failing, self.saves.store_failing()) {
+            (false, Some(error)) => self.events.push_back(Event::StoreFailing {
+                error: error.clone(),
+            }),
+            (true, None) => self.events.push_back(Event::StoreRecovered),
             _ => {}
         }
         self.turn(now);
@@ -141,7 +187,7 @@ impl Core {
     }
 
     pub(super) fn waiting(&self) -> usize {
-        self.docs.parked() + self.lookup.waiting()
+        self.docs.parked() + self.lookup.waiting() + self.opens.len()
     }
 
     /// A document this node waited for is loaded.
@@ -152,10 +198,10 @@ impl Core {
             .any(|w| matches!(w, DocWaiter::Status { .. }));
         for w in waiters {
             match w {
-                DocWaiter::Join { cmd, id, .. } => {
-                    let r = self.finish_join(now, &id);
-                    self.replies.push_back((cmd, Reply::Joined(r)));
-                }
+                DocWaiter::Join { cmd, id, .. } => match self.finish_join(now, &id) {
+                    Ok(view) => self.opened(cmd, id, Some(view)),
+                    Err(e) => self.replies.push_back((cmd, Reply::Joined(Err(e)))),
+                },
                 DocWaiter::Status {
                     cmd,
                     task,

@@ -80,6 +80,8 @@ pub struct Core {
     members: Members,
     /// Submits waiting to be acknowledged.
     submits: Submits,
+    /// Creates and joins waiting for their queue document to be on disk.
+    opens: Vec<OpenWait>,
     /// Status requests that wait, and members' questions.
     lookup: Lookups,
     /// Final statuses of inline tasks: to archive, and the latest archived.
@@ -158,6 +160,7 @@ impl Core {
             docs: Documents::new(now.mono),
             members: Members::new(now.mono),
             submits: Submits::default(),
+            opens: Vec::new(),
             lookup: Lookups::default(),
             archive: Archive::default(),
             runs: Runs::default(),
@@ -626,6 +629,7 @@ impl Core {
         }
         self.evict(now);
         self.check_submits(now);
+        self.check_opens();
         self.check_task_waiters(now);
         self.expire_doc_waiters(now);
         self.ask_joins_again(now);

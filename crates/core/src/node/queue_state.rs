@@ -13,7 +13,7 @@ use piecework_queue_doc::{Claim, QueueId, QueueView, ViewCache};
 use piecework_replica::{DocId, Scope};
 use piecework_router::{Action as RouterAction, Router};
 
-use crate::max_claim;
+use crate::{CommandId, max_claim};
 
 /// A rotation whose successor is being built ([`Io::Rotate`]).
 #[derive(Debug)]
@@ -234,4 +234,16 @@ pub(super) fn see(seen: &mut BTreeMap<QueueId, Claim>, queue: &QueueId, claim: &
     if let Some(best) = best {
         seen.insert(queue.clone(), best);
     }
+}
+
+/// A create or a join waiting for its queue document to be on disk up to `version`
+/// ([`Core::check_opens`]).
+#[derive(Debug)]
+pub(super) struct OpenWait {
+    pub(super) cmd: CommandId,
+    pub(super) queue: QueueId,
+    pub(super) doc: DocId,
+    pub(super) version: u64,
+    /// The view to answer a join with; `None` for a create.
+    pub(super) view: Option<Arc<QueueView>>,
 }

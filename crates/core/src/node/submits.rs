@@ -84,6 +84,11 @@ impl Core {
         if self.submits.is_full() {
             return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
         }
+        // The disk refuses writes (full): refused before anything is written, so that no
+        // task the caller was refused turns up once the disk has room.
+        if let Some(e) = self.saves.store_failing() {
+            return Err(SubmitError::NotDurable(e.clone()));
+        }
         let live = c.pending + c.assigned + c.running + c.input_unavailable;
         if live >= self.config.max_live {
             return Err(SubmitError::Full {

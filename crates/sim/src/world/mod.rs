@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use piecework_core::{
-    Built, Command, CommandId, Config as CoreConfig, Core, Reply, RotateId, RunId, SaveId, Time,
+    Built, Command, CommandId, Config as CoreConfig, Core, RotateId, RunId, SaveId, Time,
 };
 use piecework_queue_doc::{AttemptId, Claim, PeerId, QueueConfig, QueueId, TaskId, TaskState};
 use piecework_replica::DocId;
@@ -388,11 +388,13 @@ impl World {
                     config: self.qconfig.clone(),
                 },
             );
-            while let Some((_, reply)) = self.nodes[creator].core.poll_reply() {
-                if let Reply::Created(Ok(id)) = reply {
-                    self.queues[q] = Some(id);
-                }
-            }
+            // Answered once its document is on disk; the queue is served at once.
+            let known: Vec<Option<QueueId>> = self.queues.clone();
+            self.queues[q] = self.nodes[creator]
+                .core
+                .queues()
+                .find(|id| !known.contains(&Some((*id).clone())))
+                .cloned();
             self.drive(creator);
         }
         self.relink();

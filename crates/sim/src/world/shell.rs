@@ -255,6 +255,11 @@ impl World {
                     retired.push((doc, kind));
                 }
             }
+            Io::Quarantine { doc, chunk } => {
+                if let Some(chunks) = self.nodes[i].disk.docs.get_mut(&doc) {
+                    chunks.retain(|_, c| *c != chunk);
+                }
+            }
             Io::Delete { doc } => {
                 self.count("deleted_docs");
                 let disk = &mut self.nodes[i].disk;
@@ -412,6 +417,17 @@ impl World {
             }
             Event::LoadFailed { doc, error } => {
                 self.trace(|| format!("node{i} cannot load {doc}: {error}"));
+            }
+            Event::StoreFailing { .. } => {
+                self.count("store_failing");
+                self.trace(|| format!("node{i}'s disk fails: submits refused"));
+            }
+            Event::StoreRecovered => {
+                self.trace(|| format!("node{i}'s disk writes again"));
+            }
+            Event::Quarantined { doc, bytes, .. } => {
+                self.count("quarantined");
+                self.trace(|| format!("node{i} moved aside a chunk of {doc} ({bytes} bytes)"));
             }
             Event::Rejected { peer, reason } => {
                 self.count("rejected");
