@@ -42,7 +42,9 @@ use crate::keys::{
 };
 use crate::packed;
 use crate::queue::{WriteError, write_config, write_member};
-use crate::read::{later_finish, packed_finished, packed_started, packed_values};
+use crate::read::{
+    finished_of, later_finish, packed_finished, packed_started, packed_values, started_of,
+};
 use crate::view::{QueueView, StateCounts};
 
 pub use crate::chain::{
@@ -989,13 +991,32 @@ fn carried_value<R: ReadDoc>(
     match i {
         0 => carry_entry(from, into, key, dropped),
         1 | 2 | 4 if !absent_too && !has_task(into, packed::task_of(key)) => None,
-        1 => packed_values(from, packed::ASSIGNED, key)
+        1..=3 | 5 => attempt_value(i, packed_values(from, CARRIED[i], key), into, key),
+        _ => {
+            let theirs = max_uint_all(from, packed::SEEN, key);
+            (theirs > max_uint_all(into, packed::SEEN, key))
+                .then_some(automerge::ScalarValue::Uint(theirs))
+        }
+    }
+}
+
+/// The value to write under `key` of the attempt map `CARRIED[i]` (assignment, start, end or
+/// output) in `into`, given the packed values another holder has under it: theirs if it is
+/// newer than `into`'s.
+fn attempt_value<R: ReadDoc>(
+    i: usize,
+    theirs: impl Iterator<Item = String>,
+    into: &R,
+    key: &str,
+) -> Option<automerge::ScalarValue> {
+    match i {
+        1 => theirs
             .max()
             .filter(|_| packed_values(into, packed::ASSIGNED, key).next().is_none())
             .map(automerge::ScalarValue::from),
         2 => {
             let mine = packed_started(into, key);
-            packed_started(from, key)
+            started_of(theirs)
                 .filter(|s| mine.is_none_or(|m| (s.incarnation, s.at) > (m.incarnation, m.at)))
                 .map(|s| {
                     let rec = packed::Start {
@@ -1007,7 +1028,7 @@ fn carried_value<R: ReadDoc>(
         }
         3 => {
             let mine = packed_finished(into, key);
-            packed_finished(from, key)
+            finished_of(theirs)
                 .filter(|f| {
                     mine.as_ref()
                         .is_none_or(|m| later_finish(f, m) == std::cmp::Ordering::Greater)
@@ -1015,16 +1036,94 @@ fn carried_value<R: ReadDoc>(
                 .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
         }
         // An inline run's output: written once, with its end, by the run's pool.
-        5 => packed_values(from, packed::OUTPUT, key)
+        5 => theirs
             .max()
             .filter(|_| packed_values(into, packed::OUTPUT, key).next().is_none())
             .map(automerge::ScalarValue::from),
-        _ => {
-            let theirs = max_uint_all(from, packed::SEEN, key);
-            (theirs > max_uint_all(into, packed::SEEN, key))
-                .then_some(automerge::ScalarValue::Uint(theirs))
+        _ => None,
+    }
+}
+
+/// The attempt records (assignments, starts, ends, outputs) a queue document holds of one
+/// task, kept apart from any document. A node keeps those of the tasks it saw end, to write
+/// them ([`write_records`]) into a branch that shows such a task live again once every
+/// document that held its end is deleted (the other side of a double seal, say).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskRecords {
+    /// (index in `CARRIED`, attempt key, the packed values under it)
+    values: Vec<(usize, String, Vec<String>)>,
+}
+
+impl TaskRecords {
+    /// Whether no record was found.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// About how many bytes they take in memory.
+    pub fn bytes(&self) -> usize {
+        self.values
+            .iter()
+            .map(|(_, k, v)| 16 + k.len() + v.iter().map(String::len).sum::<usize>())
+            .sum()
+    }
+}
+
+/// `task`'s attempt records in `from`, to keep. Costs the task's records.
+pub fn task_records(from: &Automerge, task: &TaskId) -> TaskRecords {
+    let mut values = Vec::new();
+    for (i, name) in CARRIED.iter().enumerate() {
+        if !(1..=3).contains(&i) && i != 5 {
+            continue;
+        }
+        let mut keys: Vec<String> = Vec::new();
+        for obj in am::all_objects(from, &ROOT, name, ObjType::Map) {
+            for item in from.map_range(&obj, packed::attempts_of(task)) {
+                keys.push(item.key.to_string());
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let v: Vec<String> = packed_values(from, name, &key).collect();
+            if !v.is_empty() {
+                values.push((i, key, v));
+            }
         }
     }
+    TaskRecords { values }
+}
+
+/// Writes into `into` each kept record newer than `into`'s, as [`carry_records`] does from a
+/// document; how many. One change, none if nothing is new.
+pub fn write_records(into: &mut Automerge, records: &[&TaskRecords]) -> Result<usize, WriteError> {
+    let mut writes = 0;
+    into.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let mut targets = BTreeMap::new();
+        for (i, key, theirs) in records.iter().flat_map(|r| r.values.iter()) {
+            let Some(v) = attempt_value(*i, theirs.iter().cloned(), tx, key) else {
+                continue;
+            };
+            let target = match targets.get(i) {
+                Some(t) => t,
+                None => {
+                    let t = match am::object(tx, &ROOT, CARRIED[*i], ObjType::Map) {
+                        Some(m) => m,
+                        None => tx.put_object(ROOT, CARRIED[*i], ObjType::Map)?,
+                    };
+                    targets.entry(*i).or_insert(t)
+                }
+            };
+            tx.put(target, key.as_str(), v)?;
+            writes += 1;
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(writes)
 }
 
 /// A late task entry to carry: absent from the successor, and not a task that was finished
@@ -1060,6 +1159,21 @@ fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {
         .map(|m| am::max_uint(doc, m, key))
         .max()
         .unwrap_or(0)
+}
+
+/// The seals of `doc` whose sealer's claim counts in it (see [`check_successor`]): a seal
+/// under a claim that does not count is a member's forgery, never followed, and must not stop
+/// the router from sealing the document itself. Linear in the seals and claims written.
+pub fn counted_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
+    let seals = read_seals(doc);
+    if seals.is_empty() {
+        return seals;
+    }
+    let (counted, _) = crate::view::read_claims(doc);
+    seals
+        .into_iter()
+        .filter(|s| counted.contains(&s.claim))
+        .collect()
 }
 
 /// What [`check_successor`] found of a successor document, judged against the document it

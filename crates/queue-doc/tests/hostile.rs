@@ -192,6 +192,63 @@ mod successors {
         );
     }
 
+    /// A member's seal under a claim that does not count does not count as a seal either: it
+    /// must not keep the router from sealing the document itself (before, any seal stopped
+    /// rotations for good). The router's own seal counts.
+    #[test]
+    fn a_seal_under_a_claim_that_does_not_count_is_not_a_seal_of_the_document() {
+        let forged = Claim::new(7, PeerId::new("x"));
+        let (old, _, _) = sealed(&forged, None);
+        assert_eq!(epoch::read_seals(&old).len(), 1);
+        assert!(epoch::counted_seals(&old).is_empty());
+        let router = Claim::new(1, PeerId::new("r"));
+        let (old, _, _) = sealed(&router, None);
+        let counted = epoch::counted_seals(&old);
+        assert_eq!(counted.len(), 1);
+        assert_eq!(counted[0].claim, router);
+    }
+
+    /// A task this node saw end, whose every document is gone, keeps its end when written
+    /// into a branch that shows it live again: the records kept apart from any document
+    /// (`epoch::task_records`) write its end into the other branch's document, and nothing
+    /// when that document already has it.
+    #[test]
+    fn a_kept_end_written_into_a_branch_that_shows_the_task_live_shows_it_ended() {
+        use piecework_queue_doc::{Assignment, AttemptId, AttemptOutcome, TaskState, WorkerId};
+        let router = Claim::new(1, PeerId::new("r"));
+        let mut doc = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+        queue::create(&mut doc, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+        queue::claim_router(&mut doc, &router, 1).unwrap();
+        let task = submit(&mut doc, 1);
+        let attempt = AttemptId {
+            n: 1,
+            claim: router.clone(),
+        };
+        let worker = WorkerId::new(PeerId::new("w"), 0);
+        let assignment = Assignment {
+            task: task.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        };
+        queue::record_assignments(&mut doc, &[assignment], 2).unwrap();
+        // The other branch forks here: it saw the task assigned, not started or ended.
+        let mut other = doc.fork().with_actor(ActorId::from(vec![2u8; 16]));
+        queue::record_start(&mut doc, &task, &attempt, &worker, 1, 3).unwrap();
+        let ended = AttemptOutcome::Succeeded;
+        queue::record_finish(&mut doc, &task, &attempt, &worker, ended, None, 4).unwrap();
+        let kept = epoch::task_records(&doc, &task);
+        assert!(!kept.is_empty());
+        drop(doc);
+        let state = |d: &Automerge| QueueView::read(d).unwrap().task(&task).unwrap().state();
+        assert!(!state(&other).is_final());
+        let written = epoch::write_records(&mut other, &[&kept]).unwrap();
+        assert!(written > 0);
+        assert_eq!(state(&other), TaskState::Succeeded);
+        // Nothing newer to write a second time.
+        assert_eq!(epoch::write_records(&mut other, &[&kept]).unwrap(), 0);
+    }
+
     /// A successor whose seal has not arrived is not followed yet (nor refused).
     #[test]
     fn a_successor_without_its_seal_waits() {

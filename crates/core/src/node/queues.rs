@@ -251,6 +251,9 @@ impl Core {
             if before == Some(final_now) {
                 continue;
             }
+            if final_now && let Some(d) = self.replica.get(&q.doc) {
+                self.ends.record(tid.clone(), epoch::task_records(d, tid));
+            }
             if t.input.is_some() {
                 // Inline: no task document. Its final status is archived (again after a
                 // restart: archiving is idempotent), to answer once no epoch carries it.
@@ -347,6 +350,7 @@ impl Core {
             let found = docs.iter().find_map(|d| {
                 let doc = self.replica.get(d)?;
                 let entry = epoch::task_entry(doc, tid).filter(|t| t.state().is_final())?;
+                self.ends.record(tid.clone(), epoch::task_records(doc, tid));
                 Some(inline_status(id, &entry, doc))
             });
             match found.map(|status| serde_json::to_vec(&status)) {

@@ -211,6 +211,7 @@ impl Core {
             return;
         };
         let mut by_doc: BTreeMap<DocId, Vec<TaskId>> = BTreeMap::new();
+        let mut kept = Vec::new();
         for t in live {
             let holder = q.sealed.keys().find(|d| {
                 self.replica
@@ -218,8 +219,23 @@ impl Core {
                     .and_then(|doc| epoch::task_state(doc, &t))
                     .is_some_and(|s| s.is_final())
             });
-            if let Some(d) = holder {
-                by_doc.entry(d.clone()).or_default().push(t);
+            match holder {
+                Some(d) => by_doc.entry(d.clone()).or_default().push(t),
+                None => kept.extend(self.ends.get(&t)),
+            }
+        }
+        // No document here holds its end, but this node saw it end: the documents that held
+        // it are deleted (the losing side of a double seal, say).
+        if !kept.is_empty() {
+            match self
+                .replica
+                .change(to, |into| epoch::write_records(into, &kept))
+            {
+                Some(Ok(n)) if n > 0 => self.changed(to),
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %id, "cannot write the ends kept in memory into {to}: {e}")
+                }
+                _ => {}
             }
         }
         for (d, tasks) in by_doc {

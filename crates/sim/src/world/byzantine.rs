@@ -8,11 +8,12 @@
 //! | `claim` | writes a chained claim record straight into its replica of the queue document (raw Automerge): at `MAX_TERM` naming the router, above it, or five terms past the router's naming nobody | per record written | an honest node whose current document holds the record reads a view that does not count it (neither the router nor in its chain) |
 //! | `oversized` | writes a 64 KiB junk value as a task entry or as a claim record | per record written | an honest node whose current document holds it reads no task of that key and counts a malformed record |
 //! | `pool_flood` | its own pool heartbeat, with worker 0 listed [`FLOOD_REPEATS`] more times and [`FLOOD_OUT_OF_RANGE`] idle workers at indexes from `MAX_POOL_WORKERS` | per delivery to an honest node | that node's router reported the extra reports not counted (`PoolBeatTrimmed`) |
-//! | `forged_successor` | not built yet ([`FORGED_SUCCESSORS`]) | — | — |
+//! | `forged_successor` | builds a successor of its current document and seals the document into it (raw writes): under a claim of its own that does not count, or under the router's claim with a live task left out of the successor | per seal written | the first honest node that holds both documents refuses it (`EpochEvent::Refused`) |
 //!
 //! An honest node that counts a hostile value (its fence or router becomes a hostile claim,
 //! a written claim counts, an oversized key reads as a task, a router assigns a hostile worker
-//! index at or above the bound) is a violation of invariant 10.
+//! index at or above the bound, a node moves to a forged successor that its own check would
+//! refuse) is a violation of invariant 10.
 //!
 //! It asks the parent for the clock, the RNG, `trace` and `violate`, the network for `gossip`.
 //! The shell asks it for `flood_pool_beat` (at a publish), the network for `hostile_delivery`
@@ -23,9 +24,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use automerge::transaction::Transactable;
-use automerge::{AutomergeError, ObjType, ROOT, ReadDoc};
+use automerge::{ActorId, Automerge, AutomergeError, ObjType, ROOT, ReadDoc};
 use piecework_core::{Wire, topic_for};
 use piecework_queue_doc::beat::{MAX_POOL_WORKERS, WorkerReport};
+use piecework_queue_doc::epoch::{self, Seal};
 use piecework_queue_doc::{Claim, MAX_TERM, PeerId, QueueId, QueueView, RouterBeat, TaskId};
 use piecework_replica::DocId;
 use rand::Rng;
@@ -46,10 +48,6 @@ const FLOOD_CHANCE: f64 = 0.5;
 const FLOOD_REPEATS: u32 = 300;
 /// Idle workers a flooded pool heartbeat lists at indexes from `MAX_POOL_WORKERS` up.
 const FLOOD_OUT_OF_RANGE: u32 = 44;
-/// Forged successors (a seal naming a successor document that drops live tasks) are off:
-/// their defence (a successor that drops live tasks is not followed) is being built on
-/// another branch. The act is not built yet either; switch both on after that merge.
-const FORGED_SUCCESSORS: bool = false;
 
 /// The hostile acts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +56,7 @@ enum Act {
     Claim,
     Oversized,
     PoolFlood,
+    ForgedSuccessor,
 }
 
 impl Act {
@@ -67,6 +66,7 @@ impl Act {
             Act::Claim => "claim",
             Act::Oversized => "oversized",
             Act::PoolFlood => "pool_flood",
+            Act::ForgedSuccessor => "forged_successor",
         }
     }
 }
@@ -95,6 +95,8 @@ pub(super) struct Byzantine {
     written: Vec<Written>,
     counter: u64,
     records: u64,
+    /// The forged successors written, and whether an honest node refused each yet.
+    forged: BTreeMap<DocId, bool>,
 }
 
 impl World {
@@ -115,12 +117,11 @@ impl World {
         let Some(h) = self.hostile else {
             return;
         };
-        let acts = if FORGED_SUCCESSORS { 4 } else { 3 };
-        match self.rng.random_range(0..acts) {
+        match self.rng.random_range(0..4) {
             0 => self.hostile_router_beat(h),
             1 => self.hostile_claim(h),
             2 => self.hostile_oversized(h),
-            _ => unreachable!("forged successors are not built"),
+            _ => self.hostile_forged_successor(h),
         }
     }
 
@@ -199,6 +200,136 @@ impl World {
             let term = router.map_or(0, |c| c.term) + 1;
             let key = format!("{term}/{me}");
             self.hostile_write(h, Act::Oversized, doc, "claims", key, junk, None);
+        }
+    }
+
+    /// Builds a successor of the member's current document, as a rotation would, and seals
+    /// the document into it: under the router's claim with one live task left out (when
+    /// there is one, half the time), else under a claim of the member's own one term above
+    /// the router's, which no chain names.
+    fn hostile_forged_successor(&mut self, h: usize) {
+        let Some(queue) = self.queues[0].clone() else {
+            return;
+        };
+        if !self.nodes[h].up {
+            return;
+        }
+        let core = &self.nodes[h].core;
+        let Some((epoch_no, cur)) = core.epoch(&queue).map(|(e, d)| (e, d.clone())) else {
+            return;
+        };
+        let (Some(view), Some(old)) = (core.view(&queue).cloned(), core.document(&cur).cloned())
+        else {
+            return;
+        };
+        let me = self.nodes[h].peer.clone();
+        let live = view
+            .tasks()
+            .values()
+            .find(|t| !t.state().is_final())
+            .map(|t| t.id.clone());
+        let (claim, left_out) = match (view.router.clone(), live) {
+            (Some(r), Some(t)) if self.rng.random_bool(0.5) => (r, Some(t)),
+            (r, _) => (Claim::new(r.map_or(1, |c| c.term + 1), me), None),
+        };
+        let Some(next) = epoch_no.checked_add(1) else {
+            return;
+        };
+        let succ_id = DocId::generate(&mut self.rng);
+        let actor: [u8; 16] = self.rng.random();
+        let mut succ = Automerge::new().with_actor(ActorId::from(actor.to_vec()));
+        let t = self.time(h);
+        let rotation = epoch::Rotation {
+            origin: &queue,
+            prev: cur.as_str(),
+            successor: succ_id.as_str(),
+            epoch: next,
+            claim: &claim,
+            now_ms: t.unix_ms,
+        };
+        if epoch::build_successor(&old, &view, &mut succ, &rotation).is_err() {
+            return;
+        }
+        if let Some(task) = &left_out {
+            let dropped = succ.transact::<_, _, AutomergeError>(|tx| {
+                if let Some((automerge::Value::Object(ObjType::Map), tasks)) =
+                    tx.get(ROOT, "tasks")?
+                {
+                    tx.delete(&tasks, task.as_str())?;
+                }
+                Ok(())
+            });
+            if dropped.is_err() {
+                return;
+            }
+        }
+        if !self.nodes[h]
+            .core
+            .hostile_create(t, &queue, succ_id.clone(), succ)
+        {
+            return;
+        }
+        let seal = Seal {
+            claim: claim.clone(),
+            successor: succ_id.to_string(),
+            epoch: next,
+        };
+        let heads = old.get_heads();
+        let wrote = self.nodes[h]
+            .core
+            .hostile_change(t, &cur, |d| epoch::seal(d, &seal, &heads).is_ok());
+        self.drive(h);
+        if wrote != Some(true) {
+            return;
+        }
+        self.trace(|| {
+            format!(
+                "node{h} (hostile) sealed {cur} into the forged {succ_id} as {claim}{}",
+                left_out.map_or(String::new(), |t| format!(" without {t}"))
+            )
+        });
+        self.byz_sent(Act::ForgedSuccessor);
+        self.byz.forged.insert(succ_id, false);
+    }
+
+    /// An honest node refused a successor: the first refusal of a forged one counts.
+    pub(super) fn successor_refused(&mut self, i: usize, doc: &DocId) {
+        if self.is_hostile(i) {
+            return;
+        }
+        if let Some(refused) = self.byz.forged.get_mut(doc)
+            && !*refused
+        {
+            *refused = true;
+            self.byz_refused(Act::ForgedSuccessor);
+        }
+    }
+
+    /// An honest node moved to another epoch: a forged successor it moved to must pass the
+    /// check it is followed by (a live task it leaves out ended meanwhile, say), or the move
+    /// is a violation of invariant 10.
+    pub(super) fn judge_move(&mut self, i: usize, queue: &QueueId) {
+        if self.is_hostile(i) {
+            return;
+        }
+        let core = &self.nodes[i].core;
+        let Some((_, to)) = core.epoch(queue) else {
+            return;
+        };
+        if !self.byz.forged.contains_key(to) {
+            return;
+        }
+        let to = to.clone();
+        let verdict = core.document(&to).and_then(|succ| {
+            let prev = epoch::read_prev(succ).and_then(|p| DocId::parse(&p.doc))?;
+            let prev = core.document(&prev)?;
+            Some(epoch::check_successor(prev, succ, to.as_str()))
+        });
+        if let Some(Err(why)) = verdict {
+            self.violate(
+                10,
+                format!("node{i} moved to the forged successor {to}: {why}"),
+            );
         }
     }
 

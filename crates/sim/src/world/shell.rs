@@ -441,6 +441,7 @@ impl World {
                     }
                     EpochEvent::Switched { missing, .. } => {
                         self.count("epoch_switch");
+                        self.judge_move(i, &queue);
                         if *missing > 0 {
                             self.count("moved_past_deleted_epochs");
                         }
@@ -457,7 +458,10 @@ impl World {
                     } => self.count("successor_merge"),
                     EpochEvent::Evicted { .. } => self.count("epoch_evicted"),
                     // Never among honest nodes: `honest_mixes_refuse_no_successor` checks.
-                    EpochEvent::Refused { .. } => self.count("successor_refused"),
+                    EpochEvent::Refused { doc, .. } => {
+                        self.count("successor_refused");
+                        self.successor_refused(i, doc);
+                    }
                 }
                 self.trace(|| format!("node{i} {queue}: {event:?}"));
             }
