@@ -579,19 +579,25 @@ fn written_elsewhere(name: &str) -> Automerge {
 
 /// `one` joins the queue of `doc`, found on its disk under an id drawn from `seed`.
 fn join_from_disk(one: &mut One, doc: &Automerge, seed: u64) -> QueueId {
+    let (q, reply) = join_stored(one, vec![doc.save()], seed);
+    assert!(matches!(reply, Some(Reply::Joined(Ok(_)))));
+    q
+}
+
+/// `one` joins a queue whose document is the stored `chunks`, under an id drawn from `seed`;
+/// the join's reply, once its loads are answered and its membership is on disk.
+fn join_stored(one: &mut One, chunks: Vec<Vec<u8>>, seed: u64) -> (QueueId, Option<Reply>) {
     let id =
         DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed));
-    one.disk.insert(id.clone(), vec![doc.save()]);
+    one.disk.insert(id.clone(), chunks);
     let q = QueueId::new(id.as_str());
     let cmd = one.command(Command::JoinQueue {
         id: q.clone(),
         from_peers: false,
     });
     one.answer_loads();
-    // Answered once its membership is on disk.
     one.ack_saves();
-    assert!(matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))));
-    q
+    (q, one.reply(cmd))
 }
 
 /// Issue 34: a stored chunk that does not decode made its document absent at every load. Now
@@ -599,25 +605,16 @@ fn join_from_disk(one: &mut One, doc: &Automerge, seed: u64) -> QueueId {
 #[test]
 fn a_stored_chunk_that_does_not_decode_is_quarantined_once_and_the_rest_loads() {
     let doc = written_elsewhere("damaged");
-    let id =
-        DocId::generate(&mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(41));
     let mut one = One::new();
     // A chunk damaged on disk (its checksum flipped), read first: as a snapshot is.
     let mut damaged = written_elsewhere("other").save();
     if let Some(b) = damaged.get_mut(5) {
         *b ^= 0xff;
     }
-    one.disk
-        .insert(id.clone(), vec![damaged.clone(), doc.save()]);
-    let q = QueueId::new(id.as_str());
-    let cmd = one.command(Command::JoinQueue {
-        id: q.clone(),
-        from_peers: false,
-    });
-    one.answer_loads();
-    one.ack_saves();
+    let (q, reply) = join_stored(&mut one, vec![damaged.clone(), doc.save()], 41);
+    let id = DocId::parse(q.as_str()).expect("a document id");
     assert!(
-        matches!(one.reply(cmd), Some(Reply::Joined(Ok(_)))),
+        matches!(reply, Some(Reply::Joined(Ok(_)))),
         "the rest of the document loads"
     );
     let reported = |one: &One| {
