@@ -732,6 +732,12 @@ mod regressions {
     /// the changes a seal covered, after a wait (tried and reverted), brought a finished task
     /// back as running here (invariant 2). With covers a carrier tells a task the chain knew
     /// from a late submit by the task's entry alone.
+    ///
+    /// With the byzantine, sync and disk work merged beside chained claims its course moved:
+    /// a double seal of epoch 5, the task's end written on the side that lost, every document
+    /// holding the end deleted (2 kept), and the winner's branch showing the task running at
+    /// the sideways move (invariant 2). A node now keeps the ends it saw (`Ends`) and writes
+    /// them into the branch it moves to (`Core::keep_ends`).
     #[test]
     fn seed_3013_at_7_a_carry_without_the_chain_brings_no_finished_task_back() {
         let r = passes_at_7_deleting(3013, FaultMix::default_mix());
