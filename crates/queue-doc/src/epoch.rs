@@ -1188,20 +1188,21 @@ pub enum SuccessorCheck {
     /// there (a claim that skips a term, above the bound, or never written).
     #[error("its seal's claim {0} does not count in the document it continues")]
     SealerNotRouter(Claim),
-    /// The successor does not index a task that was indexed at the seal's heads and is not
-    /// final: following it would hide that task.
+    /// The successor does not index a task that was live at the seal's heads: following it
+    /// would hide that task.
     #[error("it drops task {0}, live in the document it continues at the seal")]
     DropsLive(TaskId),
 }
 
 /// Whether `succ`, a document named `succ_id` that says it continues `prev`, may be
 /// followed: `prev` holds a seal naming it under a claim that counts in `prev` (its router
-/// sealed it), and `succ` indexes every task `prev` indexed at the seal's heads that is not
-/// final there now. A successor that fails either check is forged (or broken) and never
+/// sealed it), and `succ` indexes every task that was live in `prev` at the seal's heads
+/// (whatever it is now: the verdict is the same at every member holding those heads). A
+/// successor that fails either check is forged (or broken) and never
 /// followed: its seal cannot hide live tasks.
 ///
-/// Work: the tasks `prev` indexed at the seal's heads, one entry read each, once per
-/// successor (the caller keeps the verdict).
+/// Work: a copy of `prev` at the seal's heads, and the tasks it indexes, one entry read each,
+/// once per successor (the caller keeps the verdict).
 pub fn check_successor(
     prev: &Automerge,
     succ: &Automerge,
@@ -1224,10 +1225,16 @@ pub fn check_successor(
     if heads.is_empty() || known_heads(prev, &heads).len() < heads.len() {
         return Err(SuccessorCheck::NotYet);
     }
-    for tasks in am::all_objects(prev, &ROOT, keys::TASKS, ObjType::Map) {
-        for item in prev.map_range_at(&tasks, .., &heads) {
+    // The document as the seal saw it: a task live then and final now (here) was live for
+    // the sealer too, and a successor built at the seal's heads indexes it; judging by the
+    // state here would make the verdict depend on how far each member had read.
+    let Ok(at) = prev.fork_at(&heads) else {
+        return Err(SuccessorCheck::NotYet);
+    };
+    for tasks in am::all_objects(&at, &ROOT, keys::TASKS, ObjType::Map) {
+        for item in at.map_range(&tasks, ..) {
             let task = TaskId::new(item.key.to_string());
-            let live = task_state(prev, &task).is_some_and(|s| !s.is_final());
+            let live = task_state(&at, &task).is_some_and(|s| !s.is_final());
             if live && !indexes(succ, &task) {
                 return Err(SuccessorCheck::DropsLive(task));
             }

@@ -180,6 +180,39 @@ mod successors {
         );
     }
 
+    /// The task the forger left out ends after the seal, in the copy of a member that reads
+    /// on: the successor is still refused there. The verdict is taken at the seal's heads, so
+    /// every member holding them judges alike (before, members that had seen the task end
+    /// followed the forged successor while the others, the forger's own core among them,
+    /// stayed behind: 18 of 500 byzantine seeds never settled).
+    #[test]
+    fn a_forged_successor_is_refused_even_once_the_task_it_dropped_has_ended() {
+        use piecework_queue_doc::{Assignment, AttemptId, AttemptOutcome, WorkerId};
+        let router = Claim::new(1, PeerId::new("r"));
+        let dropped = TaskId::new("automerge:t2");
+        let (mut old, succ, _) = sealed(&router, Some(&dropped));
+        let attempt = AttemptId {
+            n: 1,
+            claim: router.clone(),
+        };
+        let worker = WorkerId::new(PeerId::new("w"), 0);
+        let assignment = Assignment {
+            task: dropped.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        };
+        queue::record_assignments(&mut old, &[assignment], 5).unwrap();
+        queue::record_start(&mut old, &dropped, &attempt, &worker, 1, 6).unwrap();
+        let ok = AttemptOutcome::Succeeded;
+        queue::record_finish(&mut old, &dropped, &attempt, &worker, ok, None, 7).unwrap();
+        assert!(epoch::task_state(&old, &dropped).unwrap().is_final());
+        assert_eq!(
+            epoch::check_successor(&old, &succ, "automerge:next"),
+            Err(SuccessorCheck::DropsLive(dropped))
+        );
+    }
+
     /// A seal under a claim that does not count in the document sealed (a term nobody
     /// claimed there, here the bound) is not followed, whatever the successor holds.
     #[test]
