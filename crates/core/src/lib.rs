@@ -1027,6 +1027,15 @@ pub enum EpochEvent {
         /// Its epoch number.
         epoch: u64,
     },
+    /// A document that says it succeeds one of this queue's epochs is not followed, ever:
+    /// its seal's claim does not count there, or it drops tasks live at the seal
+    /// ([`piecework_queue_doc::epoch::check_successor`]). Reported once per document.
+    Refused {
+        /// The document.
+        doc: DocId,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// A run this node's pool started and has not ended.

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::am;
 use crate::ids::{Claim, PeerId};
-use crate::keys::{LATEST, RETIRED, SEALS};
+use crate::keys::{LATEST, LINEAGE, RETIRED, SEALS};
 use crate::packed;
 
 /// A seal in a queue document: this epoch ended, and `successor` holds what was live.
@@ -133,4 +133,35 @@ pub(crate) fn encode_heads(heads: &[ChangeHash]) -> String {
 
 pub(crate) fn decode_heads(s: &str) -> Vec<ChangeHash> {
     s.split(',').filter_map(|h| h.parse().ok()).collect()
+}
+
+/// The most links a lineage keeps (the oldest are dropped): forks further back than this many
+/// epochs are not told apart.
+pub const MAX_LINEAGE: usize = 64;
+
+/// One link of an epoch document's lineage: the seal that made epoch `epoch`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Link {
+    /// The epoch number.
+    pub epoch: u64,
+    /// The sealer's claim.
+    pub claim: Claim,
+    /// The document of that epoch.
+    pub doc: String,
+}
+
+/// A queue document's lineage: the seals from the queue's first epoch to this one (empty in
+/// epoch 0; at most [`MAX_LINEAGE`], the newest).
+///
+/// A peer's document may hold more links than that: only the newest [`MAX_LINEAGE`] (by
+/// epoch) are read.
+pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
+    let mut links: Vec<Link> = am::string(doc, &ROOT, LINEAGE)
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    if links.len() > MAX_LINEAGE {
+        links.sort_by_key(|l| l.epoch);
+        links.drain(..links.len() - MAX_LINEAGE);
+    }
+    links
 }

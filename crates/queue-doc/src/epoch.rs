@@ -42,31 +42,19 @@ use crate::keys::{
 };
 use crate::packed;
 use crate::queue::{WriteError, write_config, write_member};
-use crate::read::{later_finish, packed_finished, packed_started, packed_values};
+use crate::read::{
+    finished_of, later_finish, packed_finished, packed_started, packed_values, started_of,
+};
 use crate::view::{QueueView, StateCounts};
 
 pub use crate::chain::{
-    Latest, Prev, Retired, Seal, read_latest, read_retired, read_seals, winner,
+    Latest, Link, MAX_LINEAGE, Prev, Retired, Seal, read_latest, read_lineage, read_retired,
+    read_seals, winner,
 };
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
 /// most this many epochs older than itself.
 pub const COVER_EPOCHS: u64 = 256;
-
-/// The most links a lineage keeps (the oldest are dropped): forks further back than this many
-/// epochs are not told apart.
-pub const MAX_LINEAGE: usize = 64;
-
-/// One link of an epoch document's lineage: the seal that made epoch `epoch`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Link {
-    /// The epoch number.
-    pub epoch: u64,
-    /// The sealer's claim.
-    pub claim: Claim,
-    /// The document of that epoch.
-    pub doc: String,
-}
 
 /// Whether the document `doc` of epoch `epoch` (if known) is on the chain `lineage` (as
 /// [`read_lineage`] gives it): named by it, or older than its oldest link once it was cut to
@@ -120,22 +108,6 @@ pub fn cmp_lineage_counted(a: &[Link], b: &[Link]) -> (std::cmp::Ordering, usize
         }
     }
     (Ordering::Equal, looked)
-}
-
-/// A queue document's lineage: the seals from the queue's first epoch to this one (empty in
-/// epoch 0; at most [`MAX_LINEAGE`], the newest).
-///
-/// A peer's document may hold more links than that: only the newest [`MAX_LINEAGE`] (by
-/// epoch) are read.
-pub fn read_lineage<R: ReadDoc>(doc: &R) -> Vec<Link> {
-    let mut links: Vec<Link> = am::string(doc, &ROOT, LINEAGE)
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default();
-    if links.len() > MAX_LINEAGE {
-        links.sort_by_key(|l| l.epoch);
-        links.drain(..links.len() - MAX_LINEAGE);
-    }
-    links
 }
 
 /// The writes of one queue document that the chain of a later document absorbed, as a clock:
@@ -438,6 +410,7 @@ pub fn build_successor(
         tx.put(&router, keys::TERM, r.claim.term)?;
         tx.put(&router, keys::PEER, r.claim.peer.as_str())?;
         tx.put(&router, keys::CLAIMED_AT, r.now_ms)?;
+        tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?;
         tx.put_object(ROOT, SEALS, ObjType::Map)?;
         let tasks = tx.put_object(ROOT, keys::TASKS, ObjType::Map)?;
         let assigned = tx.put_object(ROOT, packed::ASSIGNED, ObjType::Map)?;
@@ -540,6 +513,33 @@ pub fn set_latest(doc: &mut Automerge, latest: &Latest) -> Result<(), WriteError
     })
     .map(|s| s.result)
     .map_err(|f| f.error)
+}
+
+/// The greatest claim that counts in `into` once the chained claims of `from` (a sealed
+/// document it continues) are carried into it: `from`'s claims above the seal count there
+/// only if their chain runs through a claim that counts in `into`. A node fences with it
+/// before the carry is written.
+pub fn carried_claim<R: ReadDoc, S: ReadDoc>(from: &R, into: &S) -> Option<Claim> {
+    let (counted, _) = crate::view::read_claims(into);
+    let mut counted: std::collections::BTreeSet<Claim> = counted.into_iter().collect();
+    let mut bad = 0;
+    let mut records = crate::view::chained_records(from, &mut bad);
+    records.extend(crate::view::chained_records(into, &mut bad));
+    crate::view::extend_chain(&mut counted, records);
+    counted.into_iter().next_back()
+}
+
+/// The chained claim records of a queue document, as written: key and packed value.
+fn chained_claims<R: ReadDoc>(doc: &R) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for map in am::all_objects(doc, &ROOT, keys::CLAIMS, ObjType::Map) {
+        for item in doc.map_range(&map, ..) {
+            if let Some(v) = am::as_str(&item.value) {
+                out.push((item.key.to_string(), v.to_owned()));
+            }
+        }
+    }
+    out
 }
 
 /// A queue document's epoch number and the queue it continues (`None` in epoch 0); `None` if
@@ -735,9 +735,11 @@ pub fn carry_covering(
     } else {
         from.get_heads()
     };
-    // The router records: a claim can have changed only if one of the changes wrote there.
+    // The router records and the chained claims: a claim can have changed only if one of
+    // the changes wrote there.
     let routers: HashSet<ObjKey> = am::all_objects(from, &ROOT, keys::ROUTER, ObjType::Map)
         .iter()
+        .chain(am::all_objects(from, &ROOT, keys::CLAIMS, ObjType::Map).iter())
         .filter_map(key_of)
         .collect();
     let mut router_touched = false;
@@ -771,7 +773,9 @@ pub fn carry_covering(
                         covers_touched = true;
                     }
                 }
-                (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER => router_touched = true,
+                (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER || key == keys::CLAIMS => {
+                    router_touched = true
+                }
                 (ObjectId::Root, Key::Map(key)) if key == COVERED => covers_touched = true,
                 _ => {}
             }
@@ -786,7 +790,7 @@ pub fn carry_covering(
     // A router claim written into the sealed document above every claim of `into` (a
     // follower that claimed there) still fences pools: `into`'s routers must see it too.
     let claim = router_touched
-        .then(|| effective_claim(from))
+        .then(|| carried_claim(from, &*into))
         .flatten()
         .filter(|c| effective_claim(into).is_none_or(|m| *c > m));
     if touched.is_empty() && claim.is_none() {
@@ -797,11 +801,37 @@ pub fn carry_covering(
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
         }
-        if let Some(c) = &claim {
-            let r = tx.put_object(ROOT, keys::ROUTER, ObjType::Map)?;
-            tx.put(&r, keys::TERM, c.term)?;
-            tx.put(&r, keys::PEER, c.peer.as_str())?;
-            out.writes += 1;
+        if claim.is_some() {
+            // The chained claims `into` lacks, as `from` holds them: a claim of `from` above
+            // the seal's counts in `into` too, its chain running through the sealer's claim.
+            // The records that count in `into` once carried and do not yet: a claim counts
+            // only with the chain below it, and the chain runs through a claim that counts
+            // there (the sealer's, a base of its lineage). Records that would not count (a
+            // forged term, say) are left behind.
+            let (before, _) = crate::view::read_claims(tx);
+            let mut after: BTreeSet<Claim> = before.iter().cloned().collect();
+            let mut bad = 0;
+            let mut records = crate::view::chained_records(from, &mut bad);
+            records.extend(crate::view::chained_records(tx, &mut bad));
+            crate::view::extend_chain(&mut after, records);
+            let new: HashSet<String> = after
+                .difference(&before.into_iter().collect())
+                .map(|c| format!("{}/{}", c.term, c.peer))
+                .collect();
+            let missing: Vec<(String, String)> = chained_claims(from)
+                .into_iter()
+                .filter(|(k, _)| new.contains(k))
+                .collect();
+            if !missing.is_empty() {
+                let claims = match am::object(tx, &ROOT, keys::CLAIMS, ObjType::Map) {
+                    Some(m) => m,
+                    None => tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?,
+                };
+                for (k, v) in missing {
+                    tx.put(&claims, k.as_str(), v)?;
+                    out.writes += 1;
+                }
+            }
         }
         let mut targets = Vec::new();
         for name in CARRIED {
@@ -961,13 +991,32 @@ fn carried_value<R: ReadDoc>(
     match i {
         0 => carry_entry(from, into, key, dropped),
         1 | 2 | 4 if !absent_too && !has_task(into, packed::task_of(key)) => None,
-        1 => packed_values(from, packed::ASSIGNED, key)
+        1..=3 | 5 => attempt_value(i, packed_values(from, CARRIED[i], key), into, key),
+        _ => {
+            let theirs = max_uint_all(from, packed::SEEN, key);
+            (theirs > max_uint_all(into, packed::SEEN, key))
+                .then_some(automerge::ScalarValue::Uint(theirs))
+        }
+    }
+}
+
+/// The value to write under `key` of the attempt map `CARRIED[i]` (assignment, start, end or
+/// output) in `into`, given the packed values another holder has under it: theirs if it is
+/// newer than `into`'s.
+fn attempt_value<R: ReadDoc>(
+    i: usize,
+    theirs: impl Iterator<Item = String>,
+    into: &R,
+    key: &str,
+) -> Option<automerge::ScalarValue> {
+    match i {
+        1 => theirs
             .max()
             .filter(|_| packed_values(into, packed::ASSIGNED, key).next().is_none())
             .map(automerge::ScalarValue::from),
         2 => {
             let mine = packed_started(into, key);
-            packed_started(from, key)
+            started_of(theirs)
                 .filter(|s| mine.is_none_or(|m| (s.incarnation, s.at) > (m.incarnation, m.at)))
                 .map(|s| {
                     let rec = packed::Start {
@@ -979,7 +1028,7 @@ fn carried_value<R: ReadDoc>(
         }
         3 => {
             let mine = packed_finished(into, key);
-            packed_finished(from, key)
+            finished_of(theirs)
                 .filter(|f| {
                     mine.as_ref()
                         .is_none_or(|m| later_finish(f, m) == std::cmp::Ordering::Greater)
@@ -987,16 +1036,94 @@ fn carried_value<R: ReadDoc>(
                 .map(|f| automerge::ScalarValue::from(packed::encode(&packed::End::of(&f))))
         }
         // An inline run's output: written once, with its end, by the run's pool.
-        5 => packed_values(from, packed::OUTPUT, key)
+        5 => theirs
             .max()
             .filter(|_| packed_values(into, packed::OUTPUT, key).next().is_none())
             .map(automerge::ScalarValue::from),
-        _ => {
-            let theirs = max_uint_all(from, packed::SEEN, key);
-            (theirs > max_uint_all(into, packed::SEEN, key))
-                .then_some(automerge::ScalarValue::Uint(theirs))
+        _ => None,
+    }
+}
+
+/// The attempt records (assignments, starts, ends, outputs) a queue document holds of one
+/// task, kept apart from any document. A node keeps those of the tasks it saw end, to write
+/// them ([`write_records`]) into a branch that shows such a task live again once every
+/// document that held its end is deleted (the other side of a double seal, say).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TaskRecords {
+    /// (index in `CARRIED`, attempt key, the packed values under it)
+    values: Vec<(usize, String, Vec<String>)>,
+}
+
+impl TaskRecords {
+    /// Whether no record was found.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// About how many bytes they take in memory.
+    pub fn bytes(&self) -> usize {
+        self.values
+            .iter()
+            .map(|(_, k, v)| 16 + k.len() + v.iter().map(String::len).sum::<usize>())
+            .sum()
+    }
+}
+
+/// `task`'s attempt records in `from`, to keep. Costs the task's records.
+pub fn task_records(from: &Automerge, task: &TaskId) -> TaskRecords {
+    let mut values = Vec::new();
+    for (i, name) in CARRIED.iter().enumerate() {
+        if !(1..=3).contains(&i) && i != 5 {
+            continue;
+        }
+        let mut keys: Vec<String> = Vec::new();
+        for obj in am::all_objects(from, &ROOT, name, ObjType::Map) {
+            for item in from.map_range(&obj, packed::attempts_of(task)) {
+                keys.push(item.key.to_string());
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            let v: Vec<String> = packed_values(from, name, &key).collect();
+            if !v.is_empty() {
+                values.push((i, key, v));
+            }
         }
     }
+    TaskRecords { values }
+}
+
+/// Writes into `into` each kept record newer than `into`'s, as [`carry_records`] does from a
+/// document; how many. One change, none if nothing is new.
+pub fn write_records(into: &mut Automerge, records: &[&TaskRecords]) -> Result<usize, WriteError> {
+    let mut writes = 0;
+    into.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        let mut targets = BTreeMap::new();
+        for (i, key, theirs) in records.iter().flat_map(|r| r.values.iter()) {
+            let Some(v) = attempt_value(*i, theirs.iter().cloned(), tx, key) else {
+                continue;
+            };
+            let target = match targets.get(i) {
+                Some(t) => t,
+                None => {
+                    let t = match am::object(tx, &ROOT, CARRIED[*i], ObjType::Map) {
+                        Some(m) => m,
+                        None => tx.put_object(ROOT, CARRIED[*i], ObjType::Map)?,
+                    };
+                    targets.entry(*i).or_insert(t)
+                }
+            };
+            tx.put(target, key.as_str(), v)?;
+            writes += 1;
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(writes)
 }
 
 /// A late task entry to carry: absent from the successor, and not a task that was finished
@@ -1032,4 +1159,86 @@ fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {
         .map(|m| am::max_uint(doc, m, key))
         .max()
         .unwrap_or(0)
+}
+
+/// The seals of `doc` whose sealer's claim counts in it (see [`check_successor`]): a seal
+/// under a claim that does not count is a member's forgery, never followed, and must not stop
+/// the router from sealing the document itself. Linear in the seals and claims written.
+pub fn counted_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
+    let seals = read_seals(doc);
+    if seals.is_empty() {
+        return seals;
+    }
+    let (counted, _) = crate::view::read_claims(doc);
+    seals
+        .into_iter()
+        .filter(|s| counted.contains(&s.claim))
+        .collect()
+}
+
+/// What [`check_successor`] found of a successor document, judged against the document it
+/// continues.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SuccessorCheck {
+    /// The predecessor holds no seal naming the successor yet, or not every change the seal
+    /// covered: judge again once they are here.
+    #[error("the seal naming it, or what the seal covered, is not here yet")]
+    NotYet,
+    /// The seal's claim does not count in the predecessor: whoever sealed was not a router
+    /// there (a claim that skips a term, above the bound, or never written).
+    #[error("its seal's claim {0} does not count in the document it continues")]
+    SealerNotRouter(Claim),
+    /// The successor does not index a task that was live at the seal's heads: following it
+    /// would hide that task.
+    #[error("it drops task {0}, live in the document it continues at the seal")]
+    DropsLive(TaskId),
+}
+
+/// Whether `succ`, a document named `succ_id` that says it continues `prev`, may be
+/// followed: `prev` holds a seal naming it under a claim that counts in `prev` (its router
+/// sealed it), and `succ` indexes every task that was live in `prev` at the seal's heads
+/// (whatever it is now: the verdict is the same at every member holding those heads). A
+/// successor that fails either check is forged (or broken) and never
+/// followed: its seal cannot hide live tasks.
+///
+/// Work: a copy of `prev` at the seal's heads, and the tasks it indexes, one entry read each,
+/// once per successor (the caller keeps the verdict).
+pub fn check_successor(
+    prev: &Automerge,
+    succ: &Automerge,
+    succ_id: &str,
+) -> Result<(), SuccessorCheck> {
+    let Some(seal) = read_seals(prev)
+        .into_iter()
+        .find(|s| s.successor == succ_id)
+    else {
+        return Err(SuccessorCheck::NotYet);
+    };
+    let (counted, _) = crate::view::read_claims(prev);
+    if !counted.contains(&seal.claim) {
+        return Err(SuccessorCheck::SealerNotRouter(seal.claim));
+    }
+    let heads = seal_heads(prev, succ_id)
+        .filter(|h| !h.is_empty())
+        .or_else(|| read_prev(succ).map(|p| p.heads))
+        .unwrap_or_default();
+    if heads.is_empty() || known_heads(prev, &heads).len() < heads.len() {
+        return Err(SuccessorCheck::NotYet);
+    }
+    // The document as the seal saw it: a task live then and final now (here) was live for
+    // the sealer too, and a successor built at the seal's heads indexes it; judging by the
+    // state here would make the verdict depend on how far each member had read.
+    let Ok(at) = prev.fork_at(&heads) else {
+        return Err(SuccessorCheck::NotYet);
+    };
+    for tasks in am::all_objects(&at, &ROOT, keys::TASKS, ObjType::Map) {
+        for item in at.map_range(&tasks, ..) {
+            let task = TaskId::new(item.key.to_string());
+            let live = task_state(&at, &task).is_some_and(|s| !s.is_final());
+            if live && !indexes(succ, &task) {
+                return Err(SuccessorCheck::DropsLive(task));
+            }
+        }
+    }
+    Ok(())
 }

@@ -20,6 +20,8 @@ pub(crate) const ROUTER: &str = "router";
 pub(crate) const TERM: &str = "term";
 pub(crate) const PEER: &str = "peer";
 pub(crate) const CLAIMED_AT: &str = "claimed_at";
+/// The chained router claims: `TERM/PEER` → a packed [`crate::view::PackedClaim`].
+pub(crate) const CLAIMS: &str = "claims";
 pub(crate) const PAUSED: &str = "paused";
 pub(crate) const TASKS: &str = "tasks";
 

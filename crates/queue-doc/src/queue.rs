@@ -78,6 +78,10 @@ pub enum WriteError {
     /// The claim's term is above [`MAX_TERM`]: readers would ignore it.
     #[error("router term {0} is above the maximum {MAX_TERM}")]
     TermTooLarge(u64),
+    /// No claim counts at the term below the claim's: readers would ignore it (terms rise one
+    /// at a time).
+    #[error("router term {0} skips a term: no claim counts at the term below it")]
+    SkipsTerm(u64),
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -196,6 +200,7 @@ pub fn create(
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         write_member(tx, &members, creator, &[], now_ms)?;
         tx.put_object(ROOT, keys::TASKS, ObjType::Map)?;
+        tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?;
         for key in packed::MAPS {
             tx.put_object(ROOT, key, ObjType::Map)?;
         }
@@ -263,9 +268,11 @@ pub fn set_member(
     })
 }
 
-/// Writes `claim` as the queue's router (step one of the takeover protocol). Concurrent claims
-/// coexist as conflicting values; the greatest `(term, peer)` among them is effective. A term
-/// above [`MAX_TERM`] is refused.
+/// Writes `claim` as the queue's router (step one of the takeover protocol). Claims are
+/// chained: the record names the claim it supersedes, the greatest that counts at the term
+/// below (none at term 1), so terms rise one at a time. Concurrent claims coexist; the
+/// greatest `(term, peer)` that counts is effective. A term above [`MAX_TERM`], or one with
+/// no claim counting at the term below it ([`WriteError::SkipsTerm`]), is refused.
 pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(), WriteError> {
     if !claim.is_valid() {
         return Err(WriteError::TermTooLarge(claim.term));
@@ -274,10 +281,34 @@ pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(
         if !is_queue(tx) {
             return Err(WriteError::NotAQueue);
         }
-        let r = tx.put_object(ROOT, keys::ROUTER, ObjType::Map)?;
-        tx.put(&r, keys::TERM, claim.term)?;
-        tx.put(&r, keys::PEER, claim.peer.as_str())?;
-        tx.put(&r, keys::CLAIMED_AT, now_ms)?;
+        let prev = match claim.term.checked_sub(1) {
+            Some(0) => None,
+            Some(below) => {
+                let (counted, _) = crate::view::read_claims(tx);
+                let prev = counted
+                    .into_iter()
+                    .filter(|c| c.term == below)
+                    .max()
+                    .ok_or(WriteError::SkipsTerm(claim.term))?;
+                Some(prev.peer.to_string())
+            }
+            None => return Err(WriteError::SkipsTerm(claim.term)),
+        };
+        let claims = match am::object(tx, &ROOT, keys::CLAIMS, ObjType::Map) {
+            Some(m) => m,
+            None => tx.put_object(ROOT, keys::CLAIMS, ObjType::Map)?,
+        };
+        let rec = crate::view::PackedClaim {
+            t: claim.term,
+            c: claim.peer.to_string(),
+            p: prev,
+            a: now_ms,
+        };
+        tx.put(
+            &claims,
+            format!("{}/{}", claim.term, claim.peer),
+            packed::encode(&rec),
+        )?;
         Ok(())
     })
 }

@@ -241,7 +241,7 @@ pub(crate) fn packed_started<R: ReadDoc>(doc: &R, key: &str) -> Option<Started> 
     started_of(packed_values(doc, packed::STARTED, key))
 }
 
-fn started_of(values: impl Iterator<Item = String>) -> Option<Started> {
+pub(crate) fn started_of(values: impl Iterator<Item = String>) -> Option<Started> {
     values
         .filter_map(|s| packed::decode::<packed::Start>(&s))
         .map(|s| Started {
@@ -256,7 +256,7 @@ pub(crate) fn packed_finished<R: ReadDoc>(doc: &R, key: &str) -> Option<Finished
     finished_of(packed_values(doc, packed::ENDED, key))
 }
 
-fn finished_of(values: impl Iterator<Item = String>) -> Option<Finished> {
+pub(crate) fn finished_of(values: impl Iterator<Item = String>) -> Option<Finished> {
     values
         .filter_map(|s| {
             let e: packed::End = packed::decode(&s)?;

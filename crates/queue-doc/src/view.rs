@@ -3,7 +3,7 @@
 //! A view is computed from the document alone, so every replica holding the same changes
 //! computes the same view, whatever order the changes arrived in.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
@@ -15,8 +15,9 @@ use crate::am;
 use crate::chain;
 use crate::config::{Order, QueueConfig};
 use crate::entry::{Attempt, TaskEntry, TaskState};
-use crate::ids::{Claim, PeerId, TaskId, WorkerId};
+use crate::ids::{Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
+use crate::packed;
 use crate::read::{EntryValue, Records, read_task_entry_from};
 
 /// A member of a queue.
@@ -42,8 +43,9 @@ pub struct QueueView {
     pub config: QueueConfig,
     /// The effective router: the greatest claim among the router record's concurrent values.
     pub router: Option<Claim>,
-    /// Every concurrent value of the router record, except claims above
-    /// [`MAX_TERM`](crate::MAX_TERM) (ignored, and counted in [`QueueView::malformed`]).
+    /// Every router claim that counts, in order (see [`QueueView::router`]): claims that
+    /// skip a term or are above [`MAX_TERM`](crate::MAX_TERM) are ignored and counted in
+    /// [`QueueView::malformed`].
     pub claims: Vec<Claim>,
     /// Members by peer.
     pub members: BTreeMap<PeerId, Member>,
@@ -462,22 +464,97 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
     c.clamped()
 }
 
-/// Every concurrent router claim, and how many were ignored: unreadable, or above
-/// [`MAX_TERM`](crate::MAX_TERM).
+/// Every router claim that counts, in order, and how many were ignored.
+///
+/// Terms rise one at a time: a claim at term `t` counts only if it names the claim it
+/// supersedes at `t - 1` and that claim counts. The chain starts at a claim at term 1 or at a
+/// sealer's claim the document's lineage names (its own epoch's and the ones before).
+/// A claim that skips a term, names a
+/// claim that does not count, is above [`MAX_TERM`], or does not read, is ignored: no
+/// member can write a term nobody can out-claim. Linear in the claims written (plus a sort).
 pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
     let mut bad = 0;
-    let claims = am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map)
+    // The bases of the chain: the sealers' claims the document's lineage names, its own
+    // epoch's and those before it (a claim carried from a sealed epoch chains through that
+    // epoch's sealer). None in epoch 0.
+    let bases: BTreeSet<Claim> = chain::read_lineage(doc)
         .into_iter()
-        .filter_map(|obj| {
-            let claim = am::uint(doc, &obj, keys::TERM)
-                .zip(am::string(doc, &obj, keys::PEER))
-                .map(|(term, peer)| Claim::new(term, PeerId::new(peer)))
-                .filter(Claim::is_valid);
-            if claim.is_none() {
-                bad += 1;
-            }
-            claim
-        })
+        .map(|l| l.claim)
+        .filter(Claim::is_valid)
         .collect();
-    (claims, bad)
+    let mut counted: BTreeSet<Claim> = bases.clone();
+    // The router record: the successor's base, written when it was built, and the claims of
+    // documents written before claims were chained. A value counts only as a base: at term 1,
+    // or one the lineage names.
+    for obj in am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map) {
+        let claim = am::uint(doc, &obj, keys::TERM)
+            .zip(am::string(doc, &obj, keys::PEER))
+            .map(|(term, peer)| Claim::new(term, PeerId::new(peer)));
+        match claim {
+            Some(c) if c.term == 1 || bases.contains(&c) => {
+                counted.insert(c);
+            }
+            _ => bad += 1,
+        }
+    }
+    let records = chained_records(doc, &mut bad);
+    bad += extend_chain(&mut counted, records);
+    (counted.into_iter().collect(), bad)
+}
+
+/// The chained claim records of a queue document, as `(term, claimant, superseded claimant)`;
+/// one that does not read adds to `bad`.
+pub(crate) fn chained_records<R: ReadDoc>(
+    doc: &R,
+    bad: &mut usize,
+) -> Vec<(u64, PeerId, Option<PeerId>)> {
+    let mut records = Vec::new();
+    for map in am::all_objects(doc, &ROOT, keys::CLAIMS, ObjType::Map) {
+        for item in doc.map_range(&map, ..) {
+            match am::as_str(&item.value).and_then(packed::decode::<PackedClaim>) {
+                Some(r) => records.push((r.t, PeerId::new(r.c), r.p.map(PeerId::new))),
+                None => *bad += 1,
+            }
+        }
+    }
+    records
+}
+
+/// Adds to `counted` the chained claims of `records` that count: in the order of their
+/// terms, each counts if it names a claim that counts at the term below it (or is at term 1
+/// and names none), and is at most [`MAX_TERM`]. Returns how many did not count.
+pub(crate) fn extend_chain(
+    counted: &mut BTreeSet<Claim>,
+    mut records: Vec<(u64, PeerId, Option<PeerId>)>,
+) -> usize {
+    let mut bad = 0;
+    records.sort();
+    records.dedup();
+    for (term, peer, prev) in records {
+        let named = match (term.checked_sub(1), prev) {
+            (Some(0), None) => true,
+            (Some(below), Some(prev)) if below > 0 => counted.contains(&Claim::new(below, prev)),
+            _ => false,
+        };
+        if named && term <= MAX_TERM {
+            counted.insert(Claim::new(term, peer));
+        } else {
+            bad += 1;
+        }
+    }
+    bad
+}
+
+/// A chained router claim as the queue document stores it (`claims/TERM/PEER`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct PackedClaim {
+    /// The term.
+    pub(crate) t: u64,
+    /// The claimant.
+    pub(crate) c: String,
+    /// The claimant of the claim it supersedes, at the term below (none at term 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) p: Option<String>,
+    /// When it was written (unix ms).
+    pub(crate) a: u64,
 }

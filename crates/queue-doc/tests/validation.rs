@@ -176,24 +176,61 @@ fn raw_claim_fork(doc: &Automerge, term: u64, peer: &str) -> Automerge {
     fork
 }
 
+/// A fork of `doc` that wrote a raw chained claim record at `term` naming `prev` as the
+/// claimant it supersedes at the term below (as a member's own writer could).
+fn raw_chained_fork(doc: &Automerge, term: u64, peer: &str, prev: Option<&str>) -> Automerge {
+    let mut fork = doc.fork();
+    fork.transact::<_, _, AutomergeError>(|tx| {
+        let claims = match tx.get(ROOT, "claims")? {
+            Some((automerge::Value::Object(ObjType::Map), id)) => id,
+            _ => tx.put_object(ROOT, "claims", ObjType::Map)?,
+        };
+        let rec = match prev {
+            Some(p) => format!(r#"{{"t":{term},"c":"{peer}","p":"{p}","a":0}}"#),
+            None => format!(r#"{{"t":{term},"c":"{peer}","a":0}}"#),
+        };
+        tx.put(&claims, format!("{term}/{peer}"), rec)?;
+        Ok(())
+    })
+    .unwrap();
+    fork
+}
+
+/// Claims a member wrote that no honest router could: in the router record at `u64::MAX`,
+/// above [`MAX_TERM`] and at it; a chained claim at the term bound naming a claim that does
+/// not count; and a claim that skips a term (term 5 naming a claim at term 4 nobody wrote).
+/// None counts; each is counted as malformed, in a full read and incrementally; the honest
+/// chain (terms 1, 2, 3) is the effective router. The typed write refuses both a term above
+/// the bound and a skip. (Before claims were chained, the record at `MAX_TERM` was the
+/// effective router and nobody could out-claim it.)
 #[test]
-fn claims_above_max_term_are_ignored_and_counted() {
+fn a_claim_that_skips_a_term_or_passes_the_bound_does_not_count() {
     let mut doc = new_queue();
     let mut cache = ViewCache::new();
     cache.refresh(&doc);
-    let honest = Claim::new(3, PeerId::new("a"));
     let mut forks = vec![
         raw_claim_fork(&doc, u64::MAX, "z"),
         raw_claim_fork(&doc, MAX_TERM + 1, "y"),
+        raw_claim_fork(&doc, MAX_TERM, "x"),
+        raw_chained_fork(&doc, MAX_TERM, "w", Some("a")),
+        raw_chained_fork(&doc, 5, "v", Some("a")),
     ];
-    queue::claim_router(&mut doc, &honest, 1).unwrap();
+    for t in 1..=3 {
+        queue::claim_router(&mut doc, &Claim::new(t, PeerId::new("a")), t).unwrap();
+    }
+    let honest = Claim::new(3, PeerId::new("a"));
     for fork in &mut forks {
         doc.merge(fork).unwrap();
     }
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!(view.claims, vec![honest.clone()]);
     assert_eq!(view.router, Some(honest.clone()));
-    assert_eq!(view.malformed, 2);
+    assert_eq!(
+        view.claims,
+        (1..=3)
+            .map(|t| Claim::new(t, PeerId::new("a")))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(view.malformed, 5);
     assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view, "incremental");
     assert_eq!(
         ViewCache::new().refresh(&doc).unwrap().as_ref(),
@@ -203,18 +240,23 @@ fn claims_above_max_term_are_ignored_and_counted() {
     // A later change elsewhere does not count the bad claims twice.
     queue::set_paused(&mut doc, true).unwrap();
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!(view.malformed, 2);
+    assert_eq!(view.malformed, 5);
     assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
-    // A claim that has seen them all replaces them.
-    queue::claim_router(&mut doc, &Claim::new(MAX_TERM, PeerId::new("b")), 2).unwrap();
+    // The next honest claim names the effective one and counts.
+    queue::claim_router(&mut doc, &Claim::new(4, PeerId::new("b")), 4).unwrap();
     let view = QueueView::read(&doc).unwrap();
-    assert_eq!(view.router, Some(Claim::new(MAX_TERM, PeerId::new("b"))));
-    assert_eq!(view.malformed, 0);
+    assert_eq!(view.router, Some(Claim::new(4, PeerId::new("b"))));
     assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);
+    // The skip at term 5 named "a" at term 4; "b" holds term 4, so it still does not count.
+    assert_eq!(view.malformed, 5);
     // The typed write refuses what readers would ignore.
     assert!(matches!(
-        queue::claim_router(&mut doc, &Claim::new(MAX_TERM + 1, PeerId::new("c")), 3),
+        queue::claim_router(&mut doc, &Claim::new(MAX_TERM + 1, PeerId::new("c")), 5),
         Err(WriteError::TermTooLarge(t)) if t == MAX_TERM + 1
+    ));
+    assert!(matches!(
+        queue::claim_router(&mut doc, &Claim::new(9, PeerId::new("c")), 5),
+        Err(WriteError::SkipsTerm(9))
     ));
 }
 

@@ -65,8 +65,8 @@ pub const MAX_QUEUED_PER_PEER: usize = 1024;
 /// not answered. Automerge's sync protocol puts every change a peer lacks in one message; this
 /// replica splits such a message into several under this size instead (see
 /// [`Replica::poll_transmit`]), so a document of any size syncs, in steps of at most this much.
-/// A single change larger than this on its own still travels alone, and is refused by its
-/// receivers: only a local writer can make one, and the layers above bound what goes into a
+/// A single change larger than this on its own still travels alone, once per change of the
+/// peer's heads, and is refused by its receivers: only a local writer can make one, and the layers above bound what goes into a
 /// change (a task's result, its logs) far below it. The transport's frame bound (64 MiB) is
 /// larger, so an oversized message reaches this check. It bounds the memory one message costs
 /// a receiver before Automerge applies it, and the work of applying it.
@@ -242,6 +242,11 @@ struct Link {
     /// [`SYNC_ANSWER_WAIT`]), and they are dropped when the peer's sync state for the document
     /// starts over. Bounded by one generated message per document.
     parts: BTreeMap<DocId, VecDeque<Vec<u8>>>,
+    /// Documents whose last message to the peer held a change too large for any message (a
+    /// local writer's), with the peer's heads then: while they stay the same, that change is
+    /// not sent again (the peer refused it and asked again, and would refuse it again, without
+    /// end). Bounded by the loaded documents.
+    oversized: BTreeMap<DocId, Vec<automerge::ChangeHash>>,
     /// Documents whose changes from another peer are to be passed on, and when
     /// ([`RELAY_AFTER`]); a message generated for the document before then passes them on.
     relay: BTreeMap<DocId, Instant>,
@@ -979,6 +984,7 @@ impl Replica {
             l.relay.remove(id);
             l.heads_only.remove(id);
             l.parts.remove(id);
+            l.oversized.remove(id);
         }
     }
 

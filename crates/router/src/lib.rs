@@ -108,6 +108,15 @@ pub enum Event {
         /// Why it was ignored.
         reason: Rejection,
     },
+    /// A pool heartbeat listed workers a reader does not count: an index listed more than
+    /// once, or one at or above `MAX_POOL_WORKERS` ([`PoolBeat::normalized`]). The router
+    /// keeps one report per index below the bound, so the extra reports win no assignment.
+    PoolBeatTrimmed {
+        /// The pool's peer.
+        peer: PeerId,
+        /// How many of the heartbeat's reports were not counted.
+        dropped: usize,
+    },
     /// The router would have claimed, but the greatest known term is already [`MAX_TERM`]:
     /// it stays a follower (and says so once per `takeover_after`).
     TermsExhausted {
@@ -447,11 +456,19 @@ impl Router {
                 }
             }
         }
+        let normalized = beat.normalized();
+        let dropped = beat.workers.len() - normalized.workers.len();
+        if dropped > 0 {
+            self.events.push_back(Event::PoolBeatTrimmed {
+                peer: beat.peer.clone(),
+                dropped,
+            });
+        }
         self.pools.insert(
             beat.peer.clone(),
             PoolState {
                 heard_at: now,
-                beat: beat.normalized(),
+                beat: normalized,
             },
         );
         self.dirty = true;

@@ -94,6 +94,11 @@ pub struct FaultMix {
     pub stop_rate: f64,
     /// The grace time of a planned stop, milliseconds.
     pub stop_grace_ms: (u64, u64),
+    /// Hostile acts per virtual second of the faulty phase: the cluster's last node is a
+    /// Byzantine member (a real core that syncs, plus what the world makes it send and write:
+    /// see `docs/testing.md`, "The Byzantine member"). 0 in every mix but `byzantine`, so
+    /// that the others replay as before.
+    pub byzantine_rate: f64,
 }
 
 impl FaultMix {
@@ -119,6 +124,7 @@ impl FaultMix {
             disk_window_ms: (100, 3_000),
             stop_rate: 0.0,
             stop_grace_ms: (0, 2_000),
+            byzantine_rate: 0.0,
         }
     }
 
@@ -162,6 +168,21 @@ impl FaultMix {
         }
     }
 
+    /// A Byzantine member (the last node) on a network that loses nothing, with handlers
+    /// that never fail: the hostile acts are the only faults, so every violation is theirs,
+    /// invariants 5 and 7 hold strictly, and every task must end `succeeded`. The member
+    /// gossips router heartbeats at and above the term bound, writes claims that skip terms
+    /// or pass the bound and oversized records straight into its replica of the queue
+    /// document, and floods its pool heartbeats with repeated and out-of-range workers.
+    pub fn byzantine() -> Self {
+        FaultMix {
+            name: "byzantine".into(),
+            handler_failure: 0.0,
+            byzantine_rate: 0.5,
+            ..FaultMix::calm()
+        }
+    }
+
     /// Partitions and one-way cuts, nothing else.
     pub fn partitions() -> Self {
         FaultMix {
@@ -172,7 +193,8 @@ impl FaultMix {
         }
     }
 
-    /// The mix called `name`: `default`, `crashes`, `stops`, `calm` or `partitions`.
+    /// The mix called `name`: `default`, `crashes`, `stops`, `calm`, `partitions` or
+    /// `byzantine`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "default" => Some(FaultMix::default_mix()),
@@ -180,6 +202,7 @@ impl FaultMix {
             "stops" => Some(FaultMix::stops()),
             "calm" => Some(FaultMix::calm()),
             "partitions" => Some(FaultMix::partitions()),
+            "byzantine" => Some(FaultMix::byzantine()),
             _ => None,
         }
     }
@@ -214,6 +237,8 @@ impl FaultMix {
             disk_window_ms: (100, rng.random_range(500..=4_000)),
             stop_rate: maybe(rng, 0.02, 0.15),
             stop_grace_ms: (0, rng.random_range(0..=3_000)),
+            // Drawn last and not at all: swarm shapes stay those drawn before it existed.
+            byzantine_rate: 0.0,
         }
     }
 
@@ -335,7 +360,8 @@ impl Config {
 /// An invariant that did not hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Violation {
-    /// Which invariant (1–9, see `docs/testing.md`).
+    /// Which invariant (1–9, see `docs/testing.md`; 10: an honest node counted a value the
+    /// Byzantine member of the `byzantine` mix sent or wrote).
     pub invariant: u8,
     /// Virtual time, milliseconds.
     pub at_ms: u64,
@@ -387,6 +413,13 @@ pub struct Report {
     pub fenced: usize,
     /// Faults injected, and situations reached, by kind (see `docs/testing.md`).
     pub faults: BTreeMap<String, u64>,
+    /// Hostile acts the Byzantine member sent, by act (empty outside the `byzantine` mix; see
+    /// `docs/testing.md` for what one act is, per kind).
+    pub byzantine_sent: BTreeMap<String, u64>,
+    /// Hostile acts honest nodes refused, by act, read from what they did: beats that raised
+    /// no fence and deposed nobody, claims and records held and not counted, workers their
+    /// routers did not count.
+    pub byzantine_refused: BTreeMap<String, u64>,
     /// Invariant violations (empty when the run passes).
     pub violations: Vec<Violation>,
     /// Virtual time simulated, milliseconds.

@@ -32,7 +32,8 @@ struct Args {
     /// Virtual seconds of faults per run (then everything heals).
     #[arg(long, default_value_t = 60)]
     fault_secs: u64,
-    /// The fault mix: default, crashes, stops, calm or partitions.
+    /// The fault mix: default, crashes, stops, calm, partitions or byzantine (the last node
+    /// a hostile member).
     #[arg(long, default_value = "default", conflicts_with = "swarm")]
     faults: String,
     /// Swarm testing: each seed draws its node count (3–9), relay waits and fault rates from
@@ -73,6 +74,9 @@ struct Summary {
     /// Seeds run per node count (several only with --swarm).
     seeds_by_nodes: BTreeMap<usize, u64>,
     faults: BTreeMap<String, u64>,
+    /// The Byzantine member's acts (`--faults byzantine`), sent and refused by honest nodes.
+    byzantine_sent: BTreeMap<String, u64>,
+    byzantine_refused: BTreeMap<String, u64>,
     violations_by_invariant: BTreeMap<u8, u64>,
     virtual_seconds: f64,
     real_seconds: f64,
@@ -93,7 +97,7 @@ fn main() -> anyhow::Result<()> {
     }
     let mix = FaultMix::named(&args.faults).with_context(|| {
         format!(
-            "unknown fault mix {:?}: use default, crashes, stops, calm or partitions",
+            "unknown fault mix {:?}: use default, crashes, stops, calm, partitions or byzantine",
             args.faults
         )
     })?;
@@ -142,6 +146,12 @@ fn main() -> anyhow::Result<()> {
         for (k, v) in &r.faults {
             *s.faults.entry(k.clone()).or_default() += v;
         }
+        for (k, v) in &r.byzantine_sent {
+            *s.byzantine_sent.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &r.byzantine_refused {
+            *s.byzantine_refused.entry(k.clone()).or_default() += v;
+        }
         for v in &r.violations {
             *s.violations_by_invariant.entry(v.invariant).or_default() += 1;
         }
@@ -178,6 +188,10 @@ fn main() -> anyhow::Result<()> {
             println!("seeds by nodes     {:?}", s.seeds_by_nodes);
         }
         println!("faults injected    {:?}", s.faults);
+        if !s.byzantine_sent.is_empty() {
+            println!("hostile acts sent  {:?}", s.byzantine_sent);
+            println!("  and refused      {:?}", s.byzantine_refused);
+        }
         println!(
             "speed              {:.0} virtual s in {:.1} real s: {:.0} virtual s per real s",
             s.virtual_seconds, s.real_seconds, s.virtual_seconds_per_real_second

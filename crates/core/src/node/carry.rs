@@ -178,13 +178,19 @@ impl Core {
                 }
                 continue;
             }
-            // Claims written into a sealed epoch still fence.
-            if let Some(c) = self.replica.get(&from).and_then(epoch::effective_claim) {
-                see(&mut self.seen, id, &c);
-            }
             let Some(target) = self.replica.get(&into) else {
                 continue;
             };
+            // Claims written into a sealed epoch fence before they are carried: those that
+            // will count in the document carried into (their chain runs through a claim that
+            // counts there), as they will for its routers once the carry is written.
+            if let Some(c) = self
+                .replica
+                .get(&from)
+                .and_then(|f| epoch::carried_claim(f, target))
+            {
+                see(&mut self.seen, id, &c);
+            }
             let prev = epoch::read_prev(target);
             let lineage = epoch::read_lineage(target);
             let root = self.queues.get(id).map(|q| q.root.clone());

@@ -42,6 +42,15 @@ impl Core {
         if names.is_empty() {
             return false;
         }
+        // Successors not (yet) to be followed: forged ones are rejected for good.
+        let blocked: BTreeSet<DocId> = names
+            .iter()
+            .filter(|n| matches!(self.epoch_here(id, n), Some(Ok(_))))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter(|n| !self.may_follow(id, n))
+            .collect();
         let lineage = |d: &DocId| {
             self.replica
                 .get(d)
@@ -54,6 +63,7 @@ impl Core {
         let mut rejected = Vec::new();
         for n in names {
             match self.epoch_here(id, &n) {
+                Some(Ok(_)) if blocked.contains(&n) => {}
                 Some(Ok(e)) => {
                     let l = lineage(&n);
                     if epoch::cmp_lineage(&l, &best.0) == std::cmp::Ordering::Greater {
@@ -247,6 +257,57 @@ impl Core {
             self.epochs.hold(n, id.clone());
         }
         switched
+    }
+
+    /// Whether successor `doc` of queue `id` may be followed, as far as this node can tell
+    /// ([`epoch::check_successor`] against the document it continues, when that is here):
+    /// not while the seal naming it has not arrived; never once it is found forged (it is
+    /// rejected, and reported once). A successor whose predecessor is not here is judged by
+    /// its lineage alone: the move waits for that document anyway (`gaps`), unless no
+    /// member has it any more.
+    fn may_follow(&mut self, id: &QueueId, doc: &DocId) -> bool {
+        let Some(q) = self.queues.get(id) else {
+            return false;
+        };
+        if q.verified.contains(doc) {
+            return true;
+        }
+        let Some(succ) = self.replica.get(doc) else {
+            return false;
+        };
+        let Some(prev) = epoch::read_prev(succ)
+            .and_then(|p| DocId::parse(&p.doc))
+            .and_then(|p| self.replica.get(&p))
+            .filter(|p| !p.get_heads().is_empty())
+        else {
+            return true;
+        };
+        match epoch::check_successor(prev, succ, doc.as_str()) {
+            Ok(()) => {
+                if let Some(q) = self.queues.get_mut(id) {
+                    q.verified.insert(doc.clone());
+                }
+                true
+            }
+            Err(epoch::SuccessorCheck::NotYet) => false,
+            Err(why) => {
+                tracing::warn!(queue = %id, %doc, %why, "a forged successor is not followed");
+                if let Some(q) = self.queues.get_mut(id) {
+                    q.announced.remove(doc);
+                    if q.rejected.len() < MAX_REJECTED_EPOCHS {
+                        q.rejected.insert(doc.clone());
+                    }
+                }
+                self.events.push_back(Event::Epoch {
+                    queue: id.clone(),
+                    event: EpochEvent::Refused {
+                        doc: doc.clone(),
+                        reason: why.to_string(),
+                    },
+                });
+                false
+            }
+        }
     }
 
     /// A reopened queue's remembered epoch document ([`Config::resume`]) is here: the queue

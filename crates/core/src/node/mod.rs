@@ -86,6 +86,8 @@ pub struct Core {
     lookup: Lookups,
     /// Final statuses of inline tasks: to archive, and the latest archived.
     archive: Archive,
+    /// The records of the tasks this node saw end lately (`Core::keep_ends`).
+    ends: Ends,
     /// This node's runs and the writes they make.
     runs: Runs,
     /// The epoch documents held and the epoch work in flight.
@@ -163,6 +165,7 @@ impl Core {
             opens: Vec::new(),
             lookup: Lookups::default(),
             archive: Archive::default(),
+            ends: Ends::default(),
             runs: Runs::default(),
             epochs: Epochs::default(),
             stale: BTreeSet::new(),
@@ -190,6 +193,46 @@ impl Core {
             self.pool.break_fencing();
         }
         self.broken = core;
+    }
+
+    /// The simulator's hook for a hostile member (feature `hostile`, enabled only by
+    /// `piecework-sim`): applies `f` to this node's replica of `doc` as a raw Automerge change,
+    /// bypassing every typed write and its checks, then runs a turn, so the change is saved
+    /// and synced to the peers as any local change would be. `None` if `doc` is not loaded.
+    /// It lets the simulator's world write what a hostile member's own code could write (a
+    /// claim that skips terms, an oversized record); the node's logic is unchanged.
+    #[cfg(feature = "hostile")]
+    pub fn hostile_change<R>(
+        &mut self,
+        now: Time,
+        doc: &DocId,
+        f: impl FnOnce(&mut Automerge) -> R,
+    ) -> Option<R> {
+        let r = self.change(doc, f);
+        self.turn(now);
+        r
+    }
+
+    /// The simulator's hook for a hostile member (feature `hostile`): adds `doc` to this
+    /// node's replica under `id` as an epoch document of `queue` (announced to its members,
+    /// saved), as a forged successor's author would, then runs a turn. False if the queue is
+    /// not open here.
+    #[cfg(feature = "hostile")]
+    pub fn hostile_create(
+        &mut self,
+        now: Time,
+        queue: &QueueId,
+        id: DocId,
+        doc: Automerge,
+    ) -> bool {
+        let Some(q) = self.queues.get(queue) else {
+            return false;
+        };
+        let scope = epoch_scope(&q.root);
+        self.replica.create(id.clone(), doc, Some(scope));
+        self.saves.changed(&id);
+        self.turn(now);
+        true
     }
 
     fn fencing(&self) -> bool {

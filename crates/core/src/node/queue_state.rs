@@ -157,6 +157,9 @@ pub(super) struct Queue {
     /// Documents announced as epochs of this queue that are not, or that are older epochs of
     /// its chain: never looked at again (at most [`MAX_REJECTED_EPOCHS`]).
     pub(super) rejected: BTreeSet<DocId>,
+    /// Successors found to continue their predecessor as sealed
+    /// ([`epoch::check_successor`]): not checked again. Forgotten with the queue.
+    pub(super) verified: BTreeSet<DocId>,
     pub(super) router: Router,
     pub(super) cache: ViewCache,
     pub(super) view: Arc<QueueView>,

@@ -159,6 +159,7 @@ impl Core {
                 announced: BTreeSet::new(),
                 asked_behind: None,
                 rejected: BTreeSet::new(),
+                verified: BTreeSet::new(),
                 router: Router::new(id.clone(), self.config.peer.clone(), now.mono),
                 cache: ViewCache::new(),
                 view: Arc::new(QueueView::default()),
@@ -249,6 +250,9 @@ impl Core {
             let before = old.task(tid).map(|o| o.state().is_final());
             if before == Some(final_now) {
                 continue;
+            }
+            if final_now && let Some(d) = self.replica.get(&q.doc) {
+                self.ends.record(tid.clone(), epoch::task_records(d, tid));
             }
             if t.input.is_some() {
                 // Inline: no task document. Its final status is archived (again after a
@@ -346,6 +350,7 @@ impl Core {
             let found = docs.iter().find_map(|d| {
                 let doc = self.replica.get(d)?;
                 let entry = epoch::task_entry(doc, tid).filter(|t| t.state().is_final())?;
+                self.ends.record(tid.clone(), epoch::task_records(doc, tid));
                 Some(inline_status(id, &entry, doc))
             });
             match found.map(|status| serde_json::to_vec(&status)) {

@@ -26,9 +26,14 @@ impl Core {
             return;
         }
         let view = q.view.clone();
+        let sealed = !view.seals.is_empty()
+            && self
+                .replica
+                .get(&q.doc)
+                .is_none_or(|d| stops_rotation(&q.rejected, d));
         if view.router.as_ref() != Some(claim)
             || !view.routable_version()
-            || !view.seals.is_empty()
+            || sealed
             || !epoch::should_rotate(
                 &view.counts(),
                 self.config.rotate_ratio,
@@ -42,7 +47,7 @@ impl Core {
         let Some(old_doc) = self.replica.get(&old) else {
             return;
         };
-        if !epoch::read_seals(old_doc).is_empty() {
+        if stops_rotation(&q.rejected, old_doc) {
             return;
         }
         // A copy costs a small fraction of the build.
@@ -130,7 +135,7 @@ impl Core {
             && self
                 .replica
                 .get(&r.prev)
-                .is_some_and(|d| epoch::read_seals(d).is_empty());
+                .is_some_and(|d| !stops_rotation(&q.rejected, d));
         if !holds {
             tracing::debug!(queue = %id, "a rotation no longer holds; its successor is dropped");
             return;
@@ -315,4 +320,14 @@ impl Core {
             });
         }
     }
+}
+
+/// Whether `doc` holds a seal that stops its router from sealing it: one under a claim that
+/// counts, naming a successor this node has not found forged. A member's forged seal (under a
+/// claim that does not count, or naming a successor that drops live tasks) is never followed
+/// and does not keep the queue from rotating; a double seal by the router is followed as any.
+fn stops_rotation(rejected: &BTreeSet<DocId>, doc: &Automerge) -> bool {
+    epoch::counted_seals(doc)
+        .iter()
+        .any(|s| DocId::parse(&s.successor).is_none_or(|n| !rejected.contains(&n)))
 }

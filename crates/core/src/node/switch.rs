@@ -169,9 +169,10 @@ impl Core {
             }
         }
         self.replica.set_scope(&to, scope);
-        if sideways {
-            self.keep_ends(id, &to);
-        }
+        // A task the document left shows final (this node may have ended it there, late,
+        // as a restart interrupting its runs does) keeps its end in `to` before `to` is shown:
+        // the carry that would bring it may have to wait for the chain's documents.
+        self.keep_ends(id, &to);
         self.io.push_back(Io::RememberEpoch {
             queue: id.clone(),
             doc: to.clone(),
@@ -210,6 +211,7 @@ impl Core {
             return;
         };
         let mut by_doc: BTreeMap<DocId, Vec<TaskId>> = BTreeMap::new();
+        let mut kept = Vec::new();
         for t in live {
             let holder = q.sealed.keys().find(|d| {
                 self.replica
@@ -217,8 +219,23 @@ impl Core {
                     .and_then(|doc| epoch::task_state(doc, &t))
                     .is_some_and(|s| s.is_final())
             });
-            if let Some(d) = holder {
-                by_doc.entry(d.clone()).or_default().push(t);
+            match holder {
+                Some(d) => by_doc.entry(d.clone()).or_default().push(t),
+                None => kept.extend(self.ends.get(&t)),
+            }
+        }
+        // No document here holds its end, but this node saw it end: the documents that held
+        // it are deleted (the losing side of a double seal, say).
+        if !kept.is_empty() {
+            match self
+                .replica
+                .change(to, |into| epoch::write_records(into, &kept))
+            {
+                Some(Ok(n)) if n > 0 => self.changed(to),
+                Some(Err(e)) => {
+                    tracing::warn!(queue = %id, "cannot write the ends kept in memory into {to}: {e}")
+                }
+                _ => {}
             }
         }
         for (d, tasks) in by_doc {

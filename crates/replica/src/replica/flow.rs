@@ -267,8 +267,21 @@ impl Replica {
             };
             return Some((msg, changes));
         }
+        let their_heads = state.their_heads.clone().unwrap_or_default();
         let mut parts = split(&e.doc, &data, whole, limits.message_bytes)
             .unwrap_or_else(|| VecDeque::from([data]));
+        // A change too large for any message goes alone and is refused; the peer answers with
+        // the same heads, and would get it again, without end. It goes once per new heads of
+        // the peer's: the parts after it are not sent either (they depend on it).
+        if let Some(big) = parts.iter().position(|p| p.len() > limits.message_bytes)
+            && let Some(l) = self.links.get_mut(peer)
+        {
+            if l.oversized.get(id) == Some(&their_heads) {
+                parts.truncate(big);
+            } else {
+                l.oversized.insert(id.clone(), their_heads);
+            }
+        }
         let first = parts.pop_front()?;
         if !parts.is_empty()
             && let Some(l) = self.links.get_mut(peer)

@@ -83,6 +83,8 @@ pub(super) enum Kind {
     WriteFailures,
     ReadFailures,
     Stop,
+    /// A hostile act of the Byzantine member.
+    Byzantine,
 }
 
 impl World {
@@ -95,6 +97,7 @@ impl World {
             Kind::WriteFailures => mix.write_failure_rate,
             Kind::ReadFailures => mix.read_failure_rate,
             Kind::Stop => mix.stop_rate,
+            Kind::Byzantine => mix.byzantine_rate,
         };
         if rate <= 0.0 {
             return;
@@ -134,6 +137,7 @@ impl World {
     pub(super) fn background(&mut self, kind: Kind) {
         let n = self.nodes.len();
         match kind {
+            Kind::Byzantine => self.hostile_act(),
             Kind::Crash => {
                 let i = self.rng.random_range(0..n);
                 self.crash(i);

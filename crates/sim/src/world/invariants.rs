@@ -24,6 +24,7 @@
 //! | 7 | no two runs of a task overlap (unless a loss explains it) | [`World::no_two_runs_of_a_task_overlap`] | at every run start |
 //! | 8 | an acknowledged submit is on the submitting node's disk | [`World::an_acknowledged_submit_is_on_disk`] | at every acknowledged submit |
 //! | 9 | a node stores only documents of queues it joined | [`World::a_saved_document_belongs_to_a_joined_queue`], [`World::every_stored_document_belongs_to_a_joined_queue`] | at every save; once settled, on every disk |
+//! | 10 | no honest node counts a value the Byzantine member sent or wrote (`byzantine` mix) | `World::judge_hostile_delivery`, `World::judge_hostile_writes` (in `byzantine.rs`); with it, invariant 1 requires every task `succeeded` ([`World::every_task_succeeds_beside_a_hostile_member`]) | at every hostile heartbeat delivered to an honest node; on every view of an honest node |
 //!
 //! The simulator's tests of each, as `docs/protocol.md` names them (in
 //! `crates/sim/tests/seeds.rs` unless said otherwise):
@@ -79,12 +80,52 @@ impl World {
     // ----- at every run start -----
 
     /// Invariants 4, 5, 7 and 6, in that order, at the moment a worker starts a run.
-    pub(super) fn check_start(&mut self, i: usize, queue: &QueueId, task: &TaskId, claim: &Claim) {
+    /// `tainted`: the run's node and its router's were cut apart since the assignment
+    /// ([`World::cut_from_its_router_since`]); such a run does not count against the limit.
+    pub(super) fn check_start(
+        &mut self,
+        i: usize,
+        queue: &QueueId,
+        task: &TaskId,
+        claim: &Claim,
+        tainted: bool,
+    ) {
         self.no_worker_starts_below_the_greatest_claim_seen(i, queue, task, claim);
         let earlier = self.runs.get(task).cloned().unwrap_or_default();
         self.a_task_runs_again_only_after_a_failure_or_a_crash(i, task, &earlier);
         self.no_two_runs_of_a_task_overlap(i, task, claim, &earlier);
-        self.runs_stay_within_the_concurrency_limit(queue, claim);
+        if tainted {
+            self.count("over_limit_excused_by_loss");
+        } else {
+            self.runs_stay_within_the_concurrency_limit(queue, claim);
+        }
+    }
+
+    /// Whether messages between node `i` and the node of `claim` (its router) were lost or
+    /// cut at some moment from the assignment (`assigned_us`, less a router heartbeat, as
+    /// invariant 7 reads it) to now. The router could not hear the worker's answer to such
+    /// an assignment and may have routed the task again: the late start is at-least-once's
+    /// duplicate (invariant 7 excuses the overlap the same way), and like a run a cut
+    /// separates from its router while it runs, it no longer counts against that router's
+    /// concurrency limit (swarm seed 281: an assignment reached a node whose outgoing
+    /// messages were lost for 12.7 s; it started 27 ms after the cut ended, the task running
+    /// again elsewhere by then).
+    pub(super) fn cut_from_its_router_since(
+        &self,
+        i: usize,
+        claim: &Claim,
+        assigned_us: u64,
+    ) -> bool {
+        let Some(r) = self.index_of(&claim.peer) else {
+            return false;
+        };
+        let grace_us = self.qconfig.heartbeat_ms * 1000;
+        r != i
+            && self.net.disturbances.iter().any(|&(s, e, a, b)| {
+                e + grace_us >= assigned_us
+                    && s <= self.now_us
+                    && ((a, b) == (i, r) || (a, b) == (r, i))
+            })
     }
 
     /// Invariant 4: the attempt's claim is not below the greatest claim the node's queue
@@ -246,6 +287,9 @@ impl World {
         for (id, t) in view.tasks() {
             if t.state().is_final() && !self.ever_final.contains(id) {
                 self.ever_final.insert(id.clone());
+            }
+            if t.state() == TaskState::Succeeded && !self.ever_succeeded.contains(id) {
+                self.ever_succeeded.insert(id.clone());
             }
         }
     }
@@ -427,6 +471,7 @@ impl World {
         self.trace(|| "settled".into());
         // Settling proves 1 and 3; re-check explicitly so a wrong `is_settled` cannot hide one.
         self.every_acknowledged_task_reaches_an_outcome();
+        self.every_task_succeeds_beside_a_hostile_member();
         self.only_the_agreed_router_is_active();
         self.every_stored_document_belongs_to_a_joined_queue();
     }
@@ -437,6 +482,30 @@ impl World {
         let lost = self.lost();
         if lost > 0 {
             self.violate(1, format!("{lost} tasks without an outcome after settling"));
+        }
+    }
+
+    /// Invariant 1, with a Byzantine member (whose mix has handlers that never fail): every
+    /// acknowledged task ended `succeeded` (some view showed it so; invariant 2 keeps it so).
+    fn every_task_succeeds_beside_a_hostile_member(&mut self) {
+        if self.hostile.is_none() {
+            return;
+        }
+        let not: Vec<TaskId> = self
+            .submitted
+            .keys()
+            .filter(|t| !self.ever_succeeded.contains(*t))
+            .cloned()
+            .collect();
+        if !not.is_empty() {
+            self.violate(
+                1,
+                format!(
+                    "{} tasks never succeeded beside the hostile member (first {})",
+                    not.len(),
+                    not[0]
+                ),
+            );
         }
     }
 

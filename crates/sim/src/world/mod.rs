@@ -12,12 +12,15 @@
 //! - [`net`]: the network model ([`net::Network`]);
 //! - [`disk`]: the disk model ([`disk::Disk`]);
 //! - [`faults`]: background and scheduled faults, crashes, stops and restarts;
-//! - [`invariants`]: the nine invariants, and the table naming each.
+//! - [`invariants`]: the nine invariants, and the table naming each;
+//! - [`byzantine`]: the hostile member of the `byzantine` mix, its acts and their refusals
+//!   (invariant 10).
 //!
 //! The submodules may use this file's items (the event queue, `time`, `count`, `trace`,
 //! `violate`, the constants); they do not `use` each other's items, and ask each other only
 //! through the `pub(super)` methods their own headers list.
 
+mod byzantine;
 mod clients;
 mod disk;
 mod faults;
@@ -228,6 +231,13 @@ pub(crate) struct World {
     hasher: Sha256,
     tail: VecDeque<String>,
     settled: bool,
+    /// The Byzantine member (the last node, in the `byzantine` mix only).
+    hostile: Option<usize>,
+    /// Its acts, sent and refused.
+    byz: byzantine::Byzantine,
+    /// Tasks some node's view showed succeeded, ever (with a Byzantine member, every task
+    /// must be among them at the end).
+    ever_succeeded: BTreeSet<TaskId>,
 }
 
 fn node_seed(seed: u64, node: usize, incarnation: u64) -> u64 {
@@ -351,6 +361,9 @@ impl World {
             hasher: Sha256::new(),
             tail: VecDeque::new(),
             settled: false,
+            hostile: (config.mix.byzantine_rate > 0.0).then(|| n - 1),
+            byz: byzantine::Byzantine::default(),
+            ever_succeeded: BTreeSet::new(),
         };
         #[cfg(feature = "broken")]
         for n in &mut w.nodes {
@@ -408,6 +421,8 @@ impl World {
             Kind::ReadFailures,
             // Last: a mix without planned stops draws the same schedule as before they existed.
             Kind::Stop,
+            // After it, for the same reason: only the `byzantine` mix has hostile acts.
+            Kind::Byzantine,
         ] {
             self.schedule_background(kind);
         }
@@ -648,6 +663,8 @@ impl World {
             claims_lost: self.claims_lost,
             fenced: self.fenced,
             faults: self.faults,
+            byzantine_sent: self.byz.sent,
+            byzantine_refused: self.byz.refused,
             violations: self.violations,
             virtual_ms: self.now_us / 1000,
             steps: self.steps,

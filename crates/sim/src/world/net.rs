@@ -97,10 +97,14 @@ impl World {
         {
             return;
         }
+        let hostile = self.hostile_delivery(from, to, &data);
         let t = self.time(to);
         let peer = self.nodes[from].peer.clone();
         self.nodes[to].core.handle_gossip(t, &topic, &peer, &data);
         self.drive(to);
+        if let Some(h) = hostile {
+            self.judge_hostile_delivery(to, h);
+        }
     }
 
     /// Cuts that end now are dropped, and the streams follow.

@@ -180,7 +180,9 @@ impl World {
             Io::Abort { run } => self.run_aborted(i, run),
             Io::Run(req) => {
                 let claim = req.attempt.claim.clone();
-                self.check_start(i, &req.queue, &req.task, &claim);
+                let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
+                let tainted = self.cut_from_its_router_since(i, &claim, assigned_us);
+                self.check_start(i, &req.queue, &req.task, &claim, tainted);
                 self.trace(|| {
                     format!(
                         "node{i} starts {} {} on {}",
@@ -196,10 +198,9 @@ impl World {
                         task: req.task.clone(),
                         queue: req.queue.clone(),
                         claim: claim.clone(),
-                        tainted: false,
+                        tainted,
                     },
                 );
-                let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
                 self.runs.entry(req.task.clone()).or_default().push(RunRec {
                     node: i,
                     claim,
@@ -220,7 +221,10 @@ impl World {
             }
             // Every pair of up, uncut nodes is connected: dials change nothing here.
             Io::Dial { .. } => {}
-            Io::Publish { topic, data } => self.gossip(i, topic, data),
+            Io::Publish { topic, data } => {
+                let data = self.flood_pool_beat(i, data);
+                self.gossip(i, topic, data)
+            }
             Io::Subscribe { topic } => {
                 self.nodes[i].subscribed.insert(topic);
             }
@@ -361,6 +365,10 @@ impl World {
                     self.count("router_stepped_down");
                     self.trace(|| format!("node{i} router: {event:?}"));
                 }
+                RouterEvent::PoolBeatTrimmed { ref peer, .. } => {
+                    self.pool_beat_trimmed(i, peer);
+                    self.trace(|| format!("node{i} router: {event:?}"));
+                }
                 RouterEvent::ClaimLost { .. } => {
                     self.claims_lost += 1;
                     self.trace(|| format!("node{i} router: {event:?}"));
@@ -433,6 +441,7 @@ impl World {
                     }
                     EpochEvent::Switched { missing, .. } => {
                         self.count("epoch_switch");
+                        self.judge_move(i, &queue);
                         if *missing > 0 {
                             self.count("moved_past_deleted_epochs");
                         }
@@ -448,6 +457,11 @@ impl World {
                         from_loser: true, ..
                     } => self.count("successor_merge"),
                     EpochEvent::Evicted { .. } => self.count("epoch_evicted"),
+                    // Never among honest nodes: `honest_mixes_refuse_no_successor` checks.
+                    EpochEvent::Refused { doc, .. } => {
+                        self.count("successor_refused");
+                        self.successor_refused(i, doc);
+                    }
                 }
                 self.trace(|| format!("node{i} {queue}: {event:?}"));
             }
@@ -464,6 +478,7 @@ impl World {
         self.remember_final_tasks(view);
         self.superseded_attempt_held(i, view);
         self.assignments_keep_the_rate_interval(i, queue, view);
+        self.judge_hostile_writes(i, queue, view);
     }
 
     /// Counts the tasks that enter `input_unavailable` on node `i`, or leave it.
