@@ -65,9 +65,9 @@ pub const MAX_QUEUED_PER_PEER: usize = 1024;
 /// not answered. Automerge's sync protocol puts every change a peer lacks in one message; this
 /// replica splits such a message into several under this size instead (see
 /// [`Replica::poll_transmit`]), so a document of any size syncs, in steps of at most this much.
-/// A single change larger than this on its own still travels alone, once per change of the
-/// peer's heads, and is refused by its receivers: only a local writer can make one, and the layers above bound what goes into a
-/// change (a task's result, its logs) far below it. The transport's frame bound (64 MiB) is
+/// A single change larger than this on its own still travels alone, once per connection, and
+/// is refused by its receivers: only a local writer can make one, and the layers above bound
+/// what goes into a change (a task's result, its logs) far below it. The transport's frame bound (64 MiB) is
 /// larger, so an oversized message reaches this check. It bounds the memory one message costs
 /// a receiver before Automerge applies it, and the work of applying it.
 pub const MAX_SYNC_MESSAGE_BYTES: usize = 16 << 20;
@@ -194,7 +194,17 @@ struct Entry {
     peers: BTreeMap<PeerId, sync::State>,
     /// Heads of what the driver acknowledged as written ([`Replica::mark_saved`]), sorted.
     saved: Vec<ChangeHash>,
+    /// A copy of the peers' changes Automerge keeps aside until their dependencies arrive, to
+    /// check them then (`validate`): at most [`MAX_ASIDE_BYTES`] of them, beyond which
+    /// Automerge's queue is emptied.
+    aside: Vec<(PeerId, automerge::Change)>,
 }
+
+/// The most bytes of peers' changes a document keeps aside waiting for their dependencies
+/// (Automerge's queue, which Automerge does not bound): as much as one sync message holds.
+/// Beyond it the queue is emptied (the document rebuilt from its applied changes); the peers
+/// send those changes again once they are needed.
+pub const MAX_ASIDE_BYTES: usize = MAX_SYNC_MESSAGE_BYTES;
 
 /// A document being loaded from storage.
 #[derive(Debug, Default)]
@@ -242,11 +252,12 @@ struct Link {
     /// [`SYNC_ANSWER_WAIT`]), and they are dropped when the peer's sync state for the document
     /// starts over. Bounded by one generated message per document.
     parts: BTreeMap<DocId, VecDeque<Vec<u8>>>,
-    /// Documents whose last message to the peer held a change too large for any message (a
-    /// local writer's), with the peer's heads then: while they stay the same, that change is
-    /// not sent again (the peer refused it and asked again, and would refuse it again, without
-    /// end). Bounded by the loaded documents.
-    oversized: BTreeMap<DocId, Vec<automerge::ChangeHash>>,
+    /// Changes too large for any message (a local writer's) sent to the peer once, per
+    /// document: the peer refused them and would refuse them again. They are not sent again
+    /// on this connection, and a message that would only answer the peer's asking for them is
+    /// not sent either (the two would otherwise trade messages without end). Bounded by the
+    /// loaded documents and their changes.
+    oversized: BTreeMap<DocId, BTreeSet<automerge::ChangeHash>>,
     /// Documents whose changes from another peer are to be passed on, and when
     /// ([`RELAY_AFTER`]); a message generated for the document before then passes them on.
     relay: BTreeMap<DocId, Instant>,
@@ -892,19 +903,49 @@ impl Replica {
         let Some(e) = self.docs.get_mut(id) else {
             return;
         };
-        // Before Automerge applies them: changes it would panic on (see `validate`).
-        if let Err(why) = crate::validate::check_changes(&e.doc, msg.changes.iter()) {
-            e.peers.remove(peer);
-            self.forget_parts(id, Some(peer));
-            self.events.push_back(Event::Rejected {
-                peer: peer.clone(),
-                reason: format!("sync message for {id} with {why}"),
-            });
-            return;
+        // Before Automerge applies them: changes it would panic on (see `validate`), this
+        // message's and those it makes ready among the ones kept aside.
+        let aside: Vec<&automerge::Change> = e.aside.iter().map(|(_, c)| c).collect();
+        let mut checked = crate::validate::check_changes(&e.doc, msg.changes.iter(), &aside);
+        if let Err(crate::validate::Refused {
+            aside: Some(i),
+            why,
+        }) = &checked
+        {
+            // Its sender, not this message's, is to blame; the message goes on.
+            if let Some((from, _)) = e.aside.get(*i) {
+                self.events.push_back(Event::Rejected {
+                    peer: from.clone(),
+                    reason: format!("a change for {id} kept aside, once ready: {why}"),
+                });
+            }
+            empty_queue(e);
+            checked = crate::validate::check_changes(&e.doc, msg.changes.iter(), &[]);
         }
+        let waiting = match checked {
+            Ok(c) => c.waiting,
+            Err(refused) => {
+                e.peers.remove(peer);
+                self.forget_parts(id, Some(peer));
+                self.events.push_back(Event::Rejected {
+                    peer: peer.clone(),
+                    reason: format!("sync message for {id} with {}", refused.why),
+                });
+                return;
+            }
+        };
         let before = e.doc.get_heads();
         let state = e.peers.entry(peer.clone()).or_default();
-        if let Err(err) = e.doc.receive_sync_message(state, msg) {
+        let received = e.doc.receive_sync_message(state, msg);
+        if keep_aside(e, peer, waiting) {
+            self.events.push_back(Event::Rejected {
+                peer: peer.clone(),
+                reason: format!(
+                    "more than {MAX_ASIDE_BYTES} bytes of changes for {id} wait for their dependencies: dropped"
+                ),
+            });
+        }
+        if let Err(err) = received {
             // A hostile or broken peer; reset our state with it and carry on.
             e.peers.remove(peer);
             self.forget_parts(id, Some(peer));
@@ -950,6 +991,7 @@ impl Replica {
                 doc,
                 peers: BTreeMap::new(),
                 saved,
+                aside: Vec::new(),
             },
         );
         if self.scopes.get(id).is_some_and(|s| s.announce) {
@@ -1069,4 +1111,38 @@ fn bytes(msg: &Message) -> usize {
         Message::Sync { data, .. } => data.len() + msg.doc().as_str().len(),
         _ => msg.doc().as_str().len(),
     }
+}
+
+/// Empties Automerge's queue of changes waiting for dependencies: the document is rebuilt
+/// from its applied changes (Automerge has no other way), keeping its actor. Costs the
+/// document's history; done only when a change kept aside fails its check, or too many wait.
+fn empty_queue(e: &mut Entry) {
+    let actor = e.doc.get_actor().clone();
+    // A document built from applied changes has its heads: this does not fail.
+    if let Ok(mut doc) = e.doc.fork_at(&e.doc.get_heads()) {
+        doc.set_actor(actor);
+        e.doc = doc;
+    }
+    e.aside.clear();
+}
+
+/// After a message: the changes kept aside that Automerge applied leave the copy, the
+/// message's own waiting ones (from `peer`) join it; beyond [`MAX_ASIDE_BYTES`] the queue is
+/// emptied (true).
+fn keep_aside(e: &mut Entry, peer: &PeerId, waiting: Vec<automerge::Change>) -> bool {
+    let doc = &e.doc;
+    e.aside
+        .retain(|(_, c)| doc.get_change_meta_by_hash(&c.hash()).is_none());
+    e.aside.extend(
+        waiting
+            .into_iter()
+            .filter(|c| doc.get_change_meta_by_hash(&c.hash()).is_none())
+            .map(|c| (peer.clone(), c)),
+    );
+    let bytes: usize = e.aside.iter().map(|(_, c)| c.raw_bytes().len()).sum();
+    if bytes > MAX_ASIDE_BYTES {
+        empty_queue(e);
+        return true;
+    }
+    false
 }

@@ -16,12 +16,14 @@
 //! Automerge's own parser panics on a counter above `u32::MAX` in a change's columns; the
 //! parse is caught (see [`parse`]).
 //!
-//! What is checked when: the counters always; the actors and the ids once every dependency is
-//! in the document or earlier in the same message. A change with a dependency not here yet is
-//! kept aside by Automerge and applied when it arrives, without these two checks: a member can
-//! still reach those panics that way (see `docs/security.md`).
+//! What is checked when: the counters at once; the actors and the ids once every dependency
+//! is here. A change whose dependencies are missing is kept aside by Automerge, which applies
+//! it when they arrive: the replica keeps a copy of those (`Entry::aside`), and checks them
+//! with the message that brings their dependencies. If one fails then, Automerge's queue is
+//! emptied (the document is rebuilt from its applied changes) and the message goes on.
 //!
-//! Work: each change's operations once, one lookup per dependency and per actor named.
+//! Work: each change's operations once, one lookup per dependency and per actor named, for
+//! the message's changes and those kept aside (bounded by `MAX_ASIDE_BYTES`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -58,54 +60,124 @@ pub(crate) enum Invalid {
     Undecodable,
 }
 
-/// Checks the changes of a sync message's change list (each entry a run of whole chunks; the
-/// caller has already checked that they split and inflate within bounds) against `doc`.
-/// Documents and bundles are left to Automerge's own checks on loading.
+/// What a message's changes do, once checked.
+#[derive(Debug, Default)]
+pub(crate) struct Checked {
+    /// Its changes Automerge will keep aside, waiting for a dependency: the caller keeps a
+    /// copy, to check them when that arrives (see [`check_changes`]).
+    pub(crate) waiting: Vec<Change>,
+}
+
+/// Why a message is refused, and whether a change kept aside is to blame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// What is wrong.
+    pub(crate) why: Invalid,
+    /// A change kept aside from an earlier message (its index in `aside`) fails now that its
+    /// dependencies are here: Automerge's queue is to be emptied (the message itself may be
+    /// fine).
+    pub(crate) aside: Option<usize>,
+}
+
+/// Checks what a sync message's change list (each entry a run of whole chunks; the caller has
+/// already checked that they split and inflate within bounds) makes Automerge apply to `doc`:
+/// its changes whose dependencies are here (in `doc` or earlier among them), and the changes
+/// kept aside from earlier messages (`aside`, the caller's copy of Automerge's queue) that they
+/// make ready. A change whose dependencies are still missing is checked for its counters
+/// only, and returned as waiting. Documents and bundles are left to Automerge's own checks on
+/// loading.
 pub(crate) fn check_changes<'a>(
     doc: &Automerge,
     entries: impl IntoIterator<Item = &'a [u8]>,
-) -> Result<(), Invalid> {
-    // The changes earlier in this message: their greatest operation counters (none for one
-    // that waits for a dependency), and the actors they introduce.
-    let mut earlier: BTreeMap<ChangeHash, Option<u64>> = BTreeMap::new();
-    let mut introduced: BTreeSet<ActorId> = BTreeSet::new();
+    aside: &[&Change],
+) -> Result<Checked, Refused> {
+    let refuse = |why| Refused { why, aside: None };
+    let mut incoming: Vec<Change> = Vec::new();
+    let mut seen: BTreeSet<ChangeHash> = BTreeSet::new();
     for entry in entries {
         for chunk in chunks::chunks(entry) {
-            let chunk = chunk.map_err(|_| Invalid::Undecodable)?;
+            let chunk = chunk.map_err(|_| refuse(Invalid::Undecodable))?;
             if !matches!(chunk.kind, Kind::Change | Kind::Compressed) {
                 continue;
             }
-            let change = parse(chunk.bytes)?;
+            let change = parse(chunk.bytes).map_err(refuse)?;
             let hash = change.hash();
-            if earlier.contains_key(&hash) || doc.get_change_meta_by_hash(&hash).is_some() {
+            if !seen.insert(hash) || doc.get_change_meta_by_hash(&hash).is_some() {
                 // Automerge skips a change it has.
                 continue;
             }
-            let applies = check_change(doc, &change, &earlier, &introduced)?;
-            if change.seq() == 1 {
-                introduced.insert(change.actor_id().clone());
-            }
-            earlier.insert(hash, applies.then(|| change.max_op()));
+            counters(&change).map_err(refuse)?;
+            incoming.push(change);
         }
     }
-    Ok(())
+    // What becomes ready, in dependency order: a change is checked once every dependency is
+    // in `doc` or ready before it. The greatest operation counter of each change ready so
+    // far, and the actors they introduce. Linear in the changes and their dependencies.
+    let mut candidates: Vec<(&Change, Option<usize>)> = Vec::new();
+    let mut index: BTreeMap<ChangeHash, usize> = BTreeMap::new();
+    let from_aside = aside
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| doc.get_change_meta_by_hash(&c.hash()).is_none())
+        .map(|(i, c)| (*c, Some(i)));
+    for (c, a) in from_aside.chain(incoming.iter().map(|c| (c, None))) {
+        if let std::collections::btree_map::Entry::Vacant(v) = index.entry(c.hash()) {
+            v.insert(candidates.len());
+            candidates.push((c, a));
+        }
+    }
+    let mut missing = vec![0usize; candidates.len()];
+    let mut dependents: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let mut next: Vec<usize> = Vec::new();
+    for (i, (c, _)) in candidates.iter().enumerate() {
+        let deps: BTreeSet<&ChangeHash> = c.deps().iter().collect();
+        for d in deps {
+            if doc.get_change_meta_by_hash(d).is_some() {
+                continue;
+            }
+            missing[i] += 1;
+            if let Some(&k) = index.get(d) {
+                dependents.entry(k).or_default().push(i);
+            }
+        }
+        if missing[i] == 0 {
+            next.push(i);
+        }
+    }
+    let mut ready: BTreeMap<ChangeHash, u64> = BTreeMap::new();
+    let mut introduced: BTreeSet<ActorId> = BTreeSet::new();
+    while let Some(i) = next.pop() {
+        let (change, from_aside) = candidates[i];
+        check_ready(doc, change, &ready, &introduced).map_err(|why| Refused {
+            why,
+            aside: from_aside,
+        })?;
+        if change.seq() == 1 {
+            introduced.insert(change.actor_id().clone());
+        }
+        ready.insert(change.hash(), change.max_op());
+        for &j in dependents.get(&i).map(Vec::as_slice).unwrap_or_default() {
+            missing[j] -= 1;
+            if missing[j] == 0 {
+                next.push(j);
+            }
+        }
+    }
+    let waiting = incoming
+        .into_iter()
+        .filter(|c| !ready.contains_key(&c.hash()))
+        .collect();
+    Ok(Checked { waiting })
 }
 
-/// Checks one change; whether Automerge applies it now (true), or keeps it aside until a
-/// dependency arrives (false: the checks against its dependencies are not made).
-fn check_change(
-    doc: &Automerge,
-    change: &Change,
-    earlier: &BTreeMap<ChangeHash, Option<u64>>,
-    introduced: &BTreeSet<ActorId>,
-) -> Result<bool, Invalid> {
+/// A change's own operation counters, and those it names: below `u32::MAX`.
+fn counters(change: &Change) -> Result<(), Invalid> {
     let start = change.start_op().get();
     let last = start.saturating_add(u64::try_from(change.len()).unwrap_or(u64::MAX));
     if last >= COUNTER_BOUND {
         return Err(Invalid::Counter(last));
     }
-    let expanded = change.decode();
-    for op in &expanded.operations {
+    for op in &change.decode().operations {
         if let ObjectId::Id(id) = &op.obj {
             counter(id)?;
         }
@@ -116,22 +188,26 @@ fn check_change(
             counter(id)?;
         }
     }
-    let mut waits = false;
+    Ok(())
+}
+
+/// Checks a change whose dependencies are all in `doc` or in `ready`: its operations start
+/// above theirs, and its actors are known (its own, unless this is its first change).
+fn check_ready(
+    doc: &Automerge,
+    change: &Change,
+    ready: &BTreeMap<ChangeHash, u64>,
+    introduced: &BTreeSet<ActorId>,
+) -> Result<(), Invalid> {
+    let start = change.start_op().get();
     for dep in change.deps() {
         let max = match doc.get_change_meta_by_hash(dep) {
-            Some(meta) => Some(meta.max_op),
-            None => earlier.get(dep).copied().flatten(),
+            Some(meta) => meta.max_op,
+            None => ready.get(dep).copied().unwrap_or(0),
         };
-        match max {
-            Some(max) if start <= max => return Err(Invalid::ReusedOps { start, max }),
-            Some(_) => {}
-            None => waits = true,
+        if start <= max {
+            return Err(Invalid::ReusedOps { start, max });
         }
-    }
-    if waits {
-        // Automerge keeps it aside until its dependencies arrive (an honest peer's changes
-        // can come out of order: an actor's second change before its first, say).
-        return Ok(false);
     }
     let known = |a: &ActorId| introduced.contains(a) || knows_actor(doc, a);
     if change.seq() != 1 && !known(change.actor_id()) {
@@ -140,7 +216,7 @@ fn check_change(
     if !change.other_actor_ids().iter().all(known) {
         return Err(Invalid::UnknownActor);
     }
-    Ok(true)
+    Ok(())
 }
 
 /// A change chunk, parsed. Automerge's parser itself panics on an operation counter above

@@ -6,8 +6,8 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Instant;
 
-use automerge::Automerge;
 use automerge::sync::{self, SyncDoc};
+use automerge::{Automerge, ChangeHash};
 
 #[cfg(doc)]
 use super::Limits;
@@ -254,6 +254,20 @@ impl Replica {
         }
         let msg = msg?;
         let changes = !msg.changes.is_empty();
+        // The peer refused a change too large for any message and asks for it again (its
+        // `need`); Automerge, having sent it, answers without it, and the two would go on
+        // without end: no answer to that alone.
+        let their_need = state.their_need.clone().unwrap_or_default();
+        if !changes
+            && !their_need.is_empty()
+            && self.links.get(peer).is_some_and(|l| {
+                l.oversized
+                    .get(id)
+                    .is_some_and(|o| their_need.iter().all(|h| o.contains(h)))
+            })
+        {
+            return None;
+        }
         // A saved document is the one thing this replica sends deflated: it must inflate
         // within what its receiver accepts.
         let whole = changes && holds_document(&msg);
@@ -267,19 +281,21 @@ impl Replica {
             };
             return Some((msg, changes));
         }
-        let their_heads = state.their_heads.clone().unwrap_or_default();
-        let mut parts = split(&e.doc, &data, whole, limits.message_bytes)
-            .unwrap_or_else(|| VecDeque::from([data]));
-        // A change too large for any message goes alone and is refused; the peer answers with
-        // the same heads, and would get it again, without end. It goes once per new heads of
-        // the peer's: the parts after it are not sent either (they depend on it).
-        if let Some(big) = parts.iter().position(|p| p.len() > limits.message_bytes)
+        let (mut parts, big) = split(&e.doc, &data, whole, limits.message_bytes)
+            .unwrap_or_else(|| (VecDeque::from([data]), Vec::new()));
+        // A change too large for any message goes alone, once per connection, and is refused:
+        // sent again it would be refused again, without end. Once sent, neither it nor the
+        // parts after it (they depend on it) go again.
+        if !big.is_empty()
             && let Some(l) = self.links.get_mut(peer)
         {
-            if l.oversized.get(id) == Some(&their_heads) {
-                parts.truncate(big);
+            let sent = l.oversized.entry(id.clone()).or_default();
+            if big.iter().all(|(_, h)| sent.contains(h)) {
+                if let Some((first, _)) = big.first() {
+                    parts.truncate(*first);
+                }
             } else {
-                l.oversized.insert(id.clone(), their_heads);
+                sent.extend(big.iter().map(|(_, h)| *h));
             }
         }
         let first = parts.pop_front()?;
@@ -314,7 +330,15 @@ fn holds_document(msg: &sync::Message) -> bool {
 /// [`Replica::generate`]); a change larger than `limit` on its own goes alone. `whole`: the
 /// message holds a saved document, replaced by all of `doc`'s changes. `None` if the message
 /// does not decode into chunks (never for one this replica generated).
-fn split(doc: &Automerge, data: &[u8], whole: bool, limit: usize) -> Option<VecDeque<Vec<u8>>> {
+/// Also the changes larger than `limit` on their own: the index of the part each travels in,
+/// and its hash.
+#[allow(clippy::type_complexity)]
+fn split(
+    doc: &Automerge,
+    data: &[u8],
+    whole: bool,
+    limit: usize,
+) -> Option<(VecDeque<Vec<u8>>, Vec<(usize, ChangeHash)>)> {
     let msg = sync::Message::decode(data).ok()?;
     let changes: Vec<Vec<u8>> = if whole {
         doc.get_changes(&[])
@@ -348,6 +372,7 @@ fn split(doc: &Automerge, data: &[u8], whole: bool, limit: usize) -> Option<VecD
         .encode()
     };
     let mut parts = VecDeque::new();
+    let mut big = Vec::new();
     let mut batch = Vec::new();
     let mut size = overhead;
     for c in changes {
@@ -356,13 +381,18 @@ fn split(doc: &Automerge, data: &[u8], whole: bool, limit: usize) -> Option<VecD
             parts.push_back(build(std::mem::take(&mut batch)));
             size = overhead;
         }
+        if overhead + cost > limit
+            && let Ok(change) = automerge::Change::try_from(c.as_slice())
+        {
+            big.push((parts.len(), change.hash()));
+        }
         size += cost;
         batch.push(c);
     }
     if !batch.is_empty() {
         parts.push_back(build(batch));
     }
-    Some(parts)
+    Some((parts, big))
 }
 
 /// Takes the whole-document capability out of `state` while the peer holds part of the

@@ -181,7 +181,7 @@ fn s30_a_member_behind_by_more_than_the_limit_catches_up_in_parts() {
 
 /// A change larger than the limit on its own cannot be cut: it travels alone, and its receiver
 /// refuses it as it refuses any message over the limit. The changes before it arrive. It goes
-/// once per heads of the receiver's: the receiver answers with the same heads, and before, the
+/// once per connection, and the receiver's asking for it again is not answered: before, the
 /// two traded messages without end (as Automerge does while two peers' heads stay apart).
 #[test]
 fn s31_a_change_larger_than_the_limit_travels_alone_and_is_refused() {
@@ -202,8 +202,8 @@ fn s31_a_change_larger_than_the_limit_travels_alone_and_is_refused() {
     put(&mut doc, "after", 1);
     net.replica(&a).create(d.clone(), doc, Some(announced()));
     net.connect(&a, &b);
-    // The exchange ends: the refused change is not sent again while b's heads stay (before,
-    // a and b traded messages without end).
+    // The exchange ends: the refused change is not sent again on this connection, nor is an
+    // answer to b's asking for it alone (before, a and b traded messages without end).
     assert!(
         net.run_at_most(10_000),
         "the peers still talk after 10,000 messages"
