@@ -312,6 +312,8 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     // the task to this pool. The lower one's run succeeded; when the higher one's assignment
     // merges in, the task must not run again.
     let mut f = Fixture::new(2, 1);
+    // Claims are chained: a term-2 claim names the term-1 claim it supersedes.
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
     queue::claim_router(&mut f.doc, &router(2, "a"), 0).unwrap();
     let t = f.submit(1);
     f.assign(&t, &router(2, "a"), 0);
@@ -423,6 +425,8 @@ fn refuses_an_attempt_while_another_pool_runs_the_task() {
     // Two routers on either side of a partition numbered their attempts alike: router a's
     // attempt 1 runs on another pool; router b (the effective one) assigned its attempt 1 here.
     let mut f = Fixture::new(2, 1);
+    // Claims are chained: router a's term-1 claim, then b's at term 2.
+    queue::claim_router(&mut f.doc, &router(1, "a"), 0).unwrap();
     queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
     let t = f.submit(1);
     let theirs = f.assign_to(&t, &router(1, "a"), other_worker(), 1);
