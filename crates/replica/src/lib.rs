@@ -50,11 +50,18 @@
 //! [`MAX_QUEUED_BYTES`]), held pushes ([`MAX_HELD`]), requests and answers waiting for a peer
 //! ([`MAX_QUEUED_PER_PEER`]), the size of one sync message
 //! ([`MAX_SYNC_MESSAGE_BYTES`]: larger ones this replica sends in parts) and what its changes may
-//! inflate to ([`MAX_INFLATED_BYTES`]), the probes of
+//! inflate to ([`MAX_INFLATED_BYTES`]), the changes kept aside for a missing dependency
+//! ([`MAX_ASIDE_BYTES`]), the probes of
 //! a peer's Bloom filter ([`MAX_BLOOM_PROBES`]), fetches ([`FETCH_TIMEOUT`]). Loaded documents
 //! are the driver's to bound: it reads [`Replica::loaded`] and [`Replica::evict`]s; peers only
 //! add documents the driver scoped or fetches. Groups and scopes grow only by the driver's
 //! commands.
+//!
+//! **Checks.** A peer's changes are checked before Automerge applies them, for what Automerge
+//! 0.12 would panic on (operation counters at the 32-bit bound, an unknown actor's change not
+//! numbered 1, operation ids reused): a message holding one is rejected ([`Event::Rejected`])
+//! and the document does not change. A change waiting for a dependency is checked when that
+//! arrives. A change too large for any message goes once per connection.
 //!
 //! # Driving a replica
 //!
