@@ -22,12 +22,12 @@
 //! with the message that brings their dependencies. If one fails then, Automerge's queue is
 //! emptied (the document is rebuilt from its applied changes) and the message goes on.
 //!
-//! Work: each change's operations once, one lookup per dependency and per actor named, for
-//! the message's changes and those kept aside (bounded by `MAX_ASIDE_BYTES`).
+//! Work: each change parsed once more than Automerge does, one lookup per dependency and per
+//! actor named, for the message's changes and those kept aside (bounded by
+//! `MAX_ASIDE_BYTES`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use automerge::legacy::{ElementId, Key, ObjectId, OpId};
 use automerge::{ActorId, Automerge, Change, ChangeHash};
 
 use crate::chunks::{self, Kind};
@@ -170,23 +170,14 @@ pub(crate) fn check_changes<'a>(
     Ok(Checked { waiting })
 }
 
-/// A change's own operation counters, and those it names: below `u32::MAX`.
+/// A change's own operation counters: below `u32::MAX`. Those it names (its objects, list
+/// elements and predecessors) are narrowed to 32 bits by Automerge's parser, which panics on a
+/// larger one: [`parse`] refuses such a change. Reads the change's header only.
 fn counters(change: &Change) -> Result<(), Invalid> {
     let start = change.start_op().get();
     let last = start.saturating_add(u64::try_from(change.len()).unwrap_or(u64::MAX));
     if last >= COUNTER_BOUND {
         return Err(Invalid::Counter(last));
-    }
-    for op in &change.decode().operations {
-        if let ObjectId::Id(id) = &op.obj {
-            counter(id)?;
-        }
-        if let Key::Seq(ElementId::Id(id)) = &op.key {
-            counter(id)?;
-        }
-        for id in op.pred.iter() {
-            counter(id)?;
-        }
     }
     Ok(())
 }
@@ -228,13 +219,6 @@ fn parse(bytes: &[u8]) -> Result<Change, Invalid> {
         Ok(Ok(change)) => Ok(change),
         Ok(Err(_)) | Err(_) => Err(Invalid::Undecodable),
     }
-}
-
-fn counter(id: &OpId) -> Result<(), Invalid> {
-    if id.0 >= COUNTER_BOUND {
-        return Err(Invalid::Counter(id.0));
-    }
-    Ok(())
 }
 
 /// Whether `doc` holds operations of `actor`. Automerge 0.12 answers this only through the
