@@ -205,6 +205,64 @@ impl ViewCache {
         true
     }
 
+    /// Where an operation of a change wrote, by the tables of the last read.
+    fn place<'o>(&self, op: &'o automerge::legacy::Op) -> Place<'o> {
+        match &op.obj {
+            ObjectId::Root => match &op.key {
+                Key::Map(k)
+                    if k == keys::TASKS
+                        || k == keys::SCHEMA
+                        || packed::MAPS.contains(&k.as_str()) =>
+                {
+                    Place::Replaced
+                }
+                _ => Place::Root,
+            },
+            ObjectId::Id(OpId(counter, actor)) => {
+                let k = (*counter, actor.clone());
+                if Some(&k) == self.tasks_obj.as_ref() {
+                    match &op.key {
+                        Key::Map(task) => Place::Task(TaskId::new(task.as_str())),
+                        Key::Seq(_) => Place::Elsewhere,
+                    }
+                } else if let Some(map) = self.layout_objs.get(&k) {
+                    match &op.key {
+                        Key::Map(key) => Place::Record(map, key.as_str()),
+                        Key::Seq(_) => Place::Elsewhere,
+                    }
+                } else if let Some(t) = self.owners.get(&k) {
+                    Place::Task(t.clone())
+                } else {
+                    Place::Root
+                }
+            }
+        }
+    }
+
+    /// The tasks whose entries or records the changes of `doc` after `heads` wrote, by the
+    /// tables of the last refresh, which must have read `doc` as it is (every object those
+    /// changes made is then known); `None` if one of them replaced the task index or a layout
+    /// map (any task may have changed). Any other task of the view reads in `doc` as it read
+    /// at `heads`. Costs the changes after `heads`.
+    pub fn touched_since(&self, doc: &Automerge, heads: &[ChangeHash]) -> Option<BTreeSet<TaskId>> {
+        let mut touched = BTreeSet::new();
+        for change in doc.get_changes(heads) {
+            for op in &change.decode().operations {
+                match self.place(op) {
+                    Place::Replaced => return None,
+                    Place::Root | Place::Elsewhere => {}
+                    Place::Task(task) => {
+                        touched.insert(task);
+                    }
+                    Place::Record(_, key) => {
+                        touched.insert(TaskId::new(packed::task_of(key)));
+                    }
+                }
+            }
+        }
+        Some(touched)
+    }
+
     fn set_malformed(&self, view: &mut QueueView) {
         view.malformed = self.root_malformed + self.task_malformed.values().sum::<usize>();
     }
@@ -220,47 +278,26 @@ impl ViewCache {
             let expanded = change.decode();
             let start = expanded.start_op.get();
             for (i, op) in (0u64..).zip(expanded.operations.iter()) {
-                let owner = match &op.obj {
-                    ObjectId::Root => {
-                        if matches!(&op.key, Key::Map(k) if k == keys::TASKS || k == keys::SCHEMA || packed::MAPS.contains(&k.as_str()))
-                        {
-                            // The task index itself was replaced: start over.
-                            return self.full(doc);
-                        }
+                let owner = match self.place(op) {
+                    // The task index itself was replaced: start over.
+                    Place::Replaced => return self.full(doc),
+                    Place::Root => {
                         root = true;
                         None
                     }
-                    ObjectId::Id(OpId(counter, actor)) => {
-                        let k = (*counter, actor.clone());
-                        if Some(&k) == self.tasks_obj.as_ref() {
-                            match &op.key {
-                                Key::Map(task) => Some(TaskId::new(task.as_str())),
-                                Key::Seq(_) => None,
+                    Place::Elsewhere => None,
+                    Place::Task(task) => Some(task),
+                    Place::Record(map, key) => {
+                        let task = TaskId::new(packed::task_of(key));
+                        if [packed::ASSIGNED, packed::STARTED, packed::ENDED].contains(&map) {
+                            records.push((task.clone(), key.to_string()));
+                        }
+                        match Patch::of(map, key, op) {
+                            Some(p) => {
+                                patches.entry(task).or_default().push(p);
+                                None
                             }
-                        } else if let Some(map) = self.layout_objs.get(&k) {
-                            match &op.key {
-                                Key::Map(key) => {
-                                    let task = TaskId::new(packed::task_of(key));
-                                    if [packed::ASSIGNED, packed::STARTED, packed::ENDED]
-                                        .contains(map)
-                                    {
-                                        records.push((task.clone(), key.to_string()));
-                                    }
-                                    match Patch::of(map, key, op) {
-                                        Some(p) => {
-                                            patches.entry(task).or_default().push(p);
-                                            None
-                                        }
-                                        None => Some(task),
-                                    }
-                                }
-                                Key::Seq(_) => None,
-                            }
-                        } else if let Some(t) = self.owners.get(&k) {
-                            Some(t.clone())
-                        } else {
-                            root = true;
-                            None
+                            None => Some(task),
                         }
                     }
                 };
@@ -363,6 +400,20 @@ fn shows_attempt(view: &QueueView, key: &str) -> bool {
         view.task(&TaskId::new(task))
             .is_some_and(|e| e.attempts.iter().any(|a| a.id == id))
     })
+}
+
+/// Where an operation wrote ([`ViewCache::place`]).
+enum Place<'o> {
+    /// The root key of the task index, the schema or a layout map: the tables no longer hold.
+    Replaced,
+    /// A root record (config, members, claims, seals...), or an object of one.
+    Root,
+    /// A list position of the task index or a layout map: nothing a read takes.
+    Elsewhere,
+    /// A task's entry, or an object inside it (layout 1).
+    Task(TaskId),
+    /// A layout-2 record: its map and attempt (or task) key.
+    Record(&'static str, &'o str),
 }
 
 /// A layout-2 record the view can take from its operation: a string put under an attempt

@@ -51,6 +51,8 @@ pub use crate::chain::{
     Latest, Link, MAX_LINEAGE, Prev, Retired, Seal, read_latest, read_lineage, read_retired,
     read_seals, winner,
 };
+pub use crate::ends::{TaskEnd, write_ends};
+pub use crate::successor::{SuccessorCheck, check_successor, counted_seals};
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
 /// most this many epochs older than itself.
@@ -655,7 +657,7 @@ fn key_of(obj: &ObjId) -> Option<ObjKey> {
 
 /// The maps carried, in the order they are carried: task entries first, so that the records
 /// of a task submitted late find it.
-const CARRIED: [&str; 6] = [
+pub(crate) const CARRIED: [&str; 6] = [
     keys::TASKS,
     packed::ASSIGNED,
     packed::STARTED,
@@ -1003,7 +1005,7 @@ fn carried_value<R: ReadDoc>(
 /// The value to write under `key` of the attempt map `CARRIED[i]` (assignment, start, end or
 /// output) in `into`, given the packed values another holder has under it: theirs if it is
 /// newer than `into`'s.
-fn attempt_value<R: ReadDoc>(
+pub(crate) fn attempt_value<R: ReadDoc>(
     i: usize,
     theirs: impl Iterator<Item = String>,
     into: &R,
@@ -1044,88 +1046,6 @@ fn attempt_value<R: ReadDoc>(
     }
 }
 
-/// The attempt records (assignments, starts, ends, outputs) a queue document holds of one
-/// task, kept apart from any document. A node keeps those of the tasks it saw end, to write
-/// them ([`write_records`]) into a branch that shows such a task live again once every
-/// document that held its end is deleted (the other side of a double seal, say).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TaskRecords {
-    /// (index in `CARRIED`, attempt key, the packed values under it)
-    values: Vec<(usize, String, Vec<String>)>,
-}
-
-impl TaskRecords {
-    /// Whether no record was found.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
-    /// About how many bytes they take in memory.
-    pub fn bytes(&self) -> usize {
-        self.values
-            .iter()
-            .map(|(_, k, v)| 16 + k.len() + v.iter().map(String::len).sum::<usize>())
-            .sum()
-    }
-}
-
-/// `task`'s attempt records in `from`, to keep. Costs the task's records.
-pub fn task_records(from: &Automerge, task: &TaskId) -> TaskRecords {
-    let mut values = Vec::new();
-    for (i, name) in CARRIED.iter().enumerate() {
-        if !(1..=3).contains(&i) && i != 5 {
-            continue;
-        }
-        let mut keys: Vec<String> = Vec::new();
-        for obj in am::all_objects(from, &ROOT, name, ObjType::Map) {
-            for item in from.map_range(&obj, packed::attempts_of(task)) {
-                keys.push(item.key.to_string());
-            }
-        }
-        keys.sort();
-        keys.dedup();
-        for key in keys {
-            let v: Vec<String> = packed_values(from, name, &key).collect();
-            if !v.is_empty() {
-                values.push((i, key, v));
-            }
-        }
-    }
-    TaskRecords { values }
-}
-
-/// Writes into `into` each kept record newer than `into`'s, as [`carry_records`] does from a
-/// document; how many. One change, none if nothing is new.
-pub fn write_records(into: &mut Automerge, records: &[&TaskRecords]) -> Result<usize, WriteError> {
-    let mut writes = 0;
-    into.transact(|tx| {
-        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
-            return Err(WriteError::NotAQueue);
-        }
-        let mut targets = BTreeMap::new();
-        for (i, key, theirs) in records.iter().flat_map(|r| r.values.iter()) {
-            let Some(v) = attempt_value(*i, theirs.iter().cloned(), tx, key) else {
-                continue;
-            };
-            let target = match targets.get(i) {
-                Some(t) => t,
-                None => {
-                    let t = match am::object(tx, &ROOT, CARRIED[*i], ObjType::Map) {
-                        Some(m) => m,
-                        None => tx.put_object(ROOT, CARRIED[*i], ObjType::Map)?,
-                    };
-                    targets.entry(*i).or_insert(t)
-                }
-            };
-            tx.put(target, key.as_str(), v)?;
-            writes += 1;
-        }
-        Ok(())
-    })
-    .map_err(|f| f.error)?;
-    Ok(writes)
-}
-
 /// A late task entry to carry: absent from the successor, and not a task that was finished
 /// and left behind at the seal.
 fn carry_entry<R: ReadDoc>(
@@ -1159,86 +1079,4 @@ fn max_uint_all<R: ReadDoc>(doc: &R, map: &str, key: &str) -> u64 {
         .map(|m| am::max_uint(doc, m, key))
         .max()
         .unwrap_or(0)
-}
-
-/// The seals of `doc` whose sealer's claim counts in it (see [`check_successor`]): a seal
-/// under a claim that does not count is a member's forgery, never followed, and must not stop
-/// the router from sealing the document itself. Linear in the seals and claims written.
-pub fn counted_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
-    let seals = read_seals(doc);
-    if seals.is_empty() {
-        return seals;
-    }
-    let (counted, _) = crate::view::read_claims(doc);
-    seals
-        .into_iter()
-        .filter(|s| counted.contains(&s.claim))
-        .collect()
-}
-
-/// What [`check_successor`] found of a successor document, judged against the document it
-/// continues.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SuccessorCheck {
-    /// The predecessor holds no seal naming the successor yet, or not every change the seal
-    /// covered: judge again once they are here.
-    #[error("the seal naming it, or what the seal covered, is not here yet")]
-    NotYet,
-    /// The seal's claim does not count in the predecessor: whoever sealed was not a router
-    /// there (a claim that skips a term, above the bound, or never written).
-    #[error("its seal's claim {0} does not count in the document it continues")]
-    SealerNotRouter(Claim),
-    /// The successor does not index a task that was live at the seal's heads: following it
-    /// would hide that task.
-    #[error("it drops task {0}, live in the document it continues at the seal")]
-    DropsLive(TaskId),
-}
-
-/// Whether `succ`, a document named `succ_id` that says it continues `prev`, may be
-/// followed: `prev` holds a seal naming it under a claim that counts in `prev` (its router
-/// sealed it), and `succ` indexes every task that was live in `prev` at the seal's heads
-/// (whatever it is now: the verdict is the same at every member holding those heads). A
-/// successor that fails either check is forged (or broken) and never
-/// followed: its seal cannot hide live tasks.
-///
-/// Work: a copy of `prev` at the seal's heads, and the tasks it indexes, one entry read each,
-/// once per successor (the caller keeps the verdict).
-pub fn check_successor(
-    prev: &Automerge,
-    succ: &Automerge,
-    succ_id: &str,
-) -> Result<(), SuccessorCheck> {
-    let Some(seal) = read_seals(prev)
-        .into_iter()
-        .find(|s| s.successor == succ_id)
-    else {
-        return Err(SuccessorCheck::NotYet);
-    };
-    let (counted, _) = crate::view::read_claims(prev);
-    if !counted.contains(&seal.claim) {
-        return Err(SuccessorCheck::SealerNotRouter(seal.claim));
-    }
-    let heads = seal_heads(prev, succ_id)
-        .filter(|h| !h.is_empty())
-        .or_else(|| read_prev(succ).map(|p| p.heads))
-        .unwrap_or_default();
-    if heads.is_empty() || known_heads(prev, &heads).len() < heads.len() {
-        return Err(SuccessorCheck::NotYet);
-    }
-    // The document as the seal saw it: a task live then and final now (here) was live for
-    // the sealer too, and a successor built at the seal's heads indexes it; judging by the
-    // state here would make the verdict depend on how far each member had read.
-    let Ok(at) = prev.fork_at(&heads) else {
-        return Err(SuccessorCheck::NotYet);
-    };
-    for tasks in am::all_objects(&at, &ROOT, keys::TASKS, ObjType::Map) {
-        for item in at.map_range(&tasks, ..) {
-            let task = TaskId::new(item.key.to_string());
-            let live = task_state(&at, &task).is_some_and(|s| !s.is_final());
-            if live && !indexes(succ, &task) {
-                return Err(SuccessorCheck::DropsLive(task));
-            }
-        }
-    }
-    Ok(())
 }

@@ -84,6 +84,7 @@ pub mod beat;
 mod cache;
 mod chain;
 mod config;
+mod ends;
 mod entry;
 pub mod epoch;
 mod ids;
@@ -91,6 +92,7 @@ mod keys;
 mod packed;
 pub mod queue;
 mod read;
+mod successor;
 pub mod task;
 mod view;
 

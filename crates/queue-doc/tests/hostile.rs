@@ -79,7 +79,7 @@ mod successors {
     use automerge::{ActorId, Automerge};
     use piecework_queue_doc::epoch::{self, Rotation, Seal, SuccessorCheck};
     use piecework_queue_doc::queue::{self, Submission};
-    use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId};
+    use piecework_queue_doc::{Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId, ViewCache};
 
     fn submit(doc: &mut Automerge, n: u32) -> TaskId {
         let id = TaskId::new(format!("automerge:t{n}"));
@@ -162,7 +162,7 @@ mod successors {
     fn the_routers_successor_holding_every_live_task_is_followed() {
         let (old, succ, _) = sealed(&Claim::new(1, PeerId::new("r")), None);
         assert_eq!(
-            epoch::check_successor(&old, &succ, "automerge:next"),
+            epoch::check_successor(&old, &mut ViewCache::new(), &succ, "automerge:next"),
             Ok(())
         );
     }
@@ -175,7 +175,7 @@ mod successors {
         let dropped = TaskId::new("automerge:t2");
         let (old, succ, _) = sealed(&Claim::new(1, PeerId::new("r")), Some(&dropped));
         assert_eq!(
-            epoch::check_successor(&old, &succ, "automerge:next"),
+            epoch::check_successor(&old, &mut ViewCache::new(), &succ, "automerge:next"),
             Err(SuccessorCheck::DropsLive(dropped))
         );
     }
@@ -187,28 +187,13 @@ mod successors {
     /// stayed behind: 18 of 500 byzantine seeds never settled).
     #[test]
     fn a_forged_successor_is_refused_even_once_the_task_it_dropped_has_ended() {
-        use piecework_queue_doc::{Assignment, AttemptId, AttemptOutcome, WorkerId};
         let router = Claim::new(1, PeerId::new("r"));
         let dropped = TaskId::new("automerge:t2");
         let (mut old, succ, _) = sealed(&router, Some(&dropped));
-        let attempt = AttemptId {
-            n: 1,
-            claim: router.clone(),
-        };
-        let worker = WorkerId::new(PeerId::new("w"), 0);
-        let assignment = Assignment {
-            task: dropped.clone(),
-            attempt: attempt.clone(),
-            worker: worker.clone(),
-            incarnation: 1,
-        };
-        queue::record_assignments(&mut old, &[assignment], 5).unwrap();
-        queue::record_start(&mut old, &dropped, &attempt, &worker, 1, 6).unwrap();
-        let ok = AttemptOutcome::Succeeded;
-        queue::record_finish(&mut old, &dropped, &attempt, &worker, ok, None, 7).unwrap();
+        end(&mut old, &router, &dropped, 1, 5);
         assert!(epoch::task_state(&old, &dropped).unwrap().is_final());
         assert_eq!(
-            epoch::check_successor(&old, &succ, "automerge:next"),
+            epoch::check_successor(&old, &mut ViewCache::new(), &succ, "automerge:next"),
             Err(SuccessorCheck::DropsLive(dropped))
         );
     }
@@ -220,7 +205,7 @@ mod successors {
         let forged = Claim::new(piecework_queue_doc::MAX_TERM, PeerId::new("x"));
         let (old, succ, _) = sealed(&forged, None);
         assert_eq!(
-            epoch::check_successor(&old, &succ, "automerge:next"),
+            epoch::check_successor(&old, &mut ViewCache::new(), &succ, "automerge:next"),
             Err(SuccessorCheck::SealerNotRouter(forged))
         );
     }
@@ -243,7 +228,7 @@ mod successors {
 
     /// A task this node saw end, whose every document is gone, keeps its end when written
     /// into a branch that shows it live again: the records kept apart from any document
-    /// (`epoch::task_records`) write its end into the other branch's document, and nothing
+    /// (`epoch::TaskEnd`: its entry as read, its outputs) write its end into the other branch's document, and nothing
     /// when that document already has it.
     #[test]
     fn a_kept_end_written_into_a_branch_that_shows_the_task_live_shows_it_ended() {
@@ -270,16 +255,16 @@ mod successors {
         queue::record_start(&mut doc, &task, &attempt, &worker, 1, 3).unwrap();
         let ended = AttemptOutcome::Succeeded;
         queue::record_finish(&mut doc, &task, &attempt, &worker, ended, None, 4).unwrap();
-        let kept = epoch::task_records(&doc, &task);
-        assert!(!kept.is_empty());
-        drop(doc);
         let state = |d: &Automerge| QueueView::read(d).unwrap().task(&task).unwrap().state();
+        let entry = QueueView::read(&doc).unwrap().task(&task).unwrap().clone();
+        let kept = epoch::TaskEnd::new(std::sync::Arc::new(entry), Vec::new());
+        drop(doc);
         assert!(!state(&other).is_final());
-        let written = epoch::write_records(&mut other, &[&kept]).unwrap();
+        let written = epoch::write_ends(&mut other, &[&kept]).unwrap();
         assert!(written > 0);
         assert_eq!(state(&other), TaskState::Succeeded);
         // Nothing newer to write a second time.
-        assert_eq!(epoch::write_records(&mut other, &[&kept]).unwrap(), 0);
+        assert_eq!(epoch::write_ends(&mut other, &[&kept]).unwrap(), 0);
     }
 
     /// A successor whose seal has not arrived is not followed yet (nor refused).
@@ -296,8 +281,105 @@ mod successors {
         )
         .unwrap();
         assert_eq!(
-            epoch::check_successor(&unsealed, &succ, "automerge:next"),
+            epoch::check_successor(&unsealed, &mut ViewCache::new(), &succ, "automerge:next"),
             Err(SuccessorCheck::NotYet)
         );
+    }
+
+    /// Ends `task`'s attempt `n` (assigned, started, succeeded) under `router`, at time `at`.
+    fn end(doc: &mut Automerge, router: &Claim, task: &TaskId, n: u64, at: u64) {
+        use piecework_queue_doc::{Assignment, AttemptId, AttemptOutcome, WorkerId};
+        let attempt = AttemptId {
+            n,
+            claim: router.clone(),
+        };
+        let worker = WorkerId::new(PeerId::new("w"), 0);
+        let assignment = Assignment {
+            task: task.clone(),
+            attempt: attempt.clone(),
+            worker: worker.clone(),
+            incarnation: 1,
+        };
+        queue::record_assignments(doc, &[assignment], at).unwrap();
+        queue::record_start(doc, task, &attempt, &worker, 1, at + 1).unwrap();
+        let ok = AttemptOutcome::Succeeded;
+        queue::record_finish(doc, task, &attempt, &worker, ok, None, at + 2).unwrap();
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(piecework_proptest_config::config(64))]
+
+        /// The check reads a task no write after the seal touched as it reads now, and copies
+        /// the document at the seal's heads only for the others: its verdict is the one a
+        /// copy at the heads gives for every task (the check before, kept here as the
+        /// oracle), whatever ended before the seal, what the successor left out, and what
+        /// ended after it; with a fresh cache and with one read before the late writes.
+        #[test]
+        fn the_successor_check_agrees_with_a_copy_at_the_seals_heads(
+            ended_before in proptest::collection::vec(any::<bool>(), 6),
+            dropped in proptest::collection::vec(any::<bool>(), 6),
+            ended_after in proptest::collection::vec(any::<bool>(), 6),
+        ) {
+            let router = Claim::new(1, PeerId::new("r"));
+            let mut old = Automerge::new().with_actor(ActorId::from(vec![1u8; 16]));
+            queue::create(&mut old, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+            queue::claim_router(&mut old, &router, 1).unwrap();
+            let tasks: Vec<TaskId> = (1..=6).map(|n| submit(&mut old, n)).collect();
+            for (t, e) in tasks.iter().zip(&ended_before) {
+                if *e {
+                    end(&mut old, &router, t, 1, 10);
+                }
+            }
+            // The successor, built from a document without the tasks it leaves out.
+            let mut from = Automerge::new().with_actor(ActorId::from(vec![3u8; 16]));
+            queue::create(&mut from, "q", &QueueConfig::default(), &PeerId::new("s"), 0).unwrap();
+            for (n, (t, d)) in (1..=6).zip(tasks.iter().zip(&dropped)) {
+                if !*d && !QueueView::read(&old).unwrap().task(t).unwrap().state().is_final() {
+                    submit(&mut from, n);
+                }
+            }
+            let view = QueueView::read(&from).unwrap();
+            let mut succ = Automerge::new().with_actor(ActorId::from(vec![2u8; 16]));
+            let origin = QueueId::new("automerge:q0");
+            let rotation = Rotation {
+                origin: &origin,
+                prev: "automerge:q0",
+                successor: "automerge:next",
+                epoch: 1,
+                claim: &router,
+                now_ms: 20,
+            };
+            epoch::build_successor(&from, &view, &mut succ, &rotation).unwrap();
+            let heads = old.get_heads();
+            let seal = Seal {
+                claim: router.clone(),
+                successor: "automerge:next".into(),
+                epoch: 1,
+            };
+            epoch::seal(&mut old, &seal, &heads).unwrap();
+            let mut early = ViewCache::new();
+            early.refresh(&old).unwrap();
+            for (t, e) in tasks.iter().zip(&ended_after) {
+                if *e && !epoch::task_state(&old, t).unwrap().is_final() {
+                    end(&mut old, &router, t, 2, 30);
+                }
+            }
+            let at = old.fork_at(&heads).unwrap();
+            let live_dropped: Vec<TaskId> = tasks
+                .iter()
+                .filter(|t| !epoch::task_state(&at, t).unwrap().is_final())
+                .filter(|t| !epoch::indexes(&succ, t))
+                .cloned()
+                .collect();
+            for cache in [&mut ViewCache::new(), &mut early] {
+                match epoch::check_successor(&old, cache, &succ, "automerge:next") {
+                    Ok(()) => prop_assert!(live_dropped.is_empty()),
+                    Err(SuccessorCheck::DropsLive(t)) => prop_assert!(live_dropped.contains(&t)),
+                    Err(other) => prop_assert!(false, "unexpected {other:?}"),
+                }
+            }
+        }
     }
 }

@@ -275,14 +275,21 @@ impl Core {
         let Some(succ) = self.replica.get(doc) else {
             return false;
         };
-        let Some(prev) = epoch::read_prev(succ)
+        let Some((prev_id, prev)) = epoch::read_prev(succ)
             .and_then(|p| DocId::parse(&p.doc))
-            .and_then(|p| self.replica.get(&p))
-            .filter(|p| !p.get_heads().is_empty())
+            .and_then(|p| Some((p.clone(), self.replica.get(&p)?)))
+            .filter(|(_, p)| !p.get_heads().is_empty())
         else {
             return true;
         };
-        match epoch::check_successor(prev, succ, doc.as_str()) {
+        // The queue's own view cache when the successor continues its document (the usual
+        // move: the refresh is incremental), a whole read otherwise.
+        let mut other = ViewCache::new();
+        let cache = match self.queues.get_mut(id) {
+            Some(q) if q.doc == prev_id => &mut q.cache,
+            _ => &mut other,
+        };
+        match epoch::check_successor(prev, cache, succ, doc.as_str()) {
             Ok(()) => {
                 if let Some(q) = self.queues.get_mut(id) {
                     q.verified.insert(doc.clone());

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::{ActorId, Automerge, ChangeHash};
-use piecework_queue_doc::epoch::{self, Latest, Link, Seal};
+use piecework_queue_doc::epoch::{self, Latest, Link, Seal, TaskEnd};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
     AttemptOutcome, Changed, Claim, Output, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
-    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
+    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue, read_outputs,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};

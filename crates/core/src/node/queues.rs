@@ -232,9 +232,9 @@ impl Core {
         // request only and may leave memory. Only the tasks this refresh changed are looked at
         // (all of them after a whole read).
         let changed_ids = q.cache.take_changed();
-        let changed: Vec<&TaskEntry> = match &changed_ids {
-            Changed::Everything => view.tasks().values().map(|t| &**t).collect(),
-            Changed::Tasks(ids) => ids.iter().filter_map(|id| view.task(id)).collect(),
+        let changed: Vec<&Arc<TaskEntry>> = match &changed_ids {
+            Changed::Everything => view.tasks().values().collect(),
+            Changed::Tasks(ids) => ids.iter().filter_map(|id| view.tasks().get(id)).collect(),
         };
         let mut summarize = Vec::new();
         let mut retired = Vec::new();
@@ -251,18 +251,23 @@ impl Core {
             if before == Some(final_now) {
                 continue;
             }
-            if final_now && let Some(d) = self.replica.get(&q.doc) {
-                self.ends.record(tid.clone(), epoch::task_records(d, tid));
+            // Inline: no task document; its runs' outputs are in the queue document.
+            let outputs = match (final_now && t.input.is_some(), self.replica.get(&q.doc)) {
+                (true, Some(d)) => read_outputs(d, tid),
+                _ => Vec::new(),
+            };
+            if final_now && t.input.is_some() {
+                // Its final status is archived (again after a restart: archiving is
+                // idempotent), to answer once no epoch carries it.
+                let status = status_with_outputs(id, t, &outputs);
+                if let Ok(json) = serde_json::to_vec(&status) {
+                    self.archive.record(tid.clone(), json);
+                }
+            }
+            if final_now {
+                self.ends.record(TaskEnd::new(Arc::clone(t), outputs));
             }
             if t.input.is_some() {
-                // Inline: no task document. Its final status is archived (again after a
-                // restart: archiving is idempotent), to answer once no epoch carries it.
-                if final_now && let Some(d) = self.replica.get(&q.doc) {
-                    let status = inline_status(id, t, d);
-                    if let Ok(json) = serde_json::to_vec(&status) {
-                        self.archive.record(tid.clone(), json);
-                    }
-                }
                 continue;
             }
             let Some(td) = task_doc(tid) else { continue };
@@ -350,8 +355,12 @@ impl Core {
             let found = docs.iter().find_map(|d| {
                 let doc = self.replica.get(d)?;
                 let entry = epoch::task_entry(doc, tid).filter(|t| t.state().is_final())?;
-                self.ends.record(tid.clone(), epoch::task_records(doc, tid));
-                Some(inline_status(id, &entry, doc))
+                Some((entry, read_outputs(doc, tid)))
+            });
+            let found = found.map(|(entry, outputs)| {
+                let status = status_with_outputs(id, &entry, &outputs);
+                self.ends.record(TaskEnd::new(Arc::new(entry), outputs));
+                status
             });
             match found.map(|status| serde_json::to_vec(&status)) {
                 Some(Ok(json)) => self.archive.record(tid.clone(), json),

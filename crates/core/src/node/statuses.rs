@@ -20,9 +20,16 @@ pub(super) const RECENT_ARCHIVED: usize = 4_096;
 /// The status of an inline task from its queue's view and document (its runs' outputs are
 /// read from the document: the view does not keep them).
 pub(super) fn inline_status(queue: &QueueId, t: &TaskEntry, doc: &Automerge) -> api::TaskStatus {
-    let outputs: BTreeMap<AttemptId, Output> = piecework_queue_doc::read_outputs(doc, &t.id)
-        .into_iter()
-        .collect();
+    status_with_outputs(queue, t, &piecework_queue_doc::read_outputs(doc, &t.id))
+}
+
+/// The status of an inline task from its queue's view and its runs' outputs, already read.
+pub(super) fn status_with_outputs(
+    queue: &QueueId,
+    t: &TaskEntry,
+    outputs: &[(AttemptId, Output)],
+) -> api::TaskStatus {
+    let outputs: BTreeMap<&AttemptId, &Output> = outputs.iter().map(|(a, o)| (a, o)).collect();
     let runs: Vec<task::Run> = t
         .attempts
         .iter()

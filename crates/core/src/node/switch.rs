@@ -229,7 +229,7 @@ impl Core {
         if !kept.is_empty() {
             match self
                 .replica
-                .change(to, |into| epoch::write_records(into, &kept))
+                .change(to, |into| epoch::write_ends(into, &kept))
             {
                 Some(Ok(n)) if n > 0 => self.changed(to),
                 Some(Err(e)) => {

@@ -28,7 +28,9 @@ use automerge::{ActorId, Automerge, AutomergeError, ObjType, ROOT, ReadDoc};
 use piecework_core::{Wire, topic_for};
 use piecework_queue_doc::beat::{MAX_POOL_WORKERS, WorkerReport};
 use piecework_queue_doc::epoch::{self, Seal};
-use piecework_queue_doc::{Claim, MAX_TERM, PeerId, QueueId, QueueView, RouterBeat, TaskId};
+use piecework_queue_doc::{
+    Claim, MAX_TERM, PeerId, QueueId, QueueView, RouterBeat, TaskId, ViewCache,
+};
 use piecework_replica::DocId;
 use rand::Rng;
 
@@ -323,7 +325,12 @@ impl World {
         let verdict = core.document(&to).and_then(|succ| {
             let prev = epoch::read_prev(succ).and_then(|p| DocId::parse(&p.doc))?;
             let prev = core.document(&prev)?;
-            Some(epoch::check_successor(prev, succ, to.as_str()))
+            Some(epoch::check_successor(
+                prev,
+                &mut ViewCache::new(),
+                succ,
+                to.as_str(),
+            ))
         });
         if let Some(Err(why)) = verdict {
             self.violate(

@@ -1,7 +1,7 @@
-//! `Ends`: the attempt records of the tasks this node saw end lately, kept in memory. A
-//! sub-machine: its fields are its own. The turn records a task's records when a view first
-//! shows it final; a move to another branch asks for those of the tasks the branch shows live
-//! again. It asks nothing of the others.
+//! `Ends`: the ends of the tasks this node saw end lately (each task's entry as the view read
+//! it, shared with the view, and its inline runs' outputs), kept in memory. A
+//! sub-machine: its fields are its own. The turn records a task's end when a view first shows
+//! it final; a move to another branch asks for those of the tasks the branch shows live again. It asks nothing of the others.
 //!
 //! Why: at a double seal each side's successor drops the tasks that side saw end. If the side
 //! that saw a task end loses, and every document holding the end is deleted
@@ -13,31 +13,34 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use piecework_queue_doc::TaskId;
-use piecework_queue_doc::epoch::TaskRecords;
+use piecework_queue_doc::epoch::TaskEnd;
 
 /// Tasks whose ends are kept: about as many as a queue document holds live at once, several
 /// times over.
 pub(in crate::node) const RECENT_ENDS: usize = 4_096;
-/// Bytes of records kept (inline outputs are the large part; a record over it is not kept).
+/// Bytes of ends kept (inline inputs and outputs are the large part; an end over it is not
+/// kept).
 pub(in crate::node) const RECENT_ENDS_BYTES: usize = 32 * 1024 * 1024;
 
-/// The records of the tasks seen ending lately, oldest forgotten first.
+/// The ends of the tasks seen ending lately, oldest forgotten first.
 #[derive(Debug, Default)]
 pub(in crate::node) struct Ends {
-    records: BTreeMap<TaskId, TaskRecords>,
-    /// `records`' keys, oldest first.
+    ends: BTreeMap<TaskId, TaskEnd>,
+    /// `ends`' keys, oldest first.
     order: VecDeque<TaskId>,
     bytes: usize,
 }
 
 impl Ends {
-    /// Keeps `task`'s records (replacing any kept), forgetting the oldest beyond the bounds.
-    pub(in crate::node) fn record(&mut self, task: TaskId, records: TaskRecords) {
-        let size = records.bytes();
-        if records.is_empty() || size > RECENT_ENDS_BYTES {
+    /// Keeps a task's end (replacing any kept of it), forgetting the oldest beyond the
+    /// bounds. Costs no read of any document: the entry is the view's.
+    pub(in crate::node) fn record(&mut self, end: TaskEnd) {
+        let size = end.bytes();
+        if size > RECENT_ENDS_BYTES {
             return;
         }
-        match self.records.insert(task.clone(), records) {
+        let task = end.entry().id.clone();
+        match self.ends.insert(task.clone(), end) {
             Some(old) => self.bytes -= old.bytes(),
             None => self.order.push_back(task),
         }
@@ -46,27 +49,78 @@ impl Ends {
             let Some(t) = self.order.pop_front() else {
                 break;
             };
-            if let Some(r) = self.records.remove(&t) {
+            if let Some(r) = self.ends.remove(&t) {
                 self.bytes -= r.bytes();
             }
         }
     }
 
-    /// The records kept of `task`, if any.
-    pub(in crate::node) fn get(&self, task: &TaskId) -> Option<&TaskRecords> {
-        self.records.get(task)
+    /// The end kept of `task`, if any.
+    pub(in crate::node) fn get(&self, task: &TaskId) -> Option<&TaskEnd> {
+        self.ends.get(task)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use piecework_queue_doc::{PeerId, TaskEntry};
+
     use super::*;
 
+    fn end(id: &str, input: usize) -> TaskEnd {
+        let entry = TaskEntry {
+            id: TaskId::new(id),
+            kind: "k".into(),
+            submitted_at: 0,
+            submitter: PeerId::new("s"),
+            priority: 0,
+            urgent: false,
+            max_attempts: 1,
+            attempts: Vec::new(),
+            input_seen: 0,
+            input: (input > 0).then(|| "x".repeat(input)),
+        };
+        TaskEnd::new(Arc::new(entry), Vec::new())
+    }
+
     #[test]
-    fn empty_records_are_not_kept() {
+    fn the_oldest_end_is_forgotten_past_the_count() {
         let mut e = Ends::default();
-        e.record(TaskId::new("a"), TaskRecords::default());
-        assert!(e.get(&TaskId::new("a")).is_none());
-        assert_eq!(e.bytes, 0);
+        for i in 0..=RECENT_ENDS {
+            e.record(end(&format!("t{i}"), 0));
+        }
+        assert!(e.get(&TaskId::new("t0")).is_none());
+        assert!(e.get(&TaskId::new("t1")).is_some());
+        assert!(e.get(&TaskId::new(format!("t{RECENT_ENDS}"))).is_some());
+        assert_eq!(e.ends.len(), RECENT_ENDS);
+        let bytes: usize = e.ends.values().map(TaskEnd::bytes).sum();
+        assert_eq!(e.bytes, bytes);
+    }
+
+    #[test]
+    fn ends_past_the_bytes_are_forgotten_and_one_too_large_is_not_kept() {
+        let mut e = Ends::default();
+        let big = RECENT_ENDS_BYTES / 3;
+        for i in 0..4 {
+            e.record(end(&format!("t{i}"), big));
+        }
+        assert!(e.get(&TaskId::new("t0")).is_none());
+        assert!(e.get(&TaskId::new("t3")).is_some());
+        assert!(e.bytes <= RECENT_ENDS_BYTES);
+        e.record(end("huge", RECENT_ENDS_BYTES + 1));
+        assert!(e.get(&TaskId::new("huge")).is_none());
+        assert!(e.get(&TaskId::new("t3")).is_some());
+    }
+
+    #[test]
+    fn a_second_end_of_a_task_replaces_the_first() {
+        let mut e = Ends::default();
+        e.record(end("t", 10));
+        e.record(end("t", 100));
+        assert_eq!(e.ends.len(), 1);
+        assert_eq!(e.order.len(), 1);
+        assert_eq!(e.bytes, end("t", 100).bytes());
     }
 }

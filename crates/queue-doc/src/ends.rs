@@ -1,0 +1,157 @@
+//! A task's end kept apart from any document ([`TaskEnd`]), and its writing back into a
+//! queue document ([`write_ends`]).
+//!
+//! A node keeps the ends of the tasks it saw end, to write them into a branch that shows such
+//! a task live again once every document that held its end is deleted (the other side of a
+//! double seal, say). What is kept is the task's entry as the view read it (shared with the
+//! view: keeping it copies nothing) and its inline runs' outputs; the records written are the
+//! ones a successor is built with (`epoch::build_successor`), each only where it is newer than
+//! the document's own, as a carry writes them.
+
+use std::sync::Arc;
+
+use automerge::transaction::Transactable;
+use automerge::{Automerge, ObjType, ROOT};
+
+use crate::am;
+use crate::entry::TaskEntry;
+use crate::epoch::{CARRIED, attempt_value};
+use crate::ids::AttemptId;
+use crate::keys;
+use crate::packed::{self, Output};
+use crate::queue::WriteError;
+
+/// A task's end as this node saw it: its entry and the outputs of its inline runs.
+#[derive(Clone, Debug)]
+pub struct TaskEnd {
+    entry: Arc<TaskEntry>,
+    outputs: Vec<(AttemptId, Output)>,
+}
+
+impl TaskEnd {
+    /// The end of `entry`'s task, with its inline runs' `outputs` (see
+    /// [`crate::read_outputs`]; none for a task with a task document).
+    pub fn new(entry: Arc<TaskEntry>, outputs: Vec<(AttemptId, Output)>) -> Self {
+        TaskEnd { entry, outputs }
+    }
+
+    /// The entry kept.
+    pub fn entry(&self) -> &TaskEntry {
+        &self.entry
+    }
+
+    /// About how many bytes it keeps in memory (the entry counted whole, though the view may
+    /// share it).
+    pub fn bytes(&self) -> usize {
+        let e = &self.entry;
+        let entry = 128
+            + e.id.as_str().len()
+            + e.kind.len()
+            + e.input.as_ref().map_or(0, String::len)
+            + e.attempts.len() * 160;
+        let outputs: usize = self
+            .outputs
+            .iter()
+            .map(|(_, o)| {
+                48 + o.result.as_ref().map_or(0, String::len)
+                    + o.logs.iter().map(String::len).sum::<usize>()
+            })
+            .sum();
+        entry + outputs
+    }
+
+    /// The records it writes: (index in `CARRIED`, attempt key, packed value).
+    fn records(&self) -> impl Iterator<Item = (usize, String, String)> + '_ {
+        let task = &self.entry.id;
+        self.entry.attempts.iter().flat_map(move |a| {
+            let key = packed::attempt_key(task, &a.id);
+            let assigned = packed::Assigned {
+                w: a.worker.to_string(),
+                i: a.pool_incarnation,
+                a: a.assigned_at,
+            };
+            let started = a.started.as_ref().map(|s| packed::Start {
+                a: s.at,
+                i: s.incarnation,
+            });
+            let ended = a.finished.as_ref().map(packed::End::of);
+            let output = self
+                .outputs
+                .iter()
+                .find(|(id, _)| *id == a.id)
+                .map(|(_, o)| o);
+            [
+                Some((1, packed::encode(&assigned))),
+                started.map(|s| (2, packed::encode(&s))),
+                ended.map(|e| (3, packed::encode(&e))),
+                output.map(|o| (5, packed::encode(o))),
+            ]
+            .into_iter()
+            .flatten()
+            .map(move |(i, v)| (i, key.clone(), v))
+        })
+    }
+}
+
+/// Writes into `into` each kept record newer than `into`'s (an assignment or output `into`
+/// lacks, a later start or end); how many. One change, none if nothing is new.
+///
+/// # Errors
+/// `into` is not a queue document, or Automerge refuses a write.
+pub fn write_ends(into: &mut Automerge, ends: &[&TaskEnd]) -> Result<usize, WriteError> {
+    let mut writes = 0;
+    into.transact(|tx| {
+        if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
+            return Err(WriteError::NotAQueue);
+        }
+        for (i, key, theirs) in ends.iter().flat_map(|e| e.records()) {
+            let Some(v) = attempt_value(i, std::iter::once(theirs), tx, &key) else {
+                continue;
+            };
+            let target = match am::object(tx, &ROOT, CARRIED[i], ObjType::Map) {
+                Some(m) => m,
+                None => tx.put_object(ROOT, CARRIED[i], ObjType::Map)?,
+            };
+            tx.put(&target, key.as_str(), v)?;
+            writes += 1;
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Claim, PeerId, TaskId};
+
+    #[test]
+    fn a_task_end_counts_its_input_and_outputs() {
+        let entry = |input: Option<String>| TaskEntry {
+            id: TaskId::new("t"),
+            kind: "k".into(),
+            submitted_at: 0,
+            submitter: PeerId::new("s"),
+            priority: 0,
+            urgent: false,
+            max_attempts: 1,
+            attempts: Vec::new(),
+            input_seen: 0,
+            input,
+        };
+        let bare = TaskEnd::new(Arc::new(entry(None)), Vec::new());
+        let with_input = TaskEnd::new(Arc::new(entry(Some("x".repeat(1000)))), Vec::new());
+        assert_eq!(with_input.bytes(), bare.bytes() + 1000);
+        let id = AttemptId {
+            n: 1,
+            claim: Claim::new(1, PeerId::new("r")),
+        };
+        let out = Output {
+            result: Some("y".repeat(500)),
+            logs: vec!["z".repeat(250)],
+        };
+        let with_output = TaskEnd::new(Arc::new(entry(None)), vec![(id, out)]);
+        assert!(with_output.bytes() >= bare.bytes() + 750);
+    }
+}
