@@ -89,6 +89,7 @@ mod chunks;
 mod ids;
 mod load;
 mod message;
+mod receive;
 mod replica;
 #[cfg(any(test, feature = "test-support"))]
 mod test_support;

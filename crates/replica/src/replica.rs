@@ -922,8 +922,8 @@ impl Replica {
             empty_queue(e);
             checked = crate::validate::check_changes(&e.doc, msg.changes.iter(), &[]);
         }
-        let waiting = match checked {
-            Ok(c) => c.waiting,
+        let (waiting, parsed) = match checked {
+            Ok(c) => (c.waiting, c.parsed),
             Err(refused) => {
                 e.peers.remove(peer);
                 self.forget_parts(id, Some(peer));
@@ -936,7 +936,10 @@ impl Replica {
         };
         let before = e.doc.get_heads();
         let state = e.peers.entry(peer.clone()).or_default();
-        let received = e.doc.receive_sync_message(state, msg);
+        let received = match parsed {
+            Some(changes) => crate::receive::receive_parsed(&mut e.doc, state, msg, changes),
+            None => e.doc.receive_sync_message(state, msg),
+        };
         if keep_aside(e, peer, waiting) {
             self.events.push_back(Event::Rejected {
                 peer: peer.clone(),

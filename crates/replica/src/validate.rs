@@ -22,9 +22,10 @@
 //! with the message that brings their dependencies. If one fails then, Automerge's queue is
 //! emptied (the document is rebuilt from its applied changes) and the message goes on.
 //!
-//! Work: each change parsed once more than Automerge does, one lookup per dependency and per
-//! actor named, for the message's changes and those kept aside (bounded by
-//! `MAX_ASIDE_BYTES`).
+//! Work: each change parsed once (Automerge then applies the parsed changes, see `receive`;
+//! a message holding a document, a bundle or a bad checksum is parsed again by Automerge's own
+//! loading), one lookup per dependency and per actor named, for the message's changes and
+//! those kept aside (bounded by `MAX_ASIDE_BYTES`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,6 +67,12 @@ pub(crate) struct Checked {
     /// Its changes Automerge will keep aside, waiting for a dependency: the caller keeps a
     /// copy, to check them when that arrives (see [`check_changes`]).
     pub(crate) waiting: Vec<Change>,
+    /// Every change of the message that the document lacks, parsed, in the message's order,
+    /// when the message holds change chunks only, each with a valid checksum: what
+    /// [`crate::receive::receive_parsed`] applies without parsing them again. `None` for a
+    /// message with a document or a bundle in it, or a bad checksum (Automerge's own loading
+    /// then decides what to keep).
+    pub(crate) parsed: Option<Vec<Change>>,
 }
 
 /// Why a message is refused, and whether a change kept aside is to blame.
@@ -94,14 +101,18 @@ pub(crate) fn check_changes<'a>(
     let refuse = |why| Refused { why, aside: None };
     let mut incoming: Vec<Change> = Vec::new();
     let mut seen: BTreeSet<ChangeHash> = BTreeSet::new();
+    let mut only_changes = true;
     for entry in entries {
         for chunk in chunks::chunks(entry) {
             let chunk = chunk.map_err(|_| refuse(Invalid::Undecodable))?;
             if !matches!(chunk.kind, Kind::Change | Kind::Compressed) {
+                only_changes = false;
                 continue;
             }
             let change = parse(chunk.bytes).map_err(refuse)?;
             let hash = change.hash();
+            // The header's checksum is the first four bytes of the change's hash.
+            only_changes &= chunk.bytes.get(4..8) == hash.as_ref().get(..4);
             if !seen.insert(hash) || doc.get_change_meta_by_hash(&hash).is_some() {
                 // Automerge skips a change it has.
                 continue;
@@ -164,10 +175,14 @@ pub(crate) fn check_changes<'a>(
         }
     }
     let waiting = incoming
-        .into_iter()
+        .iter()
         .filter(|c| !ready.contains_key(&c.hash()))
+        .cloned()
         .collect();
-    Ok(Checked { waiting })
+    Ok(Checked {
+        waiting,
+        parsed: only_changes.then_some(incoming),
+    })
 }
 
 /// A change's own operation counters: below `u32::MAX`. Those it names (its objects, list

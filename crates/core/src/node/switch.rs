@@ -195,13 +195,14 @@ impl Core {
     /// first of all), before any view of `to` is read. `to`'s branch may lack the end (its
     /// copy of a document both branches share stopped before it, or the task was brought in
     /// by a carrier that held less); this node's view must not go back to live. The carries
-    /// that follow would bring it too, but only in later turns. A sideways move is rare; this
-    /// reads `to` whole and each live task's entry in each sealed document held.
+    /// that follow would bring it too, but only in later turns. This reads `to` through the
+    /// queue's view cache (the read every later turn starts from) and each live task's entry
+    /// in each sealed document held.
     pub(super) fn keep_ends(&mut self, id: &QueueId, to: &DocId) {
-        let Some(q) = self.queues.get(id) else {
+        let Some(q) = self.queues.get_mut(id) else {
             return;
         };
-        let Some(live) = self.replica.get(to).and_then(QueueView::read).map(|v| {
+        let Some(live) = self.replica.get(to).and_then(|d| q.cache.refresh(d)).map(|v| {
             v.tasks()
                 .values()
                 .filter(|t| !t.state().is_final())
