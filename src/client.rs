@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use piecework_node::api;
-use piecework_queue_doc::{QueueConfig, QueueId, TaskId};
+use piecework_queue_doc::{ConfigPatch, QueueConfig, QueueId, TaskId};
 use serde::de::DeserializeOwned;
 
 /// A node's API at a base URL such as `http://127.0.0.1:7700`.
@@ -107,6 +107,36 @@ impl Client {
             )
             .await?;
         Ok(c.queue_id)
+    }
+
+    /// A joined queue's status.
+    pub async fn queue_status(&self, id: &QueueId) -> anyhow::Result<api::QueueStatus> {
+        self.get(&format!("/v1/queues/{id}"), Duration::from_secs(10))
+            .await
+    }
+
+    /// Pauses (`true`) or resumes a queue's routing; its status after.
+    pub async fn set_paused(&self, id: &QueueId, paused: bool) -> anyhow::Result<api::QueueStatus> {
+        let verb = if paused { "pause" } else { "resume" };
+        self.post(&format!("/v1/queues/{id}/{verb}"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Changes some of a queue's configuration fields; its status after.
+    pub async fn set_config(
+        &self,
+        id: &QueueId,
+        patch: &ConfigPatch,
+    ) -> anyhow::Result<api::QueueStatus> {
+        let resp = self
+            .http
+            .patch(format!("{}/v1/queues/{id}/config", self.base))
+            .timeout(Duration::from_secs(30))
+            .json(patch)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
     }
 
     /// Joins a queue.

@@ -8,7 +8,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use piecework::client::Client;
 use piecework::node::{self, Multiaddr, api};
-use piecework::queue_doc::{QueueId, TaskId, TaskState};
+use piecework::queue_doc::{ConfigPatch, Order, QueueConfig, QueueId, TaskId, TaskState};
 
 /// A peer-to-peer task queue: tasks in Automerge documents, routers that take over.
 #[derive(Parser, Debug)]
@@ -171,10 +171,65 @@ enum Command {
 
 #[derive(Subcommand, Debug)]
 enum QueueCommand {
-    /// Create a queue; prints its id.
+    /// Create a queue; prints its id. Unset options take the defaults (`queue status` shows
+    /// them).
     Create {
         /// The queue's name.
         name: String,
+        /// Which of two tasks of equal priority runs first: fifo (oldest) or lifo (newest).
+        #[arg(long, value_parser = parse_order)]
+        order: Option<Order>,
+        /// At most this many tasks assigned or running at once across the queue (0: no limit).
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// At most one task start per this interval across the queue (`500ms`, `2s`; 0s: no
+        /// limit).
+        #[arg(long, value_parser = parse_duration_ms)]
+        rate_interval: Option<u64>,
+        /// A task whose worker's pool has been silent this long is routed again (`10s`).
+        #[arg(long, value_parser = parse_duration_ms)]
+        lease: Option<u64>,
+        /// Failed attempts after which a task fails for good.
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a joined queue's status: router, members, task counts, configuration.
+    Status {
+        /// The queue's id.
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pause routing, for every member (any member can resume it).
+    Pause {
+        /// The queue's id.
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resume routing.
+    Resume {
+        /// The queue's id.
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a queue's configuration, or change some of its fields for every member.
+    Config {
+        /// The queue's id.
+        queue_id: String,
+        /// A field to change, as FIELD=VALUE (repeatable): order=lifo|fifo, concurrency=N,
+        /// max_attempts=N, and the durations rate_interval, lease, retry_backoff,
+        /// retry_backoff_max, heartbeat, takeover_after, settle, pool_heartbeat (`30s`, `5m`,
+        /// `250ms`).
+        #[arg(long = "set", value_name = "FIELD=VALUE")]
+        set: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -369,12 +424,59 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Queue { command } => {
             let client = Client::new(&cli.node)?;
             match command {
-                QueueCommand::Create { name, json } => {
-                    let id = client.create_queue(&name, None).await?;
+                QueueCommand::Create {
+                    name,
+                    order,
+                    concurrency,
+                    rate_interval,
+                    lease,
+                    max_attempts,
+                    json,
+                } => {
+                    let patch = ConfigPatch {
+                        order,
+                        concurrency,
+                        rate_interval_ms: rate_interval,
+                        lease_ms: lease,
+                        max_attempts,
+                        ..ConfigPatch::default()
+                    };
+                    let config = (!patch.is_empty()).then(|| patch.apply(&QueueConfig::default()));
+                    let id = client.create_queue(&name, config).await?;
                     if json {
                         print_json(&api::Created { queue_id: id })
                     } else {
                         println!("{id}");
+                        Ok(())
+                    }
+                }
+                QueueCommand::Status { queue_id, json } => {
+                    let q = client.queue_status(&QueueId::new(queue_id)).await?;
+                    print_queue(&q, json)
+                }
+                QueueCommand::Pause { queue_id, json } => {
+                    let q = client.set_paused(&QueueId::new(queue_id), true).await?;
+                    print_queue(&q, json)
+                }
+                QueueCommand::Resume { queue_id, json } => {
+                    let q = client.set_paused(&QueueId::new(queue_id), false).await?;
+                    print_queue(&q, json)
+                }
+                QueueCommand::Config {
+                    queue_id,
+                    set,
+                    json,
+                } => {
+                    let id = QueueId::new(queue_id);
+                    let q = if set.is_empty() {
+                        client.queue_status(&id).await?
+                    } else {
+                        client.set_config(&id, &config_patch(&set)?).await?
+                    };
+                    if json {
+                        print_json(&q.config)
+                    } else {
+                        print_config(&q.config);
                         Ok(())
                     }
                 }
@@ -773,3 +875,120 @@ fn fix_mmap_threshold() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn fix_mmap_threshold() {}
+
+/// `lifo` or `fifo`.
+fn parse_order(s: &str) -> Result<Order, String> {
+    match s {
+        "fifo" => Ok(Order::Fifo),
+        "lifo" => Ok(Order::Lifo),
+        _ => Err(format!("{s:?} is not an order: use fifo or lifo")),
+    }
+}
+
+/// A duration in humantime form (`30s`, `5m`, `250ms`), in milliseconds.
+fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration such as 30s, 5m or 250ms: {e}"))?;
+    u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too long"))
+}
+
+/// `queue config --set` arguments as a configuration change.
+fn config_patch(set: &[String]) -> anyhow::Result<ConfigPatch> {
+    const DURATIONS: [&str; 8] = [
+        "rate_interval",
+        "lease",
+        "retry_backoff",
+        "retry_backoff_max",
+        "heartbeat",
+        "takeover_after",
+        "settle",
+        "pool_heartbeat",
+    ];
+    let mut fields = serde_json::Map::new();
+    for arg in set {
+        let Some((field, value)) = arg.split_once('=') else {
+            bail!("--set {arg:?}: expected FIELD=VALUE, such as concurrency=4 or lease=30s");
+        };
+        let (key, value) = match field {
+            "order" => (
+                field.to_owned(),
+                serde_json::json!(parse_order(value).map_err(anyhow::Error::msg)?),
+            ),
+            "concurrency" | "max_attempts" => {
+                (
+                    field.to_owned(),
+                    serde_json::json!(value.parse::<u32>().with_context(|| format!(
+                        "--set {field}: {value:?} is not a whole number"
+                    ))?),
+                )
+            }
+            d if DURATIONS.contains(&d) => (
+                format!("{d}_ms"),
+                serde_json::json!(
+                    parse_duration_ms(value).map_err(|e| anyhow::anyhow!("--set {d}: {e}"))?
+                ),
+            ),
+            other => bail!(
+                "--set {other:?}: not a configuration field (order, concurrency, max_attempts, {})",
+                DURATIONS.join(", ")
+            ),
+        };
+        fields.insert(key, value);
+    }
+    Ok(serde_json::from_value(serde_json::Value::Object(fields))?)
+}
+
+/// A queue's status, as JSON or as lines.
+fn print_queue(q: &api::QueueStatus, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(q);
+    }
+    println!("queue {} ({})", q.name, q.id);
+    println!(
+        "router {} (this node: {}), {} members, epoch {}{}",
+        q.router.as_ref().map_or("-".into(), ToString::to_string),
+        q.role,
+        q.members,
+        q.epoch,
+        if q.paused { ", paused" } else { "" }
+    );
+    let t = &q.tasks;
+    println!(
+        "tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed, {} input unavailable",
+        t.pending, t.assigned, t.running, t.succeeded, t.failed, t.input_unavailable
+    );
+    print_config(&q.config);
+    Ok(())
+}
+
+fn print_config(c: &QueueConfig) {
+    let d = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
+    println!(
+        "order {}, concurrency {}, rate interval {}, lease {}, max attempts {}, retry backoff {} up to {}",
+        match c.order {
+            Order::Fifo => "fifo",
+            Order::Lifo => "lifo",
+        },
+        if c.concurrency == 0 {
+            "unlimited".to_owned()
+        } else {
+            c.concurrency.to_string()
+        },
+        if c.rate_interval_ms == 0 {
+            "none".to_owned()
+        } else {
+            d(c.rate_interval_ms)
+        },
+        d(c.lease_ms),
+        c.max_attempts,
+        d(c.retry_backoff_ms),
+        d(c.retry_backoff_max_ms),
+    );
+    println!(
+        "heartbeat {}, takeover after {}, settle {}, pool heartbeat {}",
+        d(c.heartbeat_ms),
+        d(c.takeover_after_ms),
+        d(c.settle_ms),
+        d(c.pool_heartbeat_ms)
+    );
+}

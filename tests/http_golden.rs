@@ -368,6 +368,69 @@ fn steps() -> Vec<Step> {
         }))
         .capture("queue_id", "<queue:configured>")
         .into(),
+        Step::Settle(Settle::RouterActive("<queue:configured>")),
+        // GET /v1/queues/{id}
+        case("queue_status", "a joined queue's status")
+            .get("/v1/queues/<queue:configured>")
+            .into(),
+        case("queue_status_unknown", "a queue this node has not joined")
+            .get("/v1/queues/<unknown-id>")
+            .into(),
+        // POST /v1/queues/{id}/pause and /resume
+        case("pause_queue", "pausing a queue's routing")
+            .post("/v1/queues/<queue:configured>/pause")
+            .into(),
+        case("resume_queue", "resuming it")
+            .post("/v1/queues/<queue:configured>/resume")
+            .into(),
+        case(
+            "pause_unknown_queue",
+            "pausing a queue this node has not joined",
+        )
+        .post("/v1/queues/<unknown-id>/pause")
+        .into(),
+        // PATCH /v1/queues/{id}/config
+        case(
+            "config_patch",
+            "changing some fields of a queue's configuration; the others keep their values",
+        )
+        .patch("/v1/queues/<queue:configured>/config")
+        .json(json!({ "concurrency": 3, "lease_ms": 20000, "order": "fifo" }))
+        .into(),
+        case(
+            "config_patch_invalid",
+            "a change that gives a configuration that cannot work: nothing is written",
+        )
+        .patch("/v1/queues/<queue:configured>/config")
+        .json(json!({ "concurrency": 4, "lease_ms": 1 }))
+        .into(),
+        case(
+            "config_patch_unknown_field",
+            "a field the configuration does not have (axum's rejection)",
+        )
+        .patch("/v1/queues/<queue:configured>/config")
+        .json(json!({ "colour": "blue" }))
+        .into(),
+        case(
+            "config_patch_wrong_type",
+            "a field of the wrong type (axum's rejection)",
+        )
+        .patch("/v1/queues/<queue:configured>/config")
+        .json(json!({ "concurrency": "many" }))
+        .into(),
+        case(
+            "config_patch_unknown_queue",
+            "a queue this node has not joined",
+        )
+        .patch("/v1/queues/<unknown-id>/config")
+        .json(json!({ "concurrency": 3 }))
+        .into(),
+        case(
+            "queue_status_after_changes",
+            "the queue after a pause, a resume and a configuration change",
+        )
+        .get("/v1/queues/<queue:configured>")
+        .into(),
     ]
 }
 
@@ -440,6 +503,12 @@ impl Case {
 
     fn post(mut self, path: &'static str) -> Self {
         self.method = "POST";
+        self.path = path;
+        self
+    }
+
+    fn patch(mut self, path: &'static str) -> Self {
+        self.method = "PATCH";
         self.path = path;
         self
     }

@@ -226,6 +226,10 @@ pub enum QueueError {
     /// The document could not be written.
     #[error(transparent)]
     Write(#[from] queue::WriteError),
+    /// A configuration change would give a configuration that cannot work; nothing was
+    /// written.
+    #[error("invalid queue configuration: {0}")]
+    InvalidConfig(piecework_queue_doc::ConfigError),
     /// Too many requests are waiting on this node.
     #[error("the node is busy: {0} requests are waiting already")]
     Busy(usize),
@@ -333,4 +337,13 @@ pub struct StopReport {
     pub runs_interrupted: usize,
     /// Documents whose last changes could not be written (a failing disk): 0 on a clean stop.
     pub unsaved_documents: usize,
+}
+
+impl From<piecework_queue_doc::SetConfigError> for QueueError {
+    fn from(e: piecework_queue_doc::SetConfigError) -> Self {
+        match e {
+            piecework_queue_doc::SetConfigError::Invalid(c) => QueueError::InvalidConfig(c),
+            piecework_queue_doc::SetConfigError::Write(w) => QueueError::Write(w),
+        }
+    }
 }

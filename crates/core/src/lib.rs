@@ -393,6 +393,13 @@ pub enum Command {
         /// Paused or not.
         paused: bool,
     },
+    /// Change some fields of a queue's configuration: [`Reply::Configured`].
+    SetConfig {
+        /// The queue.
+        queue: QueueId,
+        /// The fields to set.
+        patch: piecework_queue_doc::ConfigPatch,
+    },
     /// Submit a task: [`Reply::Submitted`].
     Submit {
         /// The queue.
@@ -444,8 +451,10 @@ pub enum Reply {
     Created(Result<QueueId, api::QueueError>),
     /// To [`Command::JoinQueue`].
     Joined(Result<Arc<QueueView>, api::QueueError>),
-    /// To [`Command::SetPaused`].
-    Paused(Result<(), api::QueueError>),
+    /// To [`Command::SetPaused`]: the queue's status once written.
+    Paused(Result<api::QueueStatus, api::QueueError>),
+    /// To [`Command::SetConfig`]: the queue's status once written.
+    Configured(Result<api::QueueStatus, api::QueueError>),
     /// To [`Command::Submit`].
     Submitted(Result<api::Submitted, api::SubmitError>),
     /// To [`Command::SubmitMany`]: one entry per task, in order, unless the whole batch was

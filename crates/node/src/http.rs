@@ -8,6 +8,10 @@
 //! | `POST /v1/queues/{id}/join` | | [`api::QueueStatus`] |
 //! | `POST /v1/queues/{id}/tasks` | [`api::SubmitTask`] | [`api::Submitted`] |
 //! | `POST /v1/queues/{id}/tasks` | an array of [`api::SubmitTask`] | an array of [`api::BatchEntry`]: `{index, task_id, replicated}` or `{index, error}` |
+//! | `GET /v1/queues/{id}` | | [`api::QueueStatus`] |
+//! | `POST /v1/queues/{id}/pause` | | [`api::QueueStatus`] |
+//! | `POST /v1/queues/{id}/resume` | | [`api::QueueStatus`] |
+//! | `PATCH /v1/queues/{id}/config` | any subset of [`api::QueueStatus`]'s `config` fields | [`api::QueueStatus`] |
 //! | `GET /v1/tasks/{id}` | | [`api::TaskStatus`] |
 //! | `GET /v1/tasks/{id}/wait?timeout_ms=N` | | [`api::TaskStatus`] once final; 408 after N ms (at most 60 000) |
 //!
@@ -26,7 +30,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, patch, post};
 use axum::{Json, Router};
 use piecework_queue_doc::{QueueId, TaskId};
 use serde::Deserialize;
@@ -62,7 +66,9 @@ impl From<QueryRejection> for ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         let code = match e {
-            QueueError::BadId(_) | QueueError::Create(_) => StatusCode::BAD_REQUEST,
+            QueueError::BadId(_) | QueueError::Create(_) | QueueError::InvalidConfig(_) => {
+                StatusCode::BAD_REQUEST
+            }
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
@@ -115,7 +121,11 @@ pub fn router(node: NodeHandle) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/queues", post(create_queue))
+        .route("/v1/queues/{id}", get(queue_status))
         .route("/v1/queues/{id}/join", post(join_queue))
+        .route("/v1/queues/{id}/pause", post(pause))
+        .route("/v1/queues/{id}/resume", post(resume))
+        .route("/v1/queues/{id}/config", patch(set_config))
         .route("/v1/queues/{id}/tasks", post(submit))
         .route("/v1/tasks/{id}", get(task_status))
         .route("/v1/tasks/{id}/wait", get(wait_task))
@@ -165,6 +175,36 @@ async fn join_queue(
             )
         })?;
     Ok(Json(q))
+}
+
+async fn queue_status(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    Ok(Json(node.queue_status(&QueueId::new(id)).await?))
+}
+
+async fn pause(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    Ok(Json(node.set_paused(&QueueId::new(id), true).await?))
+}
+
+async fn resume(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    Ok(Json(node.set_paused(&QueueId::new(id), false).await?))
+}
+
+async fn set_config(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+    body: Result<Json<piecework_queue_doc::ConfigPatch>, JsonRejection>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    let Json(patch) = body?;
+    Ok(Json(node.set_config(&QueueId::new(id), patch).await?))
 }
 
 async fn submit(

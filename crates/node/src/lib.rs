@@ -541,8 +541,13 @@ impl NodeHandle {
         }
     }
 
-    /// Pauses (or resumes) routing of a queue, for every router.
-    pub async fn set_paused(&self, queue: &QueueId, paused: bool) -> Result<(), QueueError> {
+    /// Pauses (or resumes) routing of a queue, for every router: written into the queue
+    /// document, so any member can pause and any other resume. Returns the queue's status.
+    pub async fn set_paused(
+        &self,
+        queue: &QueueId,
+        paused: bool,
+    ) -> Result<api::QueueStatus, QueueError> {
         let command = Command::SetPaused {
             queue: queue.clone(),
             paused,
@@ -551,6 +556,36 @@ impl NodeHandle {
             Some(Reply::Paused(r)) => r,
             _ => Err(QueueError::Ended(self.ended())),
         }
+    }
+
+    /// Changes the fields of a queue's configuration that `patch` names, for every member, once
+    /// the configuration they give is valid ([`QueueError::InvalidConfig`] otherwise, and
+    /// nothing is written). Returns the queue's status.
+    pub async fn set_config(
+        &self,
+        queue: &QueueId,
+        patch: piecework_queue_doc::ConfigPatch,
+    ) -> Result<api::QueueStatus, QueueError> {
+        let command = Command::SetConfig {
+            queue: queue.clone(),
+            patch,
+        };
+        match self.ask(command).await {
+            Some(Reply::Configured(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// The status of a queue this node has joined.
+    pub async fn queue_status(&self, queue: &QueueId) -> Result<api::QueueStatus, QueueError> {
+        let Some(Reply::Status(status)) = self.ask(Command::Status).await else {
+            return Err(QueueError::Ended(self.ended()));
+        };
+        status
+            .queues
+            .into_iter()
+            .find(|q| q.id == *queue)
+            .ok_or_else(|| QueueError::NotJoined(queue.clone()))
     }
 
     /// Submits a task: creates its task document and indexes it in the queue. Returns once both

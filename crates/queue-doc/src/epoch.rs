@@ -45,6 +45,7 @@ use crate::queue::{WriteError, write_config, write_member};
 use crate::read::{
     finished_of, later_finish, packed_finished, packed_started, packed_values, started_of,
 };
+use crate::settings;
 use crate::view::{QueueView, StateCounts};
 
 pub use crate::chain::{
@@ -403,7 +404,8 @@ pub fn build_successor(
         tx.put(ROOT, LINEAGE, lineage.as_str())?;
         tx.put(ROOT, RETIRED, retired.as_str())?;
         write_covers(tx, &covers)?;
-        write_config(tx, &view.config)?;
+        let config = write_config(tx, &view.config)?;
+        settings::copy_times(old, tx, &config)?;
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         for (peer, m) in &view.members {
             write_member(tx, &members, peer, &m.addrs, r.now_ms)?;
@@ -752,6 +754,13 @@ pub fn carry_covering(
         .filter_map(key_of)
         .collect();
     let mut covers_touched = false;
+    // The settings (the pause flag, the config's fields): carried as registers if one of the
+    // changes wrote there (see `settings`).
+    let config_maps: HashSet<ObjKey> = am::all_objects(from, &ROOT, keys::CONFIG, ObjType::Map)
+        .iter()
+        .filter_map(key_of)
+        .collect();
+    let mut settings_touched = false;
     let mut looked = Cover::default();
     for change in &changes {
         if let Some((_, epoch)) = cover {
@@ -773,7 +782,14 @@ pub fn carry_covering(
                         router_touched = true;
                     } else if cover_maps.contains(&k) {
                         covers_touched = true;
+                    } else if config_maps.contains(&k) {
+                        settings_touched = true;
                     }
+                }
+                (ObjectId::Root, Key::Map(key))
+                    if key == keys::PAUSED || key == settings::PAUSED_AT || key == keys::CONFIG =>
+                {
+                    settings_touched = true
                 }
                 (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER || key == keys::CLAIMS => {
                     router_touched = true
@@ -795,7 +811,7 @@ pub fn carry_covering(
         .then(|| carried_claim(from, &*into))
         .flatten()
         .filter(|c| effective_claim(into).is_none_or(|m| *c > m));
-    if touched.is_empty() && claim.is_none() {
+    if touched.is_empty() && claim.is_none() && !settings_touched {
         return Ok(out);
     }
     let mut writes: BTreeMap<(usize, String), automerge::ScalarValue> = BTreeMap::new();
@@ -834,6 +850,9 @@ pub fn carry_covering(
                     out.writes += 1;
                 }
             }
+        }
+        if settings_touched {
+            out.writes += settings::carry_settings(from, tx)?;
         }
         let mut targets = Vec::new();
         for name in CARRIED {

@@ -92,6 +92,7 @@ mod keys;
 mod packed;
 pub mod queue;
 mod read;
+mod settings;
 mod successor;
 pub mod task;
 mod view;
@@ -104,4 +105,5 @@ pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, 
 pub use packed::Output;
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;
+pub use settings::{ConfigPatch, SetConfigError};
 pub use view::{Member, QueueView, StateCounts};

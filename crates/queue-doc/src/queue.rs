@@ -211,7 +211,7 @@ pub fn create(
 pub(crate) fn write_config(
     tx: &mut Transaction<'_>,
     c: &QueueConfig,
-) -> Result<(), AutomergeError> {
+) -> Result<ObjId, AutomergeError> {
     let obj = tx.put_object(ROOT, keys::CONFIG, ObjType::Map)?;
     for (k, v) in [
         ("heartbeat_ms", c.heartbeat_ms),
@@ -228,7 +228,7 @@ pub(crate) fn write_config(
         tx.put(&obj, k, v)?;
     }
     tx.put(&obj, "order", c.order.as_str())?;
-    Ok(())
+    Ok(obj)
 }
 
 pub(crate) fn write_member(
@@ -313,16 +313,7 @@ pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(
     })
 }
 
-/// Pauses or resumes routing.
-pub fn set_paused(doc: &mut Automerge, paused: bool) -> Result<(), WriteError> {
-    commit(doc, |tx| {
-        if !is_queue(tx) {
-            return Err(WriteError::NotAQueue);
-        }
-        tx.put(ROOT, keys::PAUSED, paused)?;
-        Ok(())
-    })
-}
+pub use crate::settings::{set_config, set_paused};
 
 /// Indexes a task in the queue. The queue's `max_attempts` applies unless the submission says
 /// otherwise, and is fixed into the entry so later config changes cannot revive a dead task.

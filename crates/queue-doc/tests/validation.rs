@@ -238,7 +238,7 @@ fn a_claim_that_skips_a_term_or_passes_the_bound_does_not_count() {
         "full"
     );
     // A later change elsewhere does not count the bad claims twice.
-    queue::set_paused(&mut doc, true).unwrap();
+    queue::set_paused(&mut doc, true, 0).unwrap();
     let view = QueueView::read(&doc).unwrap();
     assert_eq!(view.malformed, 5);
     assert_eq!(cache.refresh(&doc).unwrap().as_ref(), &view);

@@ -321,6 +321,48 @@ fn urgent_then_priority_then_submit_time_in_the_queues_order() {
     }
 }
 
+/// A pause in the queue document stops every assignment until a resume; a change of the
+/// configuration written at run time (here the concurrency limit, then the order) applies
+/// from the next view on.
+#[test]
+fn a_pause_and_a_config_change_at_run_time_apply_from_the_next_view() {
+    let mut l = Lone::new(QueueConfig {
+        concurrency: 1,
+        ..QueueConfig::default()
+    });
+    queue::set_paused(&mut l.doc, true, 100).unwrap();
+    l.view();
+    let first = l.submit(0, false, 1);
+    let second = l.submit(0, false, 2);
+    for at in (200..2_000).step_by(100) {
+        assert!(l.to(at).is_empty(), "an assignment while paused at {at} ms");
+    }
+    queue::set_paused(&mut l.doc, false, 2_000).unwrap();
+    l.view();
+    let a = l.to(2_000);
+    assert_eq!(a.iter().map(|a| &a.task).collect::<Vec<_>>(), [&first]);
+    // One in flight, the limit reached: nothing more until the limit rises.
+    assert!(l.to(2_100).is_empty());
+    queue::set_config(
+        &mut l.doc,
+        &piecework_queue_doc::ConfigPatch {
+            concurrency: Some(2),
+            order: Some(Order::Lifo),
+            ..Default::default()
+        },
+        2_150,
+    )
+    .unwrap();
+    l.view();
+    let third = l.submit(0, false, 3);
+    // Two may run now, and the queue is a stack: the newest pending task goes first.
+    let b = l.to(2_200);
+    assert_eq!(b.iter().map(|a| &a.task).collect::<Vec<_>>(), [&third]);
+    l.end(&a[0], AttemptOutcome::Succeeded);
+    let c = l.to(2_300);
+    assert_eq!(c.iter().map(|a| &a.task).collect::<Vec<_>>(), [&second]);
+}
+
 /// A run that outlived its task's outcome (routers on both sides of a partition both ran the
 /// task, and the other's run succeeded first) still holds its worker: it counts against the
 /// concurrency limit until it ends, or until its pool is silent for the lease.

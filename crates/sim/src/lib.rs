@@ -99,6 +99,13 @@ pub struct FaultMix {
     /// see `docs/testing.md`, "The Byzantine member"). 0 in every mix but `byzantine`, so
     /// that the others replay as before.
     pub byzantine_rate: f64,
+    /// Run-time setting changes per virtual second of the faulty phase, cluster-wide: a member
+    /// pauses a queue (and a member resumes it [`FaultMix::pause_ms`] later), or changes its
+    /// concurrency limit, rate interval and order. 0 in every mix but `settings`, so that the
+    /// others replay as before.
+    pub settings_rate: f64,
+    /// How long a pause lasts before a member (any) resumes it, milliseconds.
+    pub pause_ms: (u64, u64),
 }
 
 impl FaultMix {
@@ -125,6 +132,8 @@ impl FaultMix {
             stop_rate: 0.0,
             stop_grace_ms: (0, 2_000),
             byzantine_rate: 0.0,
+            settings_rate: 0.0,
+            pause_ms: (200, 4_000),
         }
     }
 
@@ -183,6 +192,17 @@ impl FaultMix {
         }
     }
 
+    /// The default mix, with members pausing and resuming the queue and changing its
+    /// configuration at run time, from any node, across partitions, crashes and rotations:
+    /// every node must end with the same settings, and every task must finish.
+    pub fn settings() -> Self {
+        FaultMix {
+            name: "settings".into(),
+            settings_rate: 0.3,
+            ..FaultMix::default_mix()
+        }
+    }
+
     /// Partitions and one-way cuts, nothing else.
     pub fn partitions() -> Self {
         FaultMix {
@@ -193,8 +213,8 @@ impl FaultMix {
         }
     }
 
-    /// The mix called `name`: `default`, `crashes`, `stops`, `calm`, `partitions` or
-    /// `byzantine`.
+    /// The mix called `name`: `default`, `crashes`, `stops`, `calm`, `partitions`,
+    /// `byzantine` or `settings`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "default" => Some(FaultMix::default_mix()),
@@ -203,6 +223,7 @@ impl FaultMix {
             "calm" => Some(FaultMix::calm()),
             "partitions" => Some(FaultMix::partitions()),
             "byzantine" => Some(FaultMix::byzantine()),
+            "settings" => Some(FaultMix::settings()),
             _ => None,
         }
     }
@@ -237,8 +258,10 @@ impl FaultMix {
             disk_window_ms: (100, rng.random_range(500..=4_000)),
             stop_rate: maybe(rng, 0.02, 0.15),
             stop_grace_ms: (0, rng.random_range(0..=3_000)),
-            // Drawn last and not at all: swarm shapes stay those drawn before it existed.
+            // Drawn last and not at all: swarm shapes stay those drawn before they existed.
             byzantine_rate: 0.0,
+            settings_rate: 0.0,
+            pause_ms: (200, 4_000),
         }
     }
 

@@ -11,6 +11,7 @@ impl Core {
                 Command::CreateQueue { .. } => Some(Reply::Created(Err(QueueError::Stopped))),
                 Command::JoinQueue { .. } => Some(Reply::Joined(Err(QueueError::Stopped))),
                 Command::SetPaused { .. } => Some(Reply::Paused(Err(QueueError::Stopped))),
+                Command::SetConfig { .. } => Some(Reply::Configured(Err(QueueError::Stopped))),
                 Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
                 _ => None,
@@ -62,14 +63,18 @@ impl Core {
                 );
             }
             Command::SetPaused { queue, paused } => {
-                let r = match self.queues.get(&queue).map(|q| q.doc.clone()) {
-                    None => Err(QueueError::NotJoined(queue)),
-                    Some(doc) => self
-                        .change(&doc, |d| queue::set_paused(d, paused))
-                        .unwrap_or(Err(queue::WriteError::NotAQueue))
-                        .map_err(QueueError::from),
-                };
+                let r = self.write_setting(now, &queue, |d| {
+                    queue::set_paused(d, paused, now.unix_ms).map_err(QueueError::from)
+                });
                 self.replies.push_back((cmd, Reply::Paused(r)));
+            }
+            Command::SetConfig { queue, patch } => {
+                let r = self.write_setting(now, &queue, |d| {
+                    queue::set_config(d, &patch, now.unix_ms)
+                        .map(|_| ())
+                        .map_err(QueueError::from)
+                });
+                self.replies.push_back((cmd, Reply::Configured(r)));
             }
             Command::Stop { grace } => self.stop(now, cmd, grace),
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
@@ -151,29 +156,54 @@ impl Core {
         }
     }
 
+    /// Writes a setting of a joined queue (its pause flag or config) into its current
+    /// document, and answers the queue's status with the write in its view.
+    fn write_setting(
+        &mut self,
+        now: Time,
+        id: &QueueId,
+        f: impl FnOnce(&mut automerge::Automerge) -> Result<(), QueueError>,
+    ) -> Result<api::QueueStatus, QueueError> {
+        let doc = self
+            .queues
+            .get(id)
+            .map(|q| q.doc.clone())
+            .ok_or_else(|| QueueError::NotJoined(id.clone()))?;
+        self.change(&doc, f)
+            .unwrap_or(Err(QueueError::Write(queue::WriteError::NotAQueue)))?;
+        self.stale.remove(id);
+        self.refresh(now, id);
+        self.queue_status(id)
+            .ok_or_else(|| QueueError::NotJoined(id.clone()))
+    }
+
+    /// The status of a joined queue, from this node's view.
+    pub(super) fn queue_status(&self, id: &QueueId) -> Option<api::QueueStatus> {
+        let q = self.queues.get(id)?;
+        let role = match q.router.role() {
+            Role::Follower => "follower",
+            Role::Claiming { .. } => "claiming",
+            Role::Active { .. } => "active",
+            Role::Stopped { .. } => "stopped",
+        };
+        Some(api::QueueStatus {
+            id: id.clone(),
+            name: q.view.name.clone(),
+            router: q.view.router.clone(),
+            role: role.to_owned(),
+            members: q.view.members.len(),
+            paused: q.view.paused,
+            epoch: q.epoch,
+            tasks: q.view.total_counts(),
+            config: q.view.config.clone(),
+        })
+    }
+
     pub(super) fn status(&self) -> Status {
         let queues = self
             .queues
-            .iter()
-            .map(|(id, q)| {
-                let role = match q.router.role() {
-                    Role::Follower => "follower",
-                    Role::Claiming { .. } => "claiming",
-                    Role::Active { .. } => "active",
-                    Role::Stopped { .. } => "stopped",
-                };
-                api::QueueStatus {
-                    id: id.clone(),
-                    name: q.view.name.clone(),
-                    router: q.view.router.clone(),
-                    role: role.to_owned(),
-                    members: q.view.members.len(),
-                    paused: q.view.paused,
-                    epoch: q.epoch,
-                    tasks: q.view.total_counts(),
-                    config: q.view.config.clone(),
-                }
-            })
+            .keys()
+            .filter_map(|id| self.queue_status(id))
             .collect();
         let workers = self
             .pool

@@ -202,13 +202,18 @@ impl Core {
         let Some(q) = self.queues.get_mut(id) else {
             return;
         };
-        let Some(live) = self.replica.get(to).and_then(|d| q.cache.refresh(d)).map(|v| {
-            v.tasks()
-                .values()
-                .filter(|t| !t.state().is_final())
-                .map(|t| t.id.clone())
-                .collect::<Vec<_>>()
-        }) else {
+        let Some(live) = self
+            .replica
+            .get(to)
+            .and_then(|d| q.cache.refresh(d))
+            .map(|v| {
+                v.tasks()
+                    .values()
+                    .filter(|t| !t.state().is_final())
+                    .map(|t| t.id.clone())
+                    .collect::<Vec<_>>()
+            })
+        else {
             return;
         };
         let mut by_doc: BTreeMap<DocId, Vec<TaskId>> = BTreeMap::new();

@@ -50,17 +50,11 @@ impl World {
         let Some(queue) = self.queues[q].clone() else {
             return;
         };
-        let candidates: Vec<usize> = self.members[q]
-            .iter()
-            .copied()
-            .filter(|&i| self.nodes[i].up && self.nodes[i].core.view(&queue).is_some())
-            .collect();
-        if candidates.is_empty() {
+        let Some(i) = self.member_with_view(q) else {
             // Nobody can take it now: the client tries again a little later.
             self.schedule_at(self.now_us + RETRY_US, Ev::Submit);
             return;
-        }
-        let i = candidates[self.rng.random_range(0..candidates.len())];
+        };
         // One submit in four is a batch of up to 5 tasks (those other tasks' events find
         // nothing left to submit).
         let n = if self.to_submit >= 2 && self.rng.random_range(0..4) == 0 {

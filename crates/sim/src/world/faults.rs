@@ -85,6 +85,8 @@ pub(super) enum Kind {
     Stop,
     /// A hostile act of the Byzantine member.
     Byzantine,
+    /// A member changes a setting (`settings.rs`).
+    Settings,
 }
 
 impl World {
@@ -98,6 +100,7 @@ impl World {
             Kind::ReadFailures => mix.read_failure_rate,
             Kind::Stop => mix.stop_rate,
             Kind::Byzantine => mix.byzantine_rate,
+            Kind::Settings => mix.settings_rate,
         };
         if rate <= 0.0 {
             return;
@@ -138,6 +141,7 @@ impl World {
         let n = self.nodes.len();
         match kind {
             Kind::Byzantine => self.hostile_act(),
+            Kind::Settings => self.change_setting(),
             Kind::Crash => {
                 let i = self.rng.random_range(0..n);
                 self.crash(i);

@@ -462,11 +462,23 @@ impl World {
             if active != vec![&router.peer] {
                 return false;
             }
+            if self.settings_seen(id).len() > 1 {
+                return false;
+            }
         }
         self.lost() == 0
     }
 
-    /// Invariants 1, 3 and 9, once healed and settled.
+    /// The settings (pause flag and configuration) the members' views of queue `id` hold.
+    fn settings_seen(&self, id: &QueueId) -> BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.core.view(id))
+            .map(|v| format!("paused {} {:?}", v.paused, v.config))
+            .collect()
+    }
+
+    /// Invariants 1, 3, 9 and 11, once healed and settled.
     pub(super) fn final_checks(&mut self) {
         self.trace(|| "settled".into());
         // Settling proves 1 and 3; re-check explicitly so a wrong `is_settled` cannot hide one.
@@ -474,6 +486,26 @@ impl World {
         self.every_task_succeeds_beside_a_hostile_member();
         self.only_the_agreed_router_is_active();
         self.every_stored_document_belongs_to_a_joined_queue();
+        self.every_member_holds_the_same_settings();
+    }
+
+    /// Invariant 11: once healed and settled, every member's view of a queue holds the same
+    /// settings (pause flag and configuration), however members changed them meanwhile.
+    /// Settling waits for it (a run whose settings never agree does not settle, and fails);
+    /// this re-checks it.
+    fn every_member_holds_the_same_settings(&mut self) {
+        for q in 0..self.members.len() {
+            let Some(id) = self.queues[q].clone() else {
+                continue;
+            };
+            let seen = self.settings_seen(&id);
+            if seen.len() > 1 {
+                self.violate(
+                    11,
+                    format!("members hold different settings of {id}: {seen:?}"),
+                );
+            }
+        }
     }
 
     /// Invariant 1: every acknowledged task has an outcome on every member's replica

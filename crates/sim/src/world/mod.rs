@@ -26,6 +26,7 @@ mod disk;
 mod faults;
 mod invariants;
 mod net;
+mod settings;
 mod shell;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -123,6 +124,10 @@ enum Ev {
         incarnation: u64,
     },
     Background(Kind),
+    /// A member resumes queue `queue` (by index) after a pause.
+    Resume {
+        queue: usize,
+    },
     CutsChanged,
     /// Silent cuts that end now: their streams are reset (the transport's stall detection).
     SilentEnds,
@@ -423,6 +428,7 @@ impl World {
             Kind::Stop,
             // After it, for the same reason: only the `byzantine` mix has hostile acts.
             Kind::Byzantine,
+            Kind::Settings,
         ] {
             self.schedule_background(kind);
         }
@@ -627,10 +633,12 @@ impl World {
                     self.schedule_background(kind);
                 }
             }
+            Ev::Resume { queue } => self.resume(queue),
             Ev::CutsChanged => self.cuts_changed(),
             Ev::SilentEnds => self.silent_cuts_end(),
             Ev::HealAll => self.heal_all(),
             Ev::SettleCheck => {
+                self.resume_where_paused();
                 if self.is_settled() {
                     self.settled = true;
                     self.final_checks();

@@ -326,6 +326,7 @@ impl World {
             }
             Reply::Created(_)
             | Reply::Paused(_)
+            | Reply::Configured(_)
             | Reply::Task(_)
             | Reply::Status(_)
             | Reply::Document(_) => {}

@@ -1,0 +1,299 @@
+//! The queue's settings that any member changes at run time: the pause flag and each field of
+//! the configuration.
+//!
+//! Each setting is a register: its value, and beside it the wall time of the write that set it
+//! (`paused_at` at the root; `<field>_at` in the `config` map, which exists from the queue's
+//! first change). A write puts both in one change, so within one document the same write wins
+//! both keys (Automerge resolves a conflict by operation id, and each writer's two operations
+//! are consecutive). Fields are separate registers: two members that change different fields
+//! at once both keep their change.
+//!
+//! A write's time is the writer's wall clock, or just after the time it overwrites if that is
+//! later: within a document a write always outranks what it replaced.
+//!
+//! Across epochs, a setting written into a document after its seal (a late write) is carried
+//! into the successor when its `(time, value)` is greater than the successor's
+//! ([`carry_settings`]; values compare as text when times are equal): the successor ends with
+//! the greater of the two documents' registers, whichever order and however often they are
+//! carried. A rotation copies each register whole, times included. Documents written before
+//! registers had times read as time 0.
+
+use automerge::transaction::{Transactable, Transaction};
+use automerge::{Automerge, ObjId, ObjType, ROOT, ReadDoc, ScalarValue};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConfigError, Order, QueueConfig};
+use crate::queue::WriteError;
+use crate::{am, keys};
+
+/// The key beside the pause flag that holds the time of its write.
+pub(crate) const PAUSED_AT: &str = "paused_at";
+
+/// The configuration's fields as the document names them, in the order they are written.
+pub(crate) const CONFIG_FIELDS: [&str; 11] = [
+    "heartbeat_ms",
+    "takeover_after_ms",
+    "settle_ms",
+    "pool_heartbeat_ms",
+    "lease_ms",
+    "max_attempts",
+    "retry_backoff_ms",
+    "retry_backoff_max_ms",
+    "concurrency",
+    "rate_interval_ms",
+    "order",
+];
+
+/// A change to some of a queue's configuration fields; the others keep their values.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConfigPatch {
+    /// See [`QueueConfig::heartbeat_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
+    /// See [`QueueConfig::takeover_after_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub takeover_after_ms: Option<u64>,
+    /// See [`QueueConfig::settle_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settle_ms: Option<u64>,
+    /// See [`QueueConfig::pool_heartbeat_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_heartbeat_ms: Option<u64>,
+    /// See [`QueueConfig::lease_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
+    /// See [`QueueConfig::max_attempts`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// See [`QueueConfig::retry_backoff_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_backoff_ms: Option<u64>,
+    /// See [`QueueConfig::retry_backoff_max_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_backoff_max_ms: Option<u64>,
+    /// See [`QueueConfig::concurrency`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+    /// See [`QueueConfig::rate_interval_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_interval_ms: Option<u64>,
+    /// See [`QueueConfig::order`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<Order>,
+}
+
+impl ConfigPatch {
+    /// `config` with this patch's fields set.
+    pub fn apply(&self, config: &QueueConfig) -> QueueConfig {
+        let mut c = config.clone();
+        let set = |v: &mut u64, p: Option<u64>| *v = p.unwrap_or(*v);
+        set(&mut c.heartbeat_ms, self.heartbeat_ms);
+        set(&mut c.takeover_after_ms, self.takeover_after_ms);
+        set(&mut c.settle_ms, self.settle_ms);
+        set(&mut c.pool_heartbeat_ms, self.pool_heartbeat_ms);
+        set(&mut c.lease_ms, self.lease_ms);
+        set(&mut c.retry_backoff_ms, self.retry_backoff_ms);
+        set(&mut c.retry_backoff_max_ms, self.retry_backoff_max_ms);
+        set(&mut c.rate_interval_ms, self.rate_interval_ms);
+        c.max_attempts = self.max_attempts.unwrap_or(c.max_attempts);
+        c.concurrency = self.concurrency.unwrap_or(c.concurrency);
+        c.order = self.order.unwrap_or(c.order);
+        c
+    }
+
+    /// Whether the patch sets no field.
+    pub fn is_empty(&self) -> bool {
+        *self == ConfigPatch::default()
+    }
+
+    /// The fields it sets, by the document's names, with their values as written.
+    fn fields(&self) -> Vec<(&'static str, ScalarValue)> {
+        let u = |name, v: Option<u64>| v.map(|v| (name, ScalarValue::Uint(v)));
+        [
+            u("heartbeat_ms", self.heartbeat_ms),
+            u("takeover_after_ms", self.takeover_after_ms),
+            u("settle_ms", self.settle_ms),
+            u("pool_heartbeat_ms", self.pool_heartbeat_ms),
+            u("lease_ms", self.lease_ms),
+            u("max_attempts", self.max_attempts.map(u64::from)),
+            u("retry_backoff_ms", self.retry_backoff_ms),
+            u("retry_backoff_max_ms", self.retry_backoff_max_ms),
+            u("concurrency", self.concurrency.map(u64::from)),
+            u("rate_interval_ms", self.rate_interval_ms),
+            self.order
+                .map(|o| ("order", ScalarValue::Str(o.as_str().into()))),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+}
+
+/// Why a configuration change was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum SetConfigError {
+    /// The configuration it would give cannot work (a value out of its range, or timings that
+    /// do not fit together); nothing was written.
+    #[error("invalid queue configuration: {0}")]
+    Invalid(#[from] ConfigError),
+    /// The document could not take the change.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// Pauses or resumes routing, as of `now_ms` (wall time).
+pub fn set_paused(doc: &mut Automerge, paused: bool, now_ms: u64) -> Result<(), WriteError> {
+    doc.transact(|tx| {
+        if !is_queue(tx) {
+            return Err(WriteError::NotAQueue);
+        }
+        let at = after(am::uint(tx, &ROOT, PAUSED_AT), now_ms);
+        tx.put(ROOT, keys::PAUSED, paused)?;
+        tx.put(ROOT, PAUSED_AT, at)?;
+        Ok(())
+    })
+    .map(|_| ())
+    .map_err(|f| f.error)
+}
+
+/// Sets the fields `patch` names, as of `now_ms` (wall time), after checking that the
+/// configuration they give with the document's other fields is valid. Returns that
+/// configuration.
+pub fn set_config(
+    doc: &mut Automerge,
+    patch: &ConfigPatch,
+    now_ms: u64,
+) -> Result<QueueConfig, SetConfigError> {
+    let current = crate::view::read_config_of(doc).ok_or(WriteError::NotAQueue)?;
+    let next = patch.apply(&current);
+    next.validate()?;
+    doc.transact(|tx| {
+        if !is_queue(tx) {
+            return Err(WriteError::NotAQueue);
+        }
+        let obj = match am::object(tx, &ROOT, keys::CONFIG, ObjType::Map) {
+            Some(o) => o,
+            None => return Err(WriteError::NotAQueue),
+        };
+        for (name, value) in patch.fields() {
+            let at = after(am::uint(tx, &obj, &at_key(name)), now_ms);
+            tx.put(&obj, name, value)?;
+            tx.put(&obj, at_key(name), at)?;
+        }
+        Ok(())
+    })
+    .map_err(|f| f.error)?;
+    Ok(next)
+}
+
+/// Copies every register of `from` (value and time) into the document being built (a
+/// successor: see `epoch::build_successor`, which writes the values; this adds the times).
+pub(crate) fn copy_times(
+    from: &Automerge,
+    tx: &mut Transaction<'_>,
+    config: &ObjId,
+) -> Result<(), automerge::AutomergeError> {
+    let times = Registers::read(from);
+    // A register never written since the queue was created keeps time 0 by having no time.
+    if times.paused.0 > 0 {
+        tx.put(ROOT, PAUSED_AT, times.paused.0)?;
+    }
+    for (name, (at, _)) in CONFIG_FIELDS.iter().zip(times.config.iter()) {
+        if *at > 0 {
+            tx.put(config, at_key(name), *at)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes into `tx` (a successor of `from`) each register of `from` whose `(time, value)` is
+/// greater than the successor's: a late write of a setting reaches the successor, and the
+/// greatest write wins whatever the order of carries. Returns how many registers it wrote.
+pub(crate) fn carry_settings(
+    from: &Automerge,
+    tx: &mut Transaction<'_>,
+) -> Result<usize, automerge::AutomergeError> {
+    let theirs = Registers::read(from);
+    let ours = Registers::read(&*tx);
+    let mut n = 0;
+    if theirs.paused > ours.paused
+        && let Some(v) = theirs.paused_value.clone()
+    {
+        tx.put(ROOT, keys::PAUSED, v)?;
+        tx.put(ROOT, PAUSED_AT, theirs.paused.0)?;
+        n += 1;
+    }
+    let Some(obj) = am::object(&*tx, &ROOT, keys::CONFIG, ObjType::Map) else {
+        return Ok(n);
+    };
+    for (i, name) in CONFIG_FIELDS.iter().enumerate() {
+        if theirs.config[i] > ours.config[i]
+            && let Some(v) = theirs.config_values[i].clone()
+        {
+            tx.put(&obj, *name, v)?;
+            tx.put(&obj, at_key(name), theirs.config[i].0)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The time a write made at `now_ms` records over a register last written at `current`:
+/// `now_ms`, or just after `current` if that is later (another member's clock ahead of this
+/// one's), so that a write always outranks the ones it overwrites, and a carry never brings
+/// back a value a later write in the successor replaced.
+fn after(current: Option<u64>, now_ms: u64) -> u64 {
+    now_ms.max(current.unwrap_or(0).saturating_add(1))
+}
+
+fn at_key(field: &str) -> String {
+    format!("{field}_at")
+}
+
+fn is_queue<R: ReadDoc>(tx: &R) -> bool {
+    am::string(tx, &ROOT, keys::SCHEMA).as_deref() == Some(keys::QUEUE_SCHEMA)
+}
+
+/// The settings' registers of a document: for each, `(time, value as text)` to compare, and
+/// the value to write.
+struct Registers {
+    paused: (u64, String),
+    paused_value: Option<ScalarValue>,
+    config: Vec<(u64, String)>,
+    config_values: Vec<Option<ScalarValue>>,
+}
+
+impl Registers {
+    fn read<R: ReadDoc>(doc: &R) -> Registers {
+        let paused_value = am::scalar(doc, &ROOT, keys::PAUSED);
+        let paused = (
+            am::uint(doc, &ROOT, PAUSED_AT).unwrap_or(0),
+            paused_value
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        );
+        let obj = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map);
+        let mut config = Vec::with_capacity(CONFIG_FIELDS.len());
+        let mut config_values = Vec::with_capacity(CONFIG_FIELDS.len());
+        for name in CONFIG_FIELDS {
+            let value = obj.as_ref().and_then(|o| am::scalar(doc, o, name));
+            let at = obj
+                .as_ref()
+                .and_then(|o| am::uint(doc, o, &at_key(name)))
+                .unwrap_or(0);
+            config.push((
+                at,
+                value.as_ref().map(ToString::to_string).unwrap_or_default(),
+            ));
+            config_values.push(value);
+        }
+        Registers {
+            paused,
+            paused_value,
+            config,
+            config_values,
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! `piecework queue create` with configuration flags, `queue status`, `queue pause` and
+//! `queue resume`, and `queue config --set`, against node processes: a queue paused through
+//! one node is resumed through the other, and a configuration change made through one shows
+//! on the other.
+//!
+//! Waits are on the HTTP API (its long-poll for outcomes, polls of the status under a
+//! generous deadline); nothing sleeps a fixed time.
+
+mod support;
+
+use std::process::Command;
+
+use piecework::client::Client;
+use piecework::queue_doc::{Order, QueueId, TaskState};
+use support::{BIN, cli, poll, spawn_node, wait_final};
+
+fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_is_configured_paused_and_resumed_from_the_cli_through_any_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_node(&dir.path().join("a"), None);
+    let b = spawn_node(&dir.path().join("b"), Some(&a));
+    let queue = cli(
+        &a,
+        &[
+            "queue",
+            "create",
+            "configured",
+            "--order",
+            "lifo",
+            "--concurrency",
+            "2",
+            "--rate-interval",
+            "50ms",
+            "--lease",
+            "30s",
+            "--max-attempts",
+            "5",
+        ],
+    );
+    let status = json(&cli(&a, &["queue", "status", &queue, "--json"]));
+    let config = &status["config"];
+    assert_eq!(config["order"], "lifo", "{status:#}");
+    assert_eq!(config["concurrency"], 2, "{status:#}");
+    assert_eq!(config["rate_interval_ms"], 50, "{status:#}");
+    assert_eq!(config["lease_ms"], 30_000, "{status:#}");
+    assert_eq!(config["max_attempts"], 5, "{status:#}");
+    cli(&b, &["queue", "join", &queue]);
+
+    // Paused through b: a task submitted through b after the pause never starts, as every
+    // router reads the pause before the task.
+    let paused = json(&cli(&b, &["queue", "pause", &queue, "--json"]));
+    assert_eq!(paused["paused"], true, "{paused:#}");
+    let task = cli(&b, &["task", "submit", &queue, "--kind", "noop"]);
+    let id = QueueId::new(queue.clone());
+    let client_a = Client::new(&a.http).unwrap();
+    poll("node a to see the pause and the task", || {
+        let (c, id) = (client_a.clone(), id.clone());
+        async move {
+            let q = c.queue_status(&id).await.map_err(|e| e.to_string())?;
+            if q.paused && q.tasks.pending == 1 {
+                Ok(())
+            } else {
+                Err(format!("{q:?}"))
+            }
+        }
+    })
+    .await;
+    let human = cli(&a, &["queue", "status", &queue]);
+    assert!(human.contains("paused"), "{human}");
+    assert!(human.contains("1 pending"), "{human}");
+
+    // Resumed through a: the task runs.
+    let resumed = json(&cli(&a, &["queue", "resume", &queue, "--json"]));
+    assert_eq!(resumed["paused"], false, "{resumed:#}");
+    let all = [a.http.clone(), b.http.clone()];
+    let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(task)).await;
+    assert_eq!(s.state, TaskState::Succeeded, "{s:#?}");
+
+    // A configuration change through a shows on b; an invalid one is refused with the reason.
+    let config = json(&cli(
+        &a,
+        &[
+            "queue",
+            "config",
+            &queue,
+            "--set",
+            "order=fifo",
+            "--set",
+            "concurrency=4",
+            "--set",
+            "rate_interval=0s",
+            "--json",
+        ],
+    ));
+    assert_eq!(config["order"], "fifo", "{config:#}");
+    assert_eq!(config["concurrency"], 4, "{config:#}");
+    assert_eq!(config["rate_interval_ms"], 0, "{config:#}");
+    let client_b = Client::new(&b.http).unwrap();
+    poll("node b to see the configuration change", || {
+        let (c, id) = (client_b.clone(), id.clone());
+        async move {
+            let q = c.queue_status(&id).await.map_err(|e| e.to_string())?;
+            if q.config.order == Order::Fifo && q.config.concurrency == 4 {
+                Ok(())
+            } else {
+                Err(format!("{:?}", q.config))
+            }
+        }
+    })
+    .await;
+    let refused = |set: &str| {
+        let out = Command::new(BIN)
+            .args(["--node", &b.http, "queue", "config", &queue, "--set", set])
+            .output()
+            .expect("the binary runs");
+        assert!(!out.status.success(), "--set {set} must fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = refused("lease=1ms");
+    assert!(
+        stderr.contains("lease_ms (1) must be at least twice"),
+        "{stderr}"
+    );
+    let stderr = refused("colour=blue");
+    assert!(stderr.contains("not a configuration field"), "{stderr}");
+    let shown = cli(&b, &["queue", "config", &queue]);
+    assert!(shown.contains("order fifo, concurrency 4"), "{shown}");
+}
