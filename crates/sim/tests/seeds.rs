@@ -792,6 +792,24 @@ mod regressions {
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
+    /// Open (found by `--faults partitions --seeds 400 --seed 20000`; it fails the same way on
+    /// f71d491, before this session's work): node4 never holds queue 1. It has no view of it
+    /// after 300 virtual seconds and never crashed; the trace shows no refused join (which the
+    /// simulator would trace and send again), so its join waits unanswered; its outgoing messages were
+    /// silently lost from 5.5 s to 18 s while the queue's members rotated it. The cluster never
+    /// settles (invariant 1, 2 tasks without an outcome on node4). Not investigated further yet.
+    #[test]
+    #[ignore = "open: a member's join never completes (see the doc comment)"]
+    fn seed_20034_partitions_a_join_never_completes() {
+        passes_config(
+            20_034,
+            &Config {
+                mix: FaultMix::partitions(),
+                ..Config::default()
+            },
+        );
+    }
+
     /// Open (found by the `settings` mix, seeds 10,000–10,399; unrelated to settings as far as
     /// the trace shows): a double seal of epoch 2 (node1@2 and node2@2). node1 crashed;
     /// node0, on node1's losing branch, claimed term 3 there naming node1@2, and its view
