@@ -792,48 +792,6 @@ mod regressions {
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
-    /// Open (found by `--faults partitions --seeds 400 --seed 20000`; it fails the same way on
-    /// f71d491, before this session's work). Same cause as seed 10332 below, without a restart
-    /// to hide it: epoch 2 of queue 1 was sealed twice across a partition. On node0's branch
-    /// node3 claimed term 3 and routed, so nodes 0, 1 and 3 raised their fences to node3@3. At
-    /// the heal they moved sideways to node2's winning branch, where node2@3 is the effective
-    /// router: node3@3's chain runs through the losing branch's sealer claim, a lineage base
-    /// there and not a record, so the carry does not bring it. Fences never go down, so every
-    /// assignment node2@3 makes is refused `fenced` by those nodes from then on: the queue
-    /// stops routing (two tasks stay pending for 300 virtual seconds; invariant 1).
-    #[test]
-    #[ignore = "open: a fence raised on a losing branch stops routing (see the doc comment)"]
-    fn seed_20034_partitions_a_fence_raised_on_a_losing_branch_stops_routing() {
-        passes_config(
-            20_034,
-            &Config {
-                mix: FaultMix::partitions(),
-                ..Config::default()
-            },
-        );
-    }
-
-    /// Open (found by the `settings` mix, seeds 10,000–10,399; unrelated to settings as far as
-    /// the trace shows): a double seal of epoch 2 (node1@2 and node2@2). node1 crashed;
-    /// node0, on node1's losing branch, claimed term 3 there naming node1@2, and its view
-    /// showed node0@3. At the heal it moved sideways to node2's winning branch, whose
-    /// effective router is node2@2: the losing branch's claim is not carried into it, so the
-    /// fence the node's documents show went down from node0@3 to node2@2, and after a restart
-    /// node0 started node2@2's assignment (invariant 4, judged from every view the node ever
-    /// showed). Either the invariant must allow a move to the winning branch to lower the
-    /// fence (the losing branch is abandoned whole), or a claim that counted on a losing
-    /// branch must be carried into the winner; to be decided with the claims' rules. Seed
-    /// 20034 above shows the same cause stopping a queue.
-    #[test]
-    #[ignore = "open: a sideways move lowers the fence (see the doc comment)"]
-    fn seed_10332_settings_a_claim_on_a_losing_branch_is_not_carried() {
-        let config = Config {
-            mix: FaultMix::settings(),
-            ..Config::default()
-        };
-        passes_config(10_332, &config);
-    }
-
     /// Found the same way, with all sealed epochs kept. A router's assignment held while its
     /// queue was frozen for a rotation's last catch-up
     /// was recorded when written, a moment later: with the next one made a rate interval
@@ -900,6 +858,46 @@ mod regressions {
     fn seed_272_a_crash_loses_an_unacknowledged_write() {
         let r = passes(272);
         shows(&r, &["unacknowledged_write_lost"]);
+    }
+
+    /// Found by `--faults partitions --seeds 400 --seed 20000` (it failed the same way on
+    /// f71d491): epoch 2 of queue 1 was sealed twice across a partition. On node0's branch
+    /// node3 claimed term 3 and routed, so nodes 0, 1 and 3 raised their fences to node3@3. At
+    /// the heal they moved sideways to node2's winning branch, where node2@3 is the effective
+    /// router: node3@3's chain runs through the losing branch's sealer claim, a lineage base
+    /// there and not a record, so no carry brings it. The fences stayed at node3@3 and every
+    /// assignment node2@3 made was refused `fenced`, for good: the queue stopped routing (two
+    /// tasks pending for 300 virtual seconds; invariant 1). Fences are now per chain: a
+    /// sideways move starts the node's fence again from the view of the document it moves to.
+    #[test]
+    fn seed_20034_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
+        let r = passes_config(
+            20_034,
+            &Config {
+                mix: FaultMix::partitions(),
+                ..Config::default()
+            },
+        );
+        shows(&r, &["double_seal_followed", "fenced"]);
+    }
+
+    /// Found by the `settings` mix (seeds 10,000–10,399): the restart case of seed 20034.
+    /// node0, on the losing branch of a double seal of epoch 2, claimed term 3 there; after
+    /// its move to the winning branch (router node2@2) and a restart, it ran node2@2's
+    /// assignment, which invariant 4 refused as below the node0@3 it had seen. Invariant 4
+    /// now judges per chain, as fences are: a claim seen on a document that is not on the
+    /// chain the node is on (the document itself, the queue's first, or one its lineage
+    /// names) no longer binds.
+    #[test]
+    fn seed_10332_settings_a_fence_is_per_chain_across_a_restart() {
+        let r = passes_config(
+            10_332,
+            &Config {
+                mix: FaultMix::settings(),
+                ..Config::default()
+            },
+        );
+        shows(&r, &["double_seal_followed", "restart"]);
     }
 }
 

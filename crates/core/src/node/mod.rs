@@ -103,7 +103,9 @@ pub struct Core {
     /// The documents of each queue's first pending tasks in routing order (at most
     /// [`PREFETCH_PER_WORKER`] per worker): read ahead of their start, and kept in memory.
     prefetch: BTreeMap<QueueId, BTreeSet<TaskId>>,
-    /// The greatest router claim seen per queue, in views (heartbeats raise no fence): one per queue.
+    /// The greatest router claim seen per queue, in views (heartbeats raise no fence): one per
+    /// queue, since the node last moved sideways to another branch of its chain (fences are
+    /// per chain: `switch.rs`).
     seen: BTreeMap<QueueId, Claim>,
     /// Where each queue this node reopens resumes ([`Config::resume`]): taken when the queue
     /// is reopened. At most one per queue the store remembers.
@@ -300,8 +302,8 @@ impl Core {
         self.queues.get(queue).is_some_and(|q| q.router.is_active())
     }
 
-    /// The greatest router claim this node has seen for `queue` (in its views: heartbeats do not count):
-    /// what its workers fence on.
+    /// The greatest router claim this node has seen for `queue` (in its views: heartbeats do not count)
+    /// on the chain of documents it is on: what its workers fence on.
     pub fn fence(&self, queue: &QueueId) -> Option<&Claim> {
         self.seen.get(queue)
     }

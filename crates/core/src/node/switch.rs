@@ -57,6 +57,13 @@ impl Core {
         let from_epoch = q.epoch;
         let sideways =
             !epoch::on_lineage(&to_lineage, from.as_str(), Some(from_epoch)) && from != q.root;
+        // Fences are per chain. A claim that counted on the branch this node leaves need not
+        // count in `to` (its chain may run through that branch's sealer claim, which no carry
+        // brings): a fence raised there would refuse `to`'s router for good. The fence starts
+        // again from `to`'s view, which the refresh after the move reads.
+        if sideways {
+            self.seen.remove(id);
+        }
         // Leaving a branch: every document of it since the fork is carried into `to` whole,
         // the ones this node had retired too (a task that ended in one of them may be live
         // in `to`, brought there by a late write of a document both branches share).

@@ -18,7 +18,7 @@
 //! | 1 | every acknowledged submit reaches an outcome on every member | [`World::every_acknowledged_task_reaches_an_outcome`]; also [`World::unsettled`] and the livelock limit in `World::run` | once settled; at the settle limit |
 //! | 2 | no outcome regresses on any replica | [`World::no_outcome_regresses`] | on every view a core reports |
 //! | 3 | one agreed router, and exactly it active | [`World::only_the_agreed_router_is_active`] (after [`World::is_settled`] required it); also [`World::unsettled`] | once settled; at the settle limit |
-//! | 4 | no worker starts below the greatest claim it has seen | [`World::no_worker_starts_below_the_greatest_claim_seen`] | at every run start |
+//! | 4 | no worker starts below the greatest claim it has seen on the chain it is on | [`World::no_worker_starts_below_the_greatest_claim_seen`] | at every run start |
 //! | 5 | without loss, a task runs again only after a failure or a crash | [`World::a_task_runs_again_only_after_a_failure_or_a_crash`] | at every run start, in runs that lose no messages |
 //! | 6 | the concurrency limit and the rate interval hold | [`World::runs_stay_within_the_concurrency_limit`], [`World::assignments_keep_the_rate_interval`] | at every run start; on every view of an active router |
 //! | 7 | no two runs of a task overlap (unless a loss explains it) | [`World::no_two_runs_of_a_task_overlap`] | at every run start |
@@ -62,19 +62,36 @@ impl World {
     /// Records the effective router of each of node `i`'s views, for invariant 4: the
     /// greatest per queue.
     pub(super) fn note_claims_held(&mut self, i: usize) {
-        let core = &self.nodes[i].core;
-        for q in core.queues() {
-            let Some(claim) = core.view(q).and_then(|v| v.router.clone()) else {
+        let queues: Vec<QueueId> = self.nodes[i].core.queues().cloned().collect();
+        for q in queues {
+            let core = &self.nodes[i].core;
+            let Some(claim) = core.view(&q).and_then(|v| v.router.clone()) else {
                 continue;
             };
-            let held = self
-                .claims_held
-                .entry((i, q.clone()))
-                .or_insert_with(|| claim.clone());
-            if claim > *held {
-                *held = claim;
-            }
+            let Some((_, doc)) = core.epoch(&q).map(|(e, d)| (e, d.clone())) else {
+                continue;
+            };
+            let held = self.held_on_chain(i, &q).filter(|h| *h > claim);
+            self.claims_held
+                .insert((i, q.clone()), (held.unwrap_or(claim), doc));
         }
+    }
+
+    /// The greatest claim node `i`'s views of `queue` showed at the end of a step, if the
+    /// document it was on then is on the chain of the one it is on now: that document itself,
+    /// the queue's first, or one its lineage names (read from the document).
+    fn held_on_chain(&self, i: usize, queue: &QueueId) -> Option<Claim> {
+        let (claim, was_on) = self.claims_held.get(&(i, queue.clone()))?;
+        let core = &self.nodes[i].core;
+        let (_, now_on) = core.epoch(queue)?;
+        let on_chain = was_on == now_on
+            || was_on.as_str() == queue.as_str()
+            || core.document(now_on).is_some_and(|d| {
+                piecework_queue_doc::epoch::read_lineage(d)
+                    .iter()
+                    .any(|l| l.doc == was_on.as_str())
+            });
+        on_chain.then(|| claim.clone())
     }
 
     // ----- at every run start -----
@@ -130,7 +147,8 @@ impl World {
 
     /// Invariant 4: the attempt's claim is not below the greatest claim the node's queue
     /// documents have held: the effective router of its view now, or of any view it showed
-    /// at the end of a step before (`claims_held`). Only the document raises a fence (a
+    /// at the end of a step before (`claims_held`) on a document of the chain it is on now
+    /// (a move to the winning branch of a double seal leaves the losing branch's claims). Only the document raises a fence (a
     /// heartbeat does not), so this is judged from the documents as `QueueView` reads them,
     /// not from the value the node fences with (`Core::fence`).
     fn no_worker_starts_below_the_greatest_claim_seen(
@@ -145,9 +163,7 @@ impl World {
             .view(queue)
             .and_then(|v| v.router.clone());
         let seen = self
-            .claims_held
-            .get(&(i, queue.clone()))
-            .cloned()
+            .held_on_chain(i, queue)
             .into_iter()
             .chain(in_view)
             .max();

@@ -218,8 +218,10 @@ pub(crate) struct World {
     runs: BTreeMap<TaskId, Vec<RunRec>>,
     crashes: Vec<(usize, u64)>,
     /// What invariant 4 judges from: the greatest effective router of each node's views, per
-    /// queue, as they stood at the end of each step (`World::note_claims_held`).
-    claims_held: BTreeMap<(usize, QueueId), Claim>,
+    /// queue, as they stood at the end of each step (`World::note_claims_held`), and the
+    /// document the node was on then: fences are per chain, so a move to a document whose
+    /// lineage does not hold that one (the winning branch of a double seal) starts again.
+    claims_held: BTreeMap<(usize, QueueId), (Claim, DocId)>,
     /// Assignments seen per claim (for the rate check), and when the claim last assigned.
     assigned: BTreeSet<(TaskId, u64, Claim)>,
     last_assign: BTreeMap<(QueueId, Claim), u64>,
