@@ -256,7 +256,7 @@ enum TaskCommand {
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
         /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
         /// answered with its task id or its error; the valid lines are submitted either way.
-        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "wait"])]
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait"])]
         file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
@@ -267,6 +267,10 @@ enum TaskCommand {
         /// Run before every non-urgent task.
         #[arg(long)]
         urgent: bool,
+        /// Failed attempts after which the task fails for good (the queue's `max_attempts`
+        /// by default).
+        #[arg(long)]
+        max_attempts: Option<u32>,
         /// Wait for the outcome and print it.
         #[arg(long)]
         wait: bool,
@@ -507,6 +511,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     input,
                     priority,
                     urgent,
+                    max_attempts,
                     wait,
                     timeout,
                     json,
@@ -522,7 +527,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         input,
                         priority,
                         urgent,
-                        max_attempts: None,
+                        max_attempts,
                     };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();

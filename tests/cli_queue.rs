@@ -1,5 +1,6 @@
 //! `piecework queue create` with configuration flags, `queue status`, `queue pause` and
-//! `queue resume`, and `queue config --set`, against node processes: a queue paused through
+//! `queue resume`, `queue config --set` and `task submit --max-attempts`, against node
+//! processes: a queue paused through
 //! one node is resumed through the other, and a configuration change made through one shows
 //! on the other.
 //!
@@ -54,7 +55,18 @@ async fn a_queue_is_configured_paused_and_resumed_from_the_cli_through_any_membe
     // router reads the pause before the task.
     let paused = json(&cli(&b, &["queue", "pause", &queue, "--json"]));
     assert_eq!(paused["paused"], true, "{paused:#}");
-    let task = cli(&b, &["task", "submit", &queue, "--kind", "noop"]);
+    let task = cli(
+        &b,
+        &[
+            "task",
+            "submit",
+            &queue,
+            "--kind",
+            "noop",
+            "--max-attempts",
+            "2",
+        ],
+    );
     let id = QueueId::new(queue.clone());
     let client_a = Client::new(&a.http).unwrap();
     poll("node a to see the pause and the task", || {
@@ -79,6 +91,11 @@ async fn a_queue_is_configured_paused_and_resumed_from_the_cli_through_any_membe
     let all = [a.http.clone(), b.http.clone()];
     let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(task)).await;
     assert_eq!(s.state, TaskState::Succeeded, "{s:#?}");
+    assert_eq!(
+        s.max_attempts,
+        Some(2),
+        "--max-attempts is the task's: {s:#?}"
+    );
 
     // A configuration change through a shows on b; an invalid one is refused with the reason.
     let config = json(&cli(
