@@ -62,6 +62,10 @@ async fn main() -> anyhow::Result<()> {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         };
         ids.push(via.submit(&queue, req).await?.task_id);
     }

@@ -114,6 +114,10 @@ impl Kind {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         }
     }
 }

@@ -139,6 +139,26 @@ impl Client {
         self.parse(resp).await
     }
 
+    /// Sets (0: removes) a priority tag's boost.
+    pub async fn set_boost(
+        &self,
+        id: &QueueId,
+        tag: &str,
+        boost: i64,
+    ) -> anyhow::Result<api::QueueStatus> {
+        let url = format!("{}/v1/queues/{id}/boosts/{tag}", self.base);
+        let req = match boost {
+            0 => self.http.delete(url),
+            b => self.http.put(url).json(&api::SetBoost { boost: b }),
+        };
+        let resp = req
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
     /// Joins a queue.
     pub async fn join_queue(&self, id: &QueueId) -> anyhow::Result<api::QueueStatus> {
         self.post(&format!("/v1/queues/{id}/join"), &serde_json::json!({}))

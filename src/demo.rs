@@ -237,6 +237,10 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         };
         submits.push(async move { h.submit(&q, req).await });
         if submits.len() >= 32

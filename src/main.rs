@@ -234,6 +234,20 @@ enum QueueCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Set the boost of a priority tag for every member (0 removes it): each pending task
+    /// with the tag moves by boost × 200,000 in effective priority.
+    Boost {
+        /// The queue's id.
+        queue_id: String,
+        /// The tag.
+        tag: String,
+        /// The boost, in [-1000000, 1000000].
+        #[arg(allow_hyphen_values = true)]
+        boost: i64,
+        /// Print JSON (the queue's status).
+        #[arg(long)]
+        json: bool,
+    },
     /// Join a queue that a connected peer has.
     Join {
         /// The queue's id (automerge:…).
@@ -256,7 +270,7 @@ enum TaskCommand {
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
         /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
         /// answered with its task id or its error; the valid lines are submitted either way.
-        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait"])]
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before"])]
         file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
@@ -271,6 +285,19 @@ enum TaskCommand {
         /// by default).
         #[arg(long)]
         max_attempts: Option<u32>,
+        /// A priority tag (repeatable): the queue's boost of each adds to the task's effective
+        /// priority (`queue boost`).
+        #[arg(long = "tag")]
+        tag: Vec<String>,
+        /// A task of the same queue that must succeed first (repeatable).
+        #[arg(long = "depends-on")]
+        depends_on: Vec<String>,
+        /// Not routed before this long after the submit (humantime: `30s`, `5m`).
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "not_before")]
+        delay: Option<std::time::Duration>,
+        /// Not routed before this time (RFC 3339, e.g. `2026-11-28T09:00:00Z`).
+        #[arg(long)]
+        not_before: Option<String>,
         /// Wait for the outcome and print it.
         #[arg(long)]
         wait: bool,
@@ -484,6 +511,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         Ok(())
                     }
                 }
+                QueueCommand::Boost {
+                    queue_id,
+                    tag,
+                    boost,
+                    json,
+                } => {
+                    let q = client
+                        .set_boost(&QueueId::new(queue_id), &tag, boost)
+                        .await?;
+                    if json {
+                        return print_json(&q);
+                    }
+                    match q.boosts.get(&tag) {
+                        Some(b) => println!("{tag}: boost {b}"),
+                        None => println!("{tag}: no boost"),
+                    }
+                    Ok(())
+                }
                 QueueCommand::Join { queue_id, json } => {
                     let q = client.join_queue(&QueueId::new(queue_id)).await?;
                     if json {
@@ -512,6 +557,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     priority,
                     urgent,
                     max_attempts,
+                    tag,
+                    depends_on,
+                    delay,
+                    not_before,
                     wait,
                     timeout,
                     json,
@@ -528,6 +577,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         priority,
                         urgent,
                         max_attempts,
+                        tags: tag,
+                        depends_on: depends_on.into_iter().map(TaskId::new).collect(),
+                        delay_ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                        not_before,
                     };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();
@@ -611,6 +664,25 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
             "  priority {p}{}  max attempts {m}",
             if u { " (urgent)" } else { "" }
         );
+    }
+    if !s.tags.is_empty() {
+        let eff = s
+            .effective_priority
+            .map_or(String::new(), |e| format!("  effective priority {e}"));
+        println!("  tags {}{eff}", s.tags.join(", "));
+    }
+    if !s.depends_on.is_empty() {
+        let d: Vec<&str> = s.depends_on.iter().map(|t| t.as_str()).collect();
+        println!("  depends on {}", d.join(", "));
+    }
+    if let Some(b) = &s.blocked_on {
+        println!(
+            "  blocked on {}",
+            serde_json::to_string(b).unwrap_or_default()
+        );
+    }
+    if let Some(r) = &s.cancel_reason {
+        println!("  cancelled: {r}");
     }
     if let Some(r) = &s.result {
         println!("  result {r}");
@@ -959,10 +1031,14 @@ fn print_queue(q: &api::QueueStatus, json: bool) -> anyhow::Result<()> {
     );
     let t = &q.tasks;
     println!(
-        "tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed, {} input unavailable",
-        t.pending, t.assigned, t.running, t.succeeded, t.failed, t.input_unavailable
+        "tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed, {} cancelled, {} input unavailable",
+        t.pending, t.assigned, t.running, t.succeeded, t.failed, t.cancelled, t.input_unavailable
     );
     print_config(&q.config);
+    if !q.boosts.is_empty() {
+        let b: Vec<String> = q.boosts.iter().map(|(t, b)| format!("{t} {b}")).collect();
+        println!("boosts: {}", b.join(", "));
+    }
     Ok(())
 }
 

@@ -112,6 +112,10 @@ async fn every_task_completes_after_the_active_router_is_killed() {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         };
         ids.push(handles[i % 3].submit(&queue, req).await.unwrap().task_id);
     }
@@ -259,6 +263,10 @@ async fn a_router_shut_down_in_the_library_hands_over_and_frees_its_data_directo
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         };
         ids.push(handles[via].submit(&queue, req).await.unwrap().task_id);
     }
@@ -353,6 +361,10 @@ async fn a_follower_restarted_on_a_long_history_does_not_take_the_router() {
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                tags: Vec::new(),
+                depends_on: Vec::new(),
+                delay_ms: None,
+                not_before: None,
             })
             .collect();
         let done = submitted.saturating_sub(1_000);
@@ -473,6 +485,10 @@ async fn a_result_over_the_limit_fails_its_run_and_the_queue_keeps_syncing() {
         priority: 0,
         urgent: false,
         max_attempts: Some(1),
+        tags: Vec::new(),
+        depends_on: Vec::new(),
+        delay_ms: None,
+        not_before: None,
     };
     // Inline (a small input): its output would go into the queue document.
     let inline = handles[0]

@@ -431,6 +431,101 @@ fn steps() -> Vec<Step> {
         )
         .get("/v1/queues/<queue:configured>")
         .into(),
+        // PUT and DELETE /v1/queues/{id}/boosts/{tag}
+        case("boost_put", "boosting a priority tag")
+            .put("/v1/queues/<queue:configured>/boosts/vip")
+            .json(json!({ "boost": 3 }))
+            .into(),
+        case("boost_put_second", "boosting another tag, below zero")
+            .put("/v1/queues/<queue:configured>/boosts/bulk")
+            .json(json!({ "boost": -2 }))
+            .into(),
+        case("boost_out_of_range", "a boost outside [-1000000, 1000000]")
+            .put("/v1/queues/<queue:configured>/boosts/vip")
+            .json(json!({ "boost": 1_000_001 }))
+            .into(),
+        case("boost_bad_tag", "a tag with a character tags may not hold")
+            .put("/v1/queues/<queue:configured>/boosts/a%20b")
+            .json(json!({ "boost": 1 }))
+            .into(),
+        case("boost_missing_body", "no boost given (axum's rejection)")
+            .put("/v1/queues/<queue:configured>/boosts/vip")
+            .json(json!({}))
+            .into(),
+        case("boost_unknown_queue", "a queue this node has not joined")
+            .put("/v1/queues/<unknown-id>/boosts/vip")
+            .json(json!({ "boost": 1 }))
+            .into(),
+        case("boost_delete", "removing a tag's boost")
+            .delete("/v1/queues/<queue:configured>/boosts/bulk")
+            .into(),
+        // The scheduling fields of a submit (the node's one worker is held by the `block`
+        // task, so these stay pending or blocked).
+        case("submit_tagged", "a task with priority tags")
+            .post("/v1/queues/<queue:configured>/tasks")
+            .json(json!({ "kind": "noop", "tags": ["vip", "bulk"], "priority": 7 }))
+            .capture("task_id", "<task:tagged>")
+            .into(),
+        case(
+            "submit_with_dependency",
+            "a task that depends on another, delayed until a fixed time",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({
+            "kind": "noop",
+            "depends_on": ["<task:tagged>"],
+            "not_before": "2999-01-01T00:00:00Z",
+        }))
+        .capture("task_id", "<task:dependent>")
+        .into(),
+        case(
+            "submit_delayed",
+            "a task not routed before a fixed time",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "not_before": "2999-01-01T00:00:00Z" }))
+        .capture("task_id", "<task:delayed>")
+        .into(),
+        case("task_tagged", "a tagged task: its effective priority counts the boost")
+            .get("/v1/tasks/<task:tagged>")
+            .into(),
+        case(
+            "task_blocked_on_dependency",
+            "a task whose dependency has not succeeded: blocked",
+        )
+        .get("/v1/tasks/<task:dependent>")
+        .into(),
+        case("task_blocked_not_before", "a task whose time has not come: blocked")
+            .get("/v1/tasks/<task:delayed>")
+            .into(),
+        case(
+            "submit_unknown_dependency",
+            "a dependency no task of the queue has",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "depends_on": ["<unknown-id>"] }))
+        .into(),
+        case(
+            "submit_delay_and_not_before",
+            "a delay and a not-before time at once",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "delay_ms": 1000, "not_before": "2999-01-01T00:00:00Z" }))
+        .into(),
+        case("submit_bad_not_before", "a not-before time that is not RFC 3339")
+            .post("/v1/queues/<queue:configured>/tasks")
+            .json(json!({ "kind": "noop", "not_before": "tomorrow" }))
+            .into(),
+        case("submit_bad_tag", "a tag with a character tags may not hold")
+            .post("/v1/queues/<queue:configured>/tasks")
+            .json(json!({ "kind": "noop", "tags": ["no spaces"] }))
+            .into(),
+        case(
+            "queue_status_with_boosts",
+            "the queue with a boost, its tasks pending and blocked",
+        )
+        .get("/v1/queues/<queue:configured>")
+        .into(),
     ]
 }
 
@@ -509,6 +604,18 @@ impl Case {
 
     fn patch(mut self, path: &'static str) -> Self {
         self.method = "PATCH";
+        self.path = path;
+        self
+    }
+
+    fn put(mut self, path: &'static str) -> Self {
+        self.method = "PUT";
+        self.path = path;
+        self
+    }
+
+    fn delete(mut self, path: &'static str) -> Self {
+        self.method = "DELETE";
         self.path = path;
         self
     }

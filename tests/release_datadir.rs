@@ -104,6 +104,10 @@ async fn a_data_directory_of_the_previous_release_opens_with_every_task() {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         })
         .collect();
     let entries = h.submit_many(&queue, reqs).await.expect("a batch submit");

@@ -425,6 +425,10 @@ async fn every_task_acknowledged_just_before_a_sigkill_is_on_disk() {
         priority: 0,
         urgent: false,
         max_attempts: None,
+        tags: Vec::new(),
+        depends_on: Vec::new(),
+        delay_ms: None,
+        not_before: None,
     };
     let mut acked: Vec<TaskId> = Vec::new();
     for round in 0..3 {

@@ -86,6 +86,7 @@ pub fn queue_document() -> &'static Automerge {
                 urgent: false,
                 max_attempts: None,
                 input: Some("{}".into()),
+                rules: Default::default(),
             })
             .collect();
         queue::submit_many(&mut doc, &subs).expect("submit");

@@ -307,6 +307,7 @@ fn first_epoch() -> Automerge {
             urgent: i == 3,
             max_attempts: Some(3),
             input: (i == 1).then(|| "{}".into()),
+            rules: Default::default(),
         })
         .collect();
     queue::submit_many(&mut doc, &subs).expect("submit");

@@ -146,6 +146,7 @@ pub(super) fn floor(n: usize) -> anyhow::Result<f64> {
                 max_attempts: None,
                 // As a node submits a noop task: inline.
                 input: Some("{}".into()),
+                rules: Default::default(),
             },
         )
         .context("floor: submit")?;

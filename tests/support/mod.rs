@@ -301,6 +301,10 @@ pub async fn submit_kind(
         priority: 0,
         urgent: false,
         max_attempts: None,
+        tags: Vec::new(),
+        depends_on: Vec::new(),
+        delay_ms: None,
+        not_before: None,
     };
     node.client()
         .submit(queue, &req)

@@ -44,6 +44,36 @@ pub struct SubmitTask {
     /// Failed attempts before dead-lettering; the queue's default if absent.
     #[serde(default)]
     pub max_attempts: Option<u32>,
+    /// Priority tags: the queue's boost of each adds to the task's effective priority.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Tasks of the same queue that must succeed first (each must exist).
+    #[serde(default)]
+    pub depends_on: Vec<TaskId>,
+    /// Not routed before this many milliseconds after the submit.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+    /// Not routed before this time (RFC 3339, e.g. `2026-11-28T09:00:00Z`). Not with
+    /// `delay_ms`.
+    #[serde(default)]
+    pub not_before: Option<String>,
+}
+
+impl SubmitTask {
+    /// A submit of `kind` with `input` and every other field at its default.
+    pub fn new(kind: impl Into<String>, input: serde_json::Value) -> Self {
+        SubmitTask {
+            kind: kind.into(),
+            input,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
+        }
+    }
 }
 
 /// A submitted task.
@@ -113,10 +143,39 @@ pub struct QueueStatus {
     /// times the queue document was rotated into a successor that carries only live tasks.
     pub epoch: u64,
     /// Task counts by state, over the queue's whole life (tasks that ended in earlier epochs
-    /// count as succeeded or failed).
+    /// count as they ended).
     pub tasks: StateCounts,
     /// The queue's configuration.
     pub config: QueueConfig,
+    /// The boost of each priority tag that has one.
+    #[serde(default)]
+    pub boosts: std::collections::BTreeMap<String, i64>,
+}
+
+/// `PUT /v1/queues/{id}/boosts/{tag}`: a tag's boost.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetBoost {
+    /// In `[-1000000, 1000000]`; 0 removes it.
+    pub boost: i64,
+}
+
+/// Why a pending task cannot be routed now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum BlockedOn {
+    /// Dependencies that have not succeeded yet.
+    Dependencies {
+        /// Their ids.
+        tasks: Vec<TaskId>,
+    },
+    /// Its not-before time has not come (by this node's clock).
+    NotBefore {
+        /// The time, unix ms.
+        until: u64,
+    },
+    /// The queue is paused.
+    Paused,
 }
 
 /// One of this node's workers.
@@ -181,6 +240,25 @@ pub struct TaskStatus {
     /// The attempts it may take (same as `priority`).
     #[serde(default)]
     pub max_attempts: Option<u32>,
+    /// Its priority tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// The tasks it depends on.
+    #[serde(default)]
+    pub depends_on: Vec<TaskId>,
+    /// Not routed before this time (unix ms), if it has one.
+    #[serde(default)]
+    pub not_before: Option<u64>,
+    /// The sum of its tags' boosts × 200,000, plus its priority (while the queue's current
+    /// epoch indexes it).
+    #[serde(default)]
+    pub effective_priority: Option<i64>,
+    /// Why it cannot be routed now (`state` is then `blocked`); null otherwise.
+    #[serde(default)]
+    pub blocked_on: Option<BlockedOn>,
+    /// Why it was cancelled (`state` is then `cancelled`).
+    #[serde(default)]
+    pub cancel_reason: Option<String>,
     /// The result of the first successful run, once this node has it.
     pub result: Option<serde_json::Value>,
     /// The last error, if an attempt failed.
@@ -230,6 +308,9 @@ pub enum QueueError {
     /// written.
     #[error("invalid queue configuration: {0}")]
     InvalidConfig(piecework_queue_doc::ConfigError),
+    /// A boost's tag or value is invalid; nothing was written.
+    #[error("{0}")]
+    InvalidBoost(String),
     /// Too many requests are waiting on this node.
     #[error("the node is busy: {0} requests are waiting already")]
     Busy(usize),
@@ -344,6 +425,15 @@ impl From<piecework_queue_doc::SetConfigError> for QueueError {
         match e {
             piecework_queue_doc::SetConfigError::Invalid(c) => QueueError::InvalidConfig(c),
             piecework_queue_doc::SetConfigError::Write(w) => QueueError::Write(w),
+        }
+    }
+}
+
+impl From<piecework_queue_doc::SetBoostError> for QueueError {
+    fn from(e: piecework_queue_doc::SetBoostError) -> Self {
+        match e {
+            piecework_queue_doc::SetBoostError::Write(w) => QueueError::Write(w),
+            e => QueueError::InvalidBoost(e.to_string()),
         }
     }
 }

@@ -400,6 +400,15 @@ pub enum Command {
         /// The fields to set.
         patch: piecework_queue_doc::ConfigPatch,
     },
+    /// Set (or, with 0, remove) the boost of a priority tag: [`Reply::Configured`].
+    SetBoost {
+        /// The queue.
+        queue: QueueId,
+        /// The tag.
+        tag: String,
+        /// The boost, in `[-1000000, 1000000]`.
+        boost: i64,
+    },
     /// Submit a task: [`Reply::Submitted`].
     Submit {
         /// The queue.
@@ -453,7 +462,7 @@ pub enum Reply {
     Joined(Result<Arc<QueueView>, api::QueueError>),
     /// To [`Command::SetPaused`]: the queue's status once written.
     Paused(Result<api::QueueStatus, api::QueueError>),
-    /// To [`Command::SetConfig`]: the queue's status once written.
+    /// To [`Command::SetConfig`] and [`Command::SetBoost`]: the queue's status once written.
     Configured(Result<api::QueueStatus, api::QueueError>),
     /// To [`Command::Submit`].
     Submitted(Result<api::Submitted, api::SubmitError>),

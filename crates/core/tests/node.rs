@@ -266,6 +266,10 @@ fn noop_submit(q: &QueueId) -> Command {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         },
     }
 }
@@ -919,6 +923,10 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
             priority: 3,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         },
     });
     assert_eq!(
@@ -1010,6 +1018,10 @@ fn submit_padded(one: &mut One, q: &QueueId, i: usize) -> CommandId {
             priority: 0,
             urgent: false,
             max_attempts: None,
+            tags: Vec::new(),
+            depends_on: Vec::new(),
+            delay_ms: None,
+            not_before: None,
         },
     })
 }
@@ -1282,6 +1294,10 @@ fn a_full_queue_refuses_submits_until_tasks_finish() {
         priority: 0,
         urgent: false,
         max_attempts: None,
+        tags: Vec::new(),
+        depends_on: Vec::new(),
+        delay_ms: None,
+        not_before: None,
     };
     let batch = one.command(Command::SubmitMany {
         queue: q.clone(),
@@ -2531,6 +2547,10 @@ fn a_member_back_after_rotations_answers_for_every_task_that_finished_while_it_w
                     priority: 0,
                     urgent: false,
                     max_attempts: None,
+                    tags: Vec::new(),
+                    depends_on: Vec::new(),
+                    delay_ms: None,
+                    not_before: None,
                 },
             }),
             _ => a.submit(&q),
@@ -2649,6 +2669,10 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
                 priority: 0,
                 urgent: false,
                 max_attempts: None,
+                tags: Vec::new(),
+                depends_on: Vec::new(),
+                delay_ms: None,
+                not_before: None,
             })
             .collect(),
     });

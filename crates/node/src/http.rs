@@ -30,7 +30,7 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post};
+use axum::routing::{get, patch, post, put};
 use axum::{Json, Router};
 use piecework_queue_doc::{QueueId, TaskId};
 use serde::Deserialize;
@@ -66,9 +66,10 @@ impl From<QueryRejection> for ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         let code = match e {
-            QueueError::BadId(_) | QueueError::Create(_) | QueueError::InvalidConfig(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            QueueError::BadId(_)
+            | QueueError::Create(_)
+            | QueueError::InvalidConfig(_)
+            | QueueError::InvalidBoost(_) => StatusCode::BAD_REQUEST,
             QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
@@ -126,6 +127,10 @@ pub fn router(node: NodeHandle) -> Router {
         .route("/v1/queues/{id}/pause", post(pause))
         .route("/v1/queues/{id}/resume", post(resume))
         .route("/v1/queues/{id}/config", patch(set_config))
+        .route(
+            "/v1/queues/{id}/boosts/{tag}",
+            put(set_boost).delete(delete_boost),
+        )
         .route("/v1/queues/{id}/tasks", post(submit))
         .route("/v1/tasks/{id}", get(task_status))
         .route("/v1/tasks/{id}/wait", get(wait_task))
@@ -205,6 +210,24 @@ async fn set_config(
 ) -> Result<Json<api::QueueStatus>, ApiError> {
     let Json(patch) = body?;
     Ok(Json(node.set_config(&QueueId::new(id), patch).await?))
+}
+
+async fn set_boost(
+    State(node): State<NodeHandle>,
+    Path((id, tag)): Path<(String, String)>,
+    body: Result<Json<api::SetBoost>, JsonRejection>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    let Json(b) = body?;
+    Ok(Json(
+        node.set_boost(&QueueId::new(id), &tag, b.boost).await?,
+    ))
+}
+
+async fn delete_boost(
+    State(node): State<NodeHandle>,
+    Path((id, tag)): Path<(String, String)>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    Ok(Json(node.set_boost(&QueueId::new(id), &tag, 0).await?))
 }
 
 async fn submit(

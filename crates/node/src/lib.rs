@@ -27,6 +27,10 @@
 //!         priority: 0,
 //!         urgent: false,
 //!         max_attempts: None,
+//!         tags: Vec::new(),
+//!         depends_on: Vec::new(),
+//!         delay_ms: None,
+//!         not_before: None,
 //!     })
 //!     .await?;
 //! let status = node.handle().wait_task(&submitted.task_id, std::time::Duration::from_secs(30)).await?;
@@ -569,6 +573,25 @@ impl NodeHandle {
         let command = Command::SetConfig {
             queue: queue.clone(),
             patch,
+        };
+        match self.ask(command).await {
+            Some(Reply::Configured(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// Sets the boost of priority tag `tag` in a queue, for every member (0 removes it).
+    /// Returns the queue's status.
+    pub async fn set_boost(
+        &self,
+        queue: &QueueId,
+        tag: &str,
+        boost: i64,
+    ) -> Result<api::QueueStatus, QueueError> {
+        let command = Command::SetBoost {
+            queue: queue.clone(),
+            tag: tag.to_owned(),
+            boost,
         };
         match self.ask(command).await {
             Some(Reply::Configured(r)) => r,

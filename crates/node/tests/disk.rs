@@ -23,6 +23,10 @@ fn task(n: u32) -> api::SubmitTask {
         priority: 0,
         urgent: false,
         max_attempts: None,
+        tags: Vec::new(),
+        depends_on: Vec::new(),
+        delay_ms: None,
+        not_before: None,
     }
 }
 

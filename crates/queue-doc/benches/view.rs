@@ -42,6 +42,7 @@ fn submit(doc: &mut Automerge, i: u64) -> TaskId {
         urgent: false,
         max_attempts: None,
         input: None,
+        rules: Default::default(),
     };
     queue::submit(doc, &s).expect("submit");
     id
@@ -274,6 +275,7 @@ fn carry(c: &mut Criterion) {
                         urgent: false,
                         max_attempts: None,
                         input: None,
+                        rules: Default::default(),
                     }
                 })
                 .collect();

@@ -200,6 +200,7 @@ impl ViewCache {
                 }
             }
         }
+        view.take_rederived();
         self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));
         true
@@ -343,10 +344,6 @@ impl ViewCache {
             }
         }
         let tasks = self.tasks_exid.clone();
-        if let Changed::Tasks(earlier) = &mut self.changed {
-            changed.extend(earlier.drain(..));
-            *earlier = changed.into_iter().collect();
-        }
         for id in dirty {
             self.stats.tasks_reread += 1;
             // As in a full read: a key whose value is no readable task entry is malformed.
@@ -387,6 +384,12 @@ impl ViewCache {
             if !shows_attempt(&view, &key) {
                 self.hidden.insert(task);
             }
+        }
+        // Dependents whose state followed a dependency's outcome changed too.
+        changed.extend(view.take_rederived());
+        if let Changed::Tasks(earlier) = &mut self.changed {
+            changed.extend(earlier.drain(..));
+            *earlier = changed.into_iter().collect();
         }
         self.set_malformed(&mut view);
         self.view = Some(Arc::new(view));

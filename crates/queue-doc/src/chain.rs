@@ -67,6 +67,13 @@ pub struct Retired {
     pub succeeded: u64,
     /// Ended failed.
     pub failed: u64,
+    /// Ended cancelled.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cancelled: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The running total of retired tasks a queue document records.

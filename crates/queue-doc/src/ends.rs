@@ -139,6 +139,8 @@ mod tests {
             attempts: Vec::new(),
             input_seen: 0,
             input,
+            rules: Default::default(),
+            dependencies: Default::default(),
         };
         let bare = TaskEnd::new(Arc::new(entry(None)), Vec::new());
         let with_input = TaskEnd::new(Arc::new(entry(Some("x".repeat(1000)))), Vec::new());

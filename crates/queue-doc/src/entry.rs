@@ -3,7 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Order;
 use crate::ids::{AttemptId, PeerId, TaskId, WorkerId};
 
 /// How an attempt ended.
@@ -103,9 +102,9 @@ impl Attempt {
 
 /// Where a task stands, derived from its attempts.
 ///
-/// States are ordered by rank: the non-final states rank 0, `Failed` 1, `Succeeded` 2. A final
-/// state never turns back into a non-final one and only ever gives way to a higher rank (a
-/// zombie attempt that succeeds after the task was dead-lettered turns it into `Succeeded`).
+/// States are ordered by rank: the non-final states rank 0, `Failed` 1, `Cancelled` 2,
+/// `Succeeded` 3. A final state only ever gives way to a higher rank (a zombie attempt that
+/// succeeds after the task was dead-lettered or cancelled turns it into `Succeeded`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
@@ -122,8 +121,14 @@ pub enum TaskState {
     InputUnavailable,
     /// Failed `max_attempts` times: dead-lettered.
     Failed,
+    /// Ended without running to success: a dependency failed or was cancelled
+    /// ([`TaskEntry::cancel_reason`] says which).
+    Cancelled,
     /// Some attempt succeeded.
     Succeeded,
+    /// Shown, never derived from a document: a pending task that cannot be routed now (its
+    /// dependencies, its not-before time, a paused queue), as a node's status answers it.
+    Blocked,
 }
 
 impl TaskState {
@@ -133,13 +138,15 @@ impl TaskState {
             TaskState::Pending
             | TaskState::Assigned
             | TaskState::Running
-            | TaskState::InputUnavailable => 0,
+            | TaskState::InputUnavailable
+            | TaskState::Blocked => 0,
             TaskState::Failed => 1,
-            TaskState::Succeeded => 2,
+            TaskState::Cancelled => 2,
+            TaskState::Succeeded => 3,
         }
     }
 
-    /// `Succeeded` or `Failed`.
+    /// `Succeeded`, `Cancelled` or `Failed`.
     pub fn is_final(self) -> bool {
         self.rank() > 0
     }
@@ -152,8 +159,101 @@ impl TaskState {
             TaskState::Running => "running",
             TaskState::InputUnavailable => "input_unavailable",
             TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
             TaskState::Succeeded => "succeeded",
+            TaskState::Blocked => "blocked",
         }
+    }
+
+    /// The state a name gives ([`TaskState::as_str`]'s inverse).
+    pub fn parse(s: &str) -> Option<TaskState> {
+        Some(match s {
+            "pending" => TaskState::Pending,
+            "assigned" => TaskState::Assigned,
+            "running" => TaskState::Running,
+            "input_unavailable" => TaskState::InputUnavailable,
+            "failed" => TaskState::Failed,
+            "cancelled" => TaskState::Cancelled,
+            "succeeded" => TaskState::Succeeded,
+            "blocked" => TaskState::Blocked,
+            _ => return None,
+        })
+    }
+}
+
+/// The most tags one task carries.
+pub const MAX_TAGS: usize = 16;
+/// The longest tag, in bytes.
+pub const MAX_TAG_LEN: usize = 64;
+/// The most dependencies one task lists.
+pub const MAX_DEPENDENCIES: usize = 64;
+/// A boost's magnitude is at most this.
+pub const MAX_BOOST: i64 = 1_000_000;
+/// How much one unit of boost outweighs priority: an effective priority is
+/// `boost sum × BOOST_WEIGHT + priority`, and `|priority| < BOOST_WEIGHT / 2`, so the boost
+/// sum orders first and the priority breaks its ties.
+pub const BOOST_WEIGHT: i64 = 200_000;
+
+/// Whether `tag` is a tag a task may carry: 1 to [`MAX_TAG_LEN`] bytes of ASCII letters,
+/// digits, `_`, `-`, `.` and `:`.
+pub fn valid_tag(tag: &str) -> bool {
+    !tag.is_empty()
+        && tag.len() <= MAX_TAG_LEN
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
+/// What a task's submitter decided about when and in which order it runs, beyond its priority:
+/// written once with its entry, and copied whole into successor epochs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Rules {
+    /// Priority tags: the queue's boost of each adds to the task's effective priority. Sorted,
+    /// without repeats; readers keep at most [`MAX_TAGS`] valid ones.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    /// Not assigned before this wall-clock time (unix ms, by the assigning router's clock);
+    /// 0: no delay.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub not_before: u64,
+    /// Tasks of the same queue that must succeed before this one is routed (at most
+    /// [`MAX_DEPENDENCIES`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<TaskId>,
+    /// The final outcomes of dependencies that were no longer in the queue document where the
+    /// entry was written (finished in an earlier epoch): recorded by the submitter, or by the
+    /// rotation or carry that left them behind.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub outcomes: std::collections::BTreeMap<TaskId, TaskState>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Rules {
+    /// The rules as readers take them from any writer: tags valid, sorted, unique and at most
+    /// [`MAX_TAGS`]; dependencies unique, at most [`MAX_DEPENDENCIES`], never the task itself;
+    /// only final outcomes, of listed dependencies.
+    pub fn normalized(mut self, task: &TaskId) -> Rules {
+        self.tags.retain(|t| valid_tag(t));
+        self.tags.sort();
+        self.tags.dedup();
+        self.tags.truncate(MAX_TAGS);
+        let mut seen = std::collections::BTreeSet::new();
+        self.depends_on
+            .retain(|d| d != task && seen.insert(d.clone()));
+        self.depends_on.truncate(MAX_DEPENDENCIES);
+        let deps: std::collections::BTreeSet<&TaskId> = self.depends_on.iter().collect();
+        self.outcomes
+            .retain(|d, s| deps.contains(d) && s.is_final());
+        self
+    }
+
+    /// Whether no rule is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Rules::default()
     }
 }
 
@@ -185,6 +285,13 @@ pub struct TaskEntry {
     /// The input (JSON text) of an inline task, which has no task document; `None` for a task
     /// whose input is in its task document.
     pub input: Option<String>,
+    /// Its tags, delay and dependencies, as written.
+    pub rules: Rules,
+    /// The final outcome of each dependency known where the entry is read: those recorded in
+    /// [`Rules::outcomes`], and those of dependencies the same view shows final (a
+    /// [`crate::QueueView`] keeps them as its tasks change; an entry read alone knows only the
+    /// recorded ones).
+    pub dependencies: std::collections::BTreeMap<TaskId, TaskState>,
 }
 
 impl TaskEntry {
@@ -227,7 +334,42 @@ impl TaskEntry {
         self.attempts.iter().filter(move |a| a.id.n == n)
     }
 
-    /// The task's state, derived from its attempts (see [`TaskState`]).
+    /// The dependency whose outcome cancels this task: the first, by id, that failed or was
+    /// cancelled.
+    pub fn cancelled_by(&self) -> Option<(&TaskId, TaskState)> {
+        self.dependencies
+            .iter()
+            .find(|(_, s)| matches!(s, TaskState::Failed | TaskState::Cancelled))
+            .map(|(d, s)| (d, *s))
+    }
+
+    /// Why the task was cancelled, if it was: `"dependency <id> failed"` or `"dependency <id>
+    /// was cancelled"`.
+    pub fn cancel_reason(&self) -> Option<String> {
+        if self.state() != TaskState::Cancelled {
+            return None;
+        }
+        self.cancelled_by().map(|(d, s)| match s {
+            TaskState::Failed => format!("dependency {d} failed"),
+            _ => format!("dependency {d} was cancelled"),
+        })
+    }
+
+    /// The dependencies whose success is not known yet, in id order.
+    pub fn waiting_on(&self) -> impl Iterator<Item = &TaskId> + '_ {
+        self.rules
+            .depends_on
+            .iter()
+            .filter(|d| self.dependencies.get(*d) != Some(&TaskState::Succeeded))
+    }
+
+    /// Whether every dependency's success is known.
+    pub fn dependencies_met(&self) -> bool {
+        self.waiting_on().next().is_none()
+    }
+
+    /// The task's state, derived from its attempts and its dependencies' outcomes (see
+    /// [`TaskState`]).
     pub fn state(&self) -> TaskState {
         if self.attempts.iter().any(|a| {
             a.finished
@@ -235,6 +377,9 @@ impl TaskEntry {
                 .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
         }) {
             return TaskState::Succeeded;
+        }
+        if self.cancelled_by().is_some() {
+            return TaskState::Cancelled;
         }
         if self.failures() >= self.max_attempts {
             return TaskState::Failed;
@@ -257,20 +402,6 @@ impl TaskEntry {
             state = TaskState::Assigned;
         }
         state
-    }
-
-    /// The routing order between two tasks: urgent first, then greater priority, then submit
-    /// time (oldest first for [`Order::Fifo`], newest first for [`Order::Lifo`]), then id.
-    pub fn route_cmp(&self, other: &TaskEntry, order: Order) -> std::cmp::Ordering {
-        other
-            .urgent
-            .cmp(&self.urgent)
-            .then(other.priority.cmp(&self.priority))
-            .then(match order {
-                Order::Fifo => self.submitted_at.cmp(&other.submitted_at),
-                Order::Lifo => other.submitted_at.cmp(&self.submitted_at),
-            })
-            .then(self.id.cmp(&other.id))
     }
 
     /// The attempt with this id.

@@ -386,6 +386,7 @@ pub fn build_successor(
         match t.state() {
             crate::TaskState::Succeeded => retired.succeeded = retired.succeeded.saturating_add(1),
             crate::TaskState::Failed => retired.failed = retired.failed.saturating_add(1),
+            crate::TaskState::Cancelled => retired.cancelled = retired.cancelled.saturating_add(1),
             _ => {}
         }
     }
@@ -436,6 +437,7 @@ pub fn build_successor(
                 u: t.urgent,
                 m: u64::from(t.max_attempts),
                 i: t.input.clone(),
+                r: carried_rules(t),
             };
             tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
             // What the ended runs of an inline task produced (its failed runs' logs).
@@ -584,13 +586,27 @@ pub fn seal_heads<R: ReadDoc>(doc: &R, successor: &str) -> Option<Vec<ChangeHash
         .map(|h| decode_heads(&h))
 }
 
-/// A task's state in a queue document, if the document indexes it (reads that one entry).
+/// A task's state in a queue document, if the document indexes it (reads that entry, and
+/// those of its dependencies: see [`task_entry`]).
 pub fn task_state(doc: &Automerge, task: &TaskId) -> Option<crate::TaskState> {
     task_entry(doc, task).map(|t| t.state())
 }
 
-/// A task's entry in a queue document, if the document indexes it (reads that one entry).
+/// A task's entry in a queue document, if the document indexes it: that one entry, with its
+/// dependencies' final outcomes as the document shows them (their entries read the same way,
+/// 16 levels deep at most), as a whole view would.
 pub fn task_entry(doc: &Automerge, task: &TaskId) -> Option<crate::TaskEntry> {
+    let mut e = entry_alone(doc, task)?;
+    for d in e.rules.depends_on.clone() {
+        if let Some(s) = settled_state(doc, &d, SETTLED_DEPTH).filter(|s| s.is_final()) {
+            e.dependencies.insert(d, s);
+        }
+    }
+    Some(e)
+}
+
+/// A task's entry read alone (its dependencies' outcomes only as recorded in it).
+fn entry_alone(doc: &Automerge, task: &TaskId) -> Option<crate::TaskEntry> {
     let tasks = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)?;
     let (v, o) = doc.get(&tasks, task.as_str()).ok()??;
     let value = match v {
@@ -1065,20 +1081,62 @@ pub(crate) fn attempt_value<R: ReadDoc>(
     }
 }
 
+/// A task's rules as a successor records them: its known dependency outcomes become recorded
+/// ones, since a dependency that is final does not follow it into the successor.
+fn carried_rules(t: &crate::TaskEntry) -> crate::Rules {
+    let mut r = t.rules.clone();
+    r.outcomes = t.dependencies.clone();
+    r
+}
+
+/// How deep [`settled_state`] follows dependencies of dependencies.
+const SETTLED_DEPTH: usize = 16;
+
+/// A task's state in `doc` read from its entry and, recursively, its dependencies' entries
+/// (a dependency's own dependencies can cancel it): `None` if `doc` does not index it.
+fn settled_state(doc: &Automerge, task: &TaskId, depth: usize) -> Option<crate::TaskState> {
+    let mut e = entry_alone(doc, task)?;
+    if depth > 0 {
+        for d in e.rules.depends_on.clone() {
+            if let Some(s) = settled_state(doc, &d, depth - 1).filter(|s| s.is_final()) {
+                e.dependencies.insert(d, s);
+            }
+        }
+    }
+    Some(e.state())
+}
+
 /// A late task entry to carry: absent from the successor, and not a task that was finished
-/// and left behind at the seal.
+/// and left behind at the seal. Its dependencies that the successor does not index have their
+/// final outcomes in `from` recorded into it (they ended before the seal and stayed behind).
 fn carry_entry<R: ReadDoc>(
     from: &Automerge,
     tx: &R,
     task: &str,
     dropped: &dyn Fn(&TaskId) -> bool,
 ) -> Option<automerge::ScalarValue> {
-    if has_task(tx, task) || dropped(&TaskId::new(task)) {
+    let id = TaskId::new(task);
+    if has_task(tx, task) || dropped(&id) {
         return None;
     }
-    packed_values(from, keys::TASKS, task)
-        .max()
-        .map(automerge::ScalarValue::from)
+    let text = packed_values(from, keys::TASKS, task).max()?;
+    let Some(mut entry) = packed::decode::<packed::Entry>(&text) else {
+        return Some(automerge::ScalarValue::from(text));
+    };
+    let mut recorded = false;
+    for d in entry.r.depends_on.clone() {
+        if entry.r.outcomes.contains_key(&d) || has_task(tx, d.as_str()) {
+            continue;
+        }
+        if let Some(s) = settled_state(from, &d, SETTLED_DEPTH).filter(|s| s.is_final()) {
+            entry.r.outcomes.insert(d, s);
+            recorded = true;
+        }
+    }
+    Some(automerge::ScalarValue::from(match recorded {
+        true => packed::encode(&entry),
+        false => text,
+    }))
 }
 
 /// Whether a queue document indexes `task` (at its current heads).

@@ -72,6 +72,7 @@
 //!     max_attempts: None,
 //!     // Small enough to be inline: no task document.
 //!     input: Some(r#"{"to":"ada"}"#.into()),
+//!     rules: Default::default(),
 //! }).unwrap();
 //! let view = QueueView::read(&doc).unwrap();
 //! assert_eq!(view.pending()[0].state(), TaskState::Pending);
@@ -100,10 +101,13 @@ mod view;
 pub use beat::{MAX_POOL_WORKERS, PoolBeat, RouterBeat, RunningReport, WorkerReport};
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
-pub use entry::{Attempt, AttemptOutcome, Finished, Started, TaskEntry, TaskState};
+pub use entry::{
+    Attempt, AttemptOutcome, BOOST_WEIGHT, Finished, MAX_BOOST, MAX_DEPENDENCIES, MAX_TAG_LEN,
+    MAX_TAGS, Rules, Started, TaskEntry, TaskState, valid_tag,
+};
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use packed::Output;
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;
-pub use settings::{ConfigPatch, SetConfigError};
+pub use settings::{ConfigPatch, SetBoostError, SetConfigError};
 pub use view::{Member, QueueView, StateCounts};

@@ -59,6 +59,9 @@ pub(crate) struct Entry {
     /// document, with no task document (see [`crate::queue::Submission::input`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) i: Option<String>,
+    /// Tags, delay, dependencies and their recorded outcomes.
+    #[serde(default, skip_serializing_if = "crate::entry::Rules::is_empty")]
+    pub(crate) r: crate::entry::Rules,
 }
 
 /// What a run of an inline task produced, written with its end.

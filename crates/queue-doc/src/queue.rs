@@ -38,6 +38,11 @@ pub struct Submission {
     /// written into the queue document with their ends ([`Output`](crate::Output)). `None`
     /// for a task whose input is in its task document.
     pub input: Option<String>,
+    /// Tags, delay and dependencies ([`Rules`](crate::Rules)). Each dependency must be indexed
+    /// by the document, or have its final outcome in [`Rules::outcomes`](crate::Rules::outcomes)
+    /// (it finished in an earlier epoch).
+    #[serde(default)]
+    pub rules: crate::entry::Rules,
 }
 
 /// An assignment of one task attempt to a worker, made by a router.
@@ -99,6 +104,15 @@ pub enum SubmitError {
     /// The kind is empty.
     #[error("a task needs a kind")]
     EmptyKind,
+    /// A tag is not 1 to 64 letters, digits, `_`, `-`, `.` or `:`, or there are too many.
+    #[error("invalid tag {0:?}: tags are 1 to {max} ASCII letters, digits, '_', '-', '.' or ':', at most {tags} per task", max = crate::entry::MAX_TAG_LEN, tags = crate::entry::MAX_TAGS)]
+    BadTag(String),
+    /// A dependency is neither in the queue nor among the recorded outcomes.
+    #[error("unknown dependency {0}: no task of this queue has that id")]
+    UnknownDependency(TaskId),
+    /// Too many dependencies, or the task depends on itself.
+    #[error("a task depends on at most {max} other tasks of its queue", max = crate::entry::MAX_DEPENDENCIES)]
+    BadDependencies,
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -313,7 +327,7 @@ pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(
     })
 }
 
-pub use crate::settings::{set_config, set_paused};
+pub use crate::settings::{set_boost, set_config, set_paused};
 
 /// Indexes a task in the queue. The queue's `max_attempts` applies unless the submission says
 /// otherwise, and is fixed into the entry so later config changes cannot revive a dead task.
@@ -332,6 +346,9 @@ pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), Submi
     if subs.iter().any(|s| s.kind.is_empty()) {
         return Err(SubmitError::EmptyKind);
     }
+    for s in subs {
+        check_rules(s)?;
+    }
     let default_max = crate::view::read_config_of(doc).map_or(1, |c| c.max_attempts);
     commit(doc, |tx| {
         if !is_queue(tx) {
@@ -341,9 +358,17 @@ pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), Submi
             Some(t) => t,
             None => tx.put_object(ROOT, keys::TASKS, ObjType::Map)?,
         };
-        for s in subs {
+        for (i, s) in subs.iter().enumerate() {
             if tx.get(&tasks, s.id.as_str())?.is_some() {
                 return Err(SubmitError::Duplicate(s.id.clone()));
+            }
+            for d in &s.rules.depends_on {
+                let known = s.rules.outcomes.contains_key(d)
+                    || subs[..i].iter().any(|e| &e.id == d)
+                    || tx.get(&tasks, d.as_str())?.is_some();
+                if !known {
+                    return Err(SubmitError::UnknownDependency(d.clone()));
+                }
             }
             let max_attempts = s
                 .max_attempts
@@ -357,11 +382,32 @@ pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), Submi
                 u: s.urgent,
                 m: u64::from(max_attempts),
                 i: s.input.clone(),
+                r: s.rules.clone().normalized(&s.id),
             };
             tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         }
         Ok(())
     })
+}
+
+/// Checks what a writer controls of a submission's rules: tags valid and at most
+/// [`MAX_TAGS`](crate::entry::MAX_TAGS), dependencies at most
+/// [`MAX_DEPENDENCIES`](crate::entry::MAX_DEPENDENCIES) and not the task itself.
+fn check_rules(s: &Submission) -> Result<(), SubmitError> {
+    if let Some(t) = s.rules.tags.iter().find(|t| !crate::entry::valid_tag(t)) {
+        return Err(SubmitError::BadTag(t.clone()));
+    }
+    if s.rules.tags.len() > crate::entry::MAX_TAGS {
+        return Err(SubmitError::BadTag(
+            s.rules.tags[crate::entry::MAX_TAGS].clone(),
+        ));
+    }
+    if s.rules.depends_on.len() > crate::entry::MAX_DEPENDENCIES
+        || s.rules.depends_on.contains(&s.id)
+    {
+        return Err(SubmitError::BadDependencies);
+    }
+    Ok(())
 }
 
 /// A layout-2 root map ([`packed`]), created (and the document's version raised) at the first

@@ -135,6 +135,7 @@ pub(crate) fn read_task_entry_from(
         EntryValue::Map(obj) => read_map_entry(doc, &obj, id.clone(), malformed, owned)?,
         EntryValue::Packed(s) => {
             let e: packed::Entry = packed::decode(&s)?;
+            let rules = e.r.normalized(&id);
             TaskEntry {
                 id: id.clone(),
                 kind: e.k,
@@ -148,6 +149,8 @@ pub(crate) fn read_task_entry_from(
                 attempts: Vec::new(),
                 input_seen: 0,
                 input: e.i,
+                dependencies: rules.outcomes.clone(),
+                rules,
             }
         }
         EntryValue::Other => return None,
@@ -372,6 +375,8 @@ fn read_map_entry(
         attempts,
         input_seen,
         input: None,
+        rules: Default::default(),
+        dependencies: Default::default(),
     })
 }
 

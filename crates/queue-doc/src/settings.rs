@@ -187,22 +187,131 @@ pub fn set_config(
     Ok(next)
 }
 
-/// Copies every register of `from` (value and time) into the document being built (a
-/// successor: see `epoch::build_successor`, which writes the values; this adds the times).
+/// The config map's key holding the boost of `tag`.
+pub(crate) fn boost_key(tag: &str) -> String {
+    format!("{BOOST}{tag}")
+}
+
+/// Prefix of the config map's boost registers: `boost/<tag>` holds a [`BoostRegister`], the
+/// boost and the time of its write in one value, so that concurrent writes compare whole.
+pub(crate) const BOOST: &str = "boost/";
+
+/// A boost as written: its value and the time of the write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct BoostRegister {
+    /// The time of the write (unix ms; see [`after`]).
+    pub(crate) t: u64,
+    /// The boost.
+    pub(crate) b: i64,
+}
+
+/// Every boost register of a document, by tag: among concurrent values of one, the greatest
+/// `(time, boost)`. Unreadable values and invalid tags are skipped.
+pub(crate) fn read_boost_registers<R: ReadDoc>(
+    doc: &R,
+) -> std::collections::BTreeMap<String, BoostRegister> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(obj) = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map) else {
+        return out;
+    };
+    let end = format!("{}0", &BOOST[..BOOST.len() - 1]);
+    let keys: Vec<String> = doc
+        .map_range(&obj, BOOST.to_owned()..end)
+        .map(|item| item.key.to_string())
+        .collect();
+    for key in keys {
+        let Some(tag) = key
+            .strip_prefix(BOOST)
+            .filter(|t| crate::entry::valid_tag(t))
+        else {
+            continue;
+        };
+        let best = doc
+            .get_all(&obj, key.as_str())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(v, _)| match v {
+                automerge::Value::Scalar(s) => match s.as_ref() {
+                    ScalarValue::Str(text) => crate::packed::decode::<BoostRegister>(text),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .max();
+        if let Some(r) = best {
+            out.insert(tag.to_owned(), r);
+        }
+    }
+    out
+}
+
+/// Sets the boost of priority tag `tag` (0 removes it), as of `now_ms` (wall time).
+pub fn set_boost(
+    doc: &mut Automerge,
+    tag: &str,
+    boost: i64,
+    now_ms: u64,
+) -> Result<(), SetBoostError> {
+    if !crate::entry::valid_tag(tag) {
+        return Err(SetBoostError::BadTag(tag.to_owned()));
+    }
+    let max = crate::entry::MAX_BOOST;
+    if !(-max..=max).contains(&boost) {
+        return Err(SetBoostError::OutOfRange(boost));
+    }
+    let current = read_boost_registers(doc).get(tag).map(|r| r.t);
+    let reg = BoostRegister {
+        t: after(current, now_ms),
+        b: boost,
+    };
+    doc.transact(|tx| {
+        if !is_queue(tx) {
+            return Err(WriteError::NotAQueue);
+        }
+        let Some(obj) = am::object(tx, &ROOT, keys::CONFIG, ObjType::Map) else {
+            return Err(WriteError::NotAQueue);
+        };
+        tx.put(&obj, boost_key(tag), crate::packed::encode(&reg))?;
+        Ok(())
+    })
+    .map(|_| ())
+    .map_err(|f| SetBoostError::Write(f.error))
+}
+
+/// Why a boost was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum SetBoostError {
+    /// Not a tag a task may carry.
+    #[error("invalid tag {0:?}: tags are 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'")]
+    BadTag(String),
+    /// Outside `[-1,000,000, 1,000,000]`.
+    #[error("boost {0} is outside [-1000000, 1000000]")]
+    OutOfRange(i64),
+    /// The document could not take the change.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+}
+
+/// Copies every register of `from` into the document being built (a successor: see
+/// `epoch::build_successor`, which writes the config's values; this adds their times, and the
+/// boosts whole).
 pub(crate) fn copy_times(
     from: &Automerge,
     tx: &mut Transaction<'_>,
     config: &ObjId,
 ) -> Result<(), automerge::AutomergeError> {
-    let times = Registers::read(from);
+    let regs = Registers::read(from);
     // A register never written since the queue was created keeps time 0 by having no time.
-    if times.paused.0 > 0 {
-        tx.put(ROOT, PAUSED_AT, times.paused.0)?;
+    if regs.paused.0 > 0 {
+        tx.put(ROOT, PAUSED_AT, regs.paused.0)?;
     }
-    for (name, (at, _)) in CONFIG_FIELDS.iter().zip(times.config.iter()) {
+    for (name, (at, _, _)) in &regs.config {
         if *at > 0 {
             tx.put(config, at_key(name), *at)?;
         }
+    }
+    for (tag, reg) in read_boost_registers(from) {
+        tx.put(config, boost_key(&tag), crate::packed::encode(&reg))?;
     }
     Ok(())
 }
@@ -227,12 +336,24 @@ pub(crate) fn carry_settings(
     let Some(obj) = am::object(&*tx, &ROOT, keys::CONFIG, ObjType::Map) else {
         return Ok(n);
     };
-    for (i, name) in CONFIG_FIELDS.iter().enumerate() {
-        if theirs.config[i] > ours.config[i]
-            && let Some(v) = theirs.config_values[i].clone()
+    for (name, (at, text, value)) in &theirs.config {
+        let mine = ours
+            .config
+            .get(name)
+            .map(|(a, t, _)| (*a, t.as_str()))
+            .unwrap_or((0, ""));
+        if (*at, text.as_str()) > mine
+            && let Some(v) = value.clone()
         {
-            tx.put(&obj, *name, v)?;
-            tx.put(&obj, at_key(name), theirs.config[i].0)?;
+            tx.put(&obj, name.as_str(), v)?;
+            tx.put(&obj, at_key(name), *at)?;
+            n += 1;
+        }
+    }
+    let ours = read_boost_registers(&*tx);
+    for (tag, reg) in read_boost_registers(from) {
+        if ours.get(&tag).is_none_or(|o| reg > *o) {
+            tx.put(&obj, boost_key(&tag), crate::packed::encode(&reg))?;
             n += 1;
         }
     }
@@ -256,12 +377,11 @@ fn is_queue<R: ReadDoc>(tx: &R) -> bool {
 }
 
 /// The settings' registers of a document: for each, `(time, value as text)` to compare, and
-/// the value to write.
+/// the value to write. `config` holds the config's fields and the boosts, by key.
 struct Registers {
     paused: (u64, String),
     paused_value: Option<ScalarValue>,
-    config: Vec<(u64, String)>,
-    config_values: Vec<Option<ScalarValue>>,
+    config: std::collections::BTreeMap<String, (u64, String, Option<ScalarValue>)>,
 }
 
 impl Registers {
@@ -275,25 +395,20 @@ impl Registers {
                 .unwrap_or_default(),
         );
         let obj = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map);
-        let mut config = Vec::with_capacity(CONFIG_FIELDS.len());
-        let mut config_values = Vec::with_capacity(CONFIG_FIELDS.len());
-        for name in CONFIG_FIELDS {
-            let value = obj.as_ref().and_then(|o| am::scalar(doc, o, name));
+        let mut config = std::collections::BTreeMap::new();
+        for name in CONFIG_FIELDS.iter().map(|n| (*n).to_owned()) {
+            let value = obj.as_ref().and_then(|o| am::scalar(doc, o, &name));
             let at = obj
                 .as_ref()
-                .and_then(|o| am::uint(doc, o, &at_key(name)))
+                .and_then(|o| am::uint(doc, o, &at_key(&name)))
                 .unwrap_or(0);
-            config.push((
-                at,
-                value.as_ref().map(ToString::to_string).unwrap_or_default(),
-            ));
-            config_values.push(value);
+            let text = value.as_ref().map(ToString::to_string).unwrap_or_default();
+            config.insert(name, (at, text, value));
         }
         Registers {
             paused,
             paused_value,
             config,
-            config_values,
         }
     }
 }

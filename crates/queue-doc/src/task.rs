@@ -107,6 +107,12 @@ pub struct Summary {
     /// The attempts it was allowed (as `priority`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// Its tags, delay and dependencies, as the queue document had them.
+    #[serde(default, skip_serializing_if = "crate::Rules::is_empty")]
+    pub rules: crate::Rules,
+    /// Why it was cancelled, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_reason: Option<String>,
 }
 
 /// The summary key in a task document: one scalar (JSON); concurrent values resolve to the

@@ -51,6 +51,9 @@ pub struct QueueView {
     pub members: BTreeMap<PeerId, Member>,
     /// Whether routing is paused.
     pub paused: bool,
+    /// The boost of each priority tag (tags without one count 0): see
+    /// [`QueueView::effective_priority`].
+    pub boosts: BTreeMap<String, i64>,
     /// The document's schema version. A node does not route a queue whose version is above
     /// the one it knows ([`QueueView::routable_version`]).
     pub version: u64,
@@ -75,10 +78,25 @@ pub struct QueueView {
     /// Task entries, attempts and router claims that could not be read or were ignored (written
     /// by a faulty or hostile peer).
     pub malformed: usize,
+    /// Tasks re-derived because a dependency's outcome changed, since the last
+    /// its last refresh (the cache reports them as changed).
+    rederived: Rederived,
 }
 
-/// A pending task's place in the routing order: urgent first, then greater priority, then
-/// submit time (per the queue's [`Order`]), then id.
+/// Ids of re-derived tasks: bookkeeping, so equal for any two views.
+#[derive(Clone, Debug, Default)]
+struct Rederived(Vec<TaskId>);
+
+impl PartialEq for Rederived {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Rederived {}
+
+/// A pending task's place in the routing order: urgent first, then greater effective priority
+/// (boost sum, then priority), then submit time (per the queue's [`Order`]), then id.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct RouteKey {
     not_urgent: bool,
@@ -89,10 +107,10 @@ struct RouteKey {
 }
 
 impl RouteKey {
-    fn of(t: &TaskEntry, order: Order) -> Self {
+    fn of(t: &TaskEntry, order: Order, boosts: &BTreeMap<String, i64>) -> Self {
         RouteKey {
             not_urgent: !t.urgent,
-            priority: std::cmp::Reverse(t.priority),
+            priority: std::cmp::Reverse(effective_priority(t, boosts)),
             time: match order {
                 Order::Fifo => t.submitted_at,
                 Order::Lifo => u64::MAX - t.submitted_at,
@@ -102,13 +120,35 @@ impl RouteKey {
     }
 }
 
+/// `boost sum × BOOST_WEIGHT + priority` (see [`crate::entry::BOOST_WEIGHT`]).
+fn effective_priority(t: &TaskEntry, boosts: &BTreeMap<String, i64>) -> i64 {
+    let sum: i64 = t
+        .rules
+        .tags
+        .iter()
+        .map(|tag| boosts.get(tag).copied().unwrap_or(0))
+        .sum();
+    sum.saturating_mul(crate::entry::BOOST_WEIGHT)
+        .saturating_add(t.priority)
+}
+
 /// The view's indexes over its tasks. Every field is a function of the tasks and the order;
 /// [`TaskIndex::add`] and [`TaskIndex::remove`] keep it so one task at a time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct TaskIndex {
     order: Order,
-    /// Pending tasks in routing order.
+    /// The boosts the keys of `routable` were computed with.
+    boosts: BTreeMap<String, i64>,
+    /// Pending tasks in routing order (their dependencies met, with no delay).
     routable: OrdSet<RouteKey>,
+    /// Of `routable`, the tasks with each tag (a boost change re-keys them).
+    tagged: OrdMap<String, OrdSet<TaskId>>,
+    /// Pending tasks whose dependencies are met, with a delay: by not-before, then id.
+    timed: OrdSet<(u64, TaskId)>,
+    /// Pending tasks waiting for a dependency's success.
+    waiting: OrdSet<TaskId>,
+    /// Every task that lists dependencies, by each dependency.
+    dependents: OrdMap<TaskId, OrdSet<TaskId>>,
     /// Pending tasks that failed or were refused before (they wait a retry delay).
     retrying: OrdSet<TaskId>,
     /// Tasks with at least one open attempt, by the peer of each open attempt's worker.
@@ -128,15 +168,40 @@ impl TaskIndex {
             TaskState::InputUnavailable => &mut c.input_unavailable,
             TaskState::Succeeded => &mut c.succeeded,
             TaskState::Failed => &mut c.failed,
+            TaskState::Cancelled => &mut c.cancelled,
+            // Never derived from a document: counted as pending.
+            TaskState::Blocked => &mut c.pending,
         }
     }
 
     fn add(&mut self, t: &TaskEntry) {
         let state = t.state();
         *self.counter(state) += 1;
+        for d in &t.rules.depends_on {
+            self.dependents
+                .entry(d.clone())
+                .or_default()
+                .insert(t.id.clone());
+        }
         match state {
+            TaskState::Pending if !t.dependencies_met() => {
+                self.waiting.insert(t.id.clone());
+            }
+            TaskState::Pending if t.rules.not_before > 0 => {
+                self.timed.insert((t.rules.not_before, t.id.clone()));
+                if t.failures() + t.refusals() > 0 {
+                    self.retrying.insert(t.id.clone());
+                }
+            }
             TaskState::Pending => {
-                self.routable.insert(RouteKey::of(t, self.order));
+                self.routable
+                    .insert(RouteKey::of(t, self.order, &self.boosts));
+                for tag in &t.rules.tags {
+                    self.tagged
+                        .entry(tag.clone())
+                        .or_default()
+                        .insert(t.id.clone());
+                }
                 if t.failures() + t.refusals() > 0 {
                     self.retrying.insert(t.id.clone());
                 }
@@ -158,9 +223,33 @@ impl TaskIndex {
         let state = t.state();
         let n = self.counter(state);
         *n = n.saturating_sub(1);
+        for d in &t.rules.depends_on {
+            if let Some(set) = self.dependents.get_mut(d) {
+                set.remove(&t.id);
+                if set.is_empty() {
+                    self.dependents.remove(d);
+                }
+            }
+        }
         match state {
+            TaskState::Pending if !t.dependencies_met() => {
+                self.waiting.remove(&t.id);
+            }
+            TaskState::Pending if t.rules.not_before > 0 => {
+                self.timed.remove(&(t.rules.not_before, t.id.clone()));
+                self.retrying.remove(&t.id);
+            }
             TaskState::Pending => {
-                self.routable.remove(&RouteKey::of(t, self.order));
+                self.routable
+                    .remove(&RouteKey::of(t, self.order, &self.boosts));
+                for tag in &t.rules.tags {
+                    if let Some(set) = self.tagged.get_mut(tag) {
+                        set.remove(&t.id);
+                        if set.is_empty() {
+                            self.tagged.remove(tag);
+                        }
+                    }
+                }
                 self.retrying.remove(&t.id);
             }
             TaskState::InputUnavailable => {
@@ -195,6 +284,9 @@ pub struct StateCounts {
     pub succeeded: usize,
     /// Failed for good.
     pub failed: usize,
+    /// Cancelled.
+    #[serde(default)]
+    pub cancelled: usize,
 }
 
 impl QueueView {
@@ -220,6 +312,7 @@ impl QueueView {
                 }
             }
         }
+        view.take_rederived();
         Some(view)
     }
 
@@ -240,20 +333,125 @@ impl QueueView {
     }
 
     /// Replaces (or, with `None`, removes) one task's entry and updates the indexes:
-    /// O(log n + the entry's attempts).
+    /// O(log n + the entry's attempts), plus the same for each task that depends on it when its
+    /// final state changes (their states follow their dependencies' outcomes).
     pub(crate) fn set_task(&mut self, id: TaskId, entry: Option<TaskEntry>) {
-        if let Some(old) = self.tasks.get(&id) {
-            self.index.remove(old);
-        }
-        match entry {
-            Some(e) => {
-                self.index.add(&e);
-                self.tasks.insert(id, Arc::new(e));
+        let mut work = vec![(id, entry)];
+        // A hostile peer may write dependency cycles: each task is re-derived a bounded number
+        // of times per change.
+        let mut budget = 4 * (self.tasks.len() + 1);
+        while let Some((id, entry)) = work.pop() {
+            let before = self.final_state(&id);
+            if let Some(old) = self.tasks.get(&id) {
+                self.index.remove(old);
             }
-            None => {
-                self.tasks.remove(&id);
+            match entry {
+                Some(mut e) => {
+                    self.fill_dependencies(&mut e);
+                    self.index.add(&e);
+                    self.tasks.insert(id.clone(), Arc::new(e));
+                }
+                None => {
+                    self.tasks.remove(&id);
+                }
+            }
+            if self.final_state(&id) == before {
+                continue;
+            }
+            let dependents: Vec<TaskId> = self
+                .index
+                .dependents
+                .get(&id)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            for d in dependents {
+                if budget == 0 {
+                    break;
+                }
+                budget -= 1;
+                if let Some(t) = self.tasks.get(&d) {
+                    self.rederived.0.push(d.clone());
+                    work.push((d, Some(TaskEntry::clone(t))));
+                }
             }
         }
+    }
+
+    /// The tasks re-derived since the last call because a dependency's outcome changed.
+    pub(crate) fn take_rederived(&mut self) -> Vec<TaskId> {
+        std::mem::take(&mut self.rederived.0)
+    }
+
+    /// A task's state if it is in the view and final.
+    fn final_state(&self, id: &TaskId) -> Option<TaskState> {
+        self.tasks
+            .get(id)
+            .map(|t| t.state())
+            .filter(|s| s.is_final())
+    }
+
+    /// Sets an entry's known dependency outcomes: the recorded ones, and the final states of
+    /// its dependencies in this view.
+    fn fill_dependencies(&self, e: &mut TaskEntry) {
+        if e.rules.depends_on.is_empty() {
+            return;
+        }
+        e.dependencies = e.rules.outcomes.clone();
+        for d in &e.rules.depends_on {
+            if let Some(s) = self.final_state(d) {
+                e.dependencies.insert(d.clone(), s);
+            }
+        }
+    }
+
+    /// Sets the boosts, re-keying the pending tasks whose tags' boosts changed: O(those
+    /// tasks).
+    pub(crate) fn set_boosts(&mut self, boosts: BTreeMap<String, i64>) {
+        if self.index.boosts == boosts {
+            self.boosts = boosts;
+            return;
+        }
+        let changed: BTreeSet<&String> = boosts
+            .iter()
+            .filter(|(k, v)| self.index.boosts.get(*k) != Some(v))
+            .map(|(k, _)| k)
+            .chain(
+                self.index
+                    .boosts
+                    .keys()
+                    .filter(|k| !boosts.contains_key(*k)),
+            )
+            .collect();
+        let affected: BTreeSet<TaskId> = changed
+            .iter()
+            .filter_map(|tag| self.index.tagged.get(*tag))
+            .flat_map(|s| s.iter().cloned())
+            .collect();
+        let entries: Vec<Arc<TaskEntry>> = affected
+            .iter()
+            .filter_map(|id| self.tasks.get(id).cloned())
+            .collect();
+        for t in &entries {
+            self.index.remove(t);
+        }
+        self.index.boosts = boosts.clone();
+        for t in &entries {
+            self.index.add(t);
+        }
+        self.boosts = boosts;
+    }
+
+    /// A task's effective priority: the sum of its tags' boosts × 200,000, plus its priority.
+    pub fn effective_priority(&self, t: &TaskEntry) -> i64 {
+        effective_priority(t, &self.index.boosts)
+    }
+
+    /// The routing order between two tasks: urgent first, then greater effective priority,
+    /// then submit time (oldest first for [`Order::Fifo`], newest first for [`Order::Lifo`]),
+    /// then id.
+    pub fn route_cmp(&self, a: &TaskEntry, b: &TaskEntry) -> std::cmp::Ordering {
+        let (order, boosts) = (self.index.order, &self.index.boosts);
+        RouteKey::of(a, order, boosts).cmp(&RouteKey::of(b, order, boosts))
     }
 
     /// Re-sorts the routing index if the configured order changed (a switch between FIFO and
@@ -269,7 +467,7 @@ impl QueueView {
             .routable
             .iter()
             .filter_map(|k| self.task(&k.id))
-            .map(|t| RouteKey::of(t, order))
+            .map(|t| RouteKey::of(t, order, &self.index.boosts))
             .collect();
         self.index.routable = pending.into_iter().collect();
     }
@@ -277,6 +475,20 @@ impl QueueView {
     /// Pending tasks in routing order, lazily: taking the first k costs O(k log n).
     pub fn routable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
         self.index.routable.iter().filter_map(|k| self.task(&k.id))
+    }
+
+    /// Pending tasks whose dependencies are met and that wait for a not-before time, by that
+    /// time (then id): the router takes those due by its clock.
+    pub fn timed(&self) -> impl Iterator<Item = (u64, &TaskEntry)> + '_ {
+        self.index
+            .timed
+            .iter()
+            .filter_map(|(at, id)| Some((*at, self.task(id)?)))
+    }
+
+    /// Pending tasks waiting for a dependency's success.
+    pub fn waiting_on_dependencies(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
+        self.index.waiting.iter().filter_map(|id| self.task(id))
     }
 
     /// Pending tasks that failed or were refused before, so wait a retry delay.
@@ -345,7 +557,7 @@ impl QueueView {
     }
 
     /// Task counts by state over the queue's whole life: [`QueueView::counts`] plus the
-    /// tasks that ended in earlier epochs ([`QueueView::retired`]), as succeeded or failed.
+    /// tasks that ended in earlier epochs ([`QueueView::retired`]).
     pub fn total_counts(&self) -> StateCounts {
         let mut c = self.counts();
         c.succeeded = c
@@ -354,6 +566,9 @@ impl QueueView {
         c.failed = c
             .failed
             .saturating_add(usize::try_from(self.retired.failed).unwrap_or(usize::MAX));
+        c.cancelled = c
+            .cancelled
+            .saturating_add(usize::try_from(self.retired.cancelled).unwrap_or(usize::MAX));
         c
     }
 }
@@ -401,8 +616,12 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     view.seals = chain::read_seals(doc);
     view.latest = chain::read_latest(doc);
     view.retired = chain::read_retired(doc);
-    view.config = config.map(|c| read_config(doc, &c)).unwrap_or_default();
+    let (config, boosts) = config
+        .map(|c| (read_config(doc, &c), read_boosts(doc)))
+        .unwrap_or_default();
+    view.config = config;
     view.reorder();
+    view.set_boosts(boosts);
     let (claims, bad_claims) = read_claims(doc);
     view.claims = claims;
     view.router = view.claims.iter().max().cloned();
@@ -436,6 +655,17 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
 /// document has no config map.
 pub(crate) fn read_config_of(doc: &Automerge) -> Option<QueueConfig> {
     am::object(doc, &ROOT, keys::CONFIG, ObjType::Map).map(|c| read_config(doc, &c))
+}
+
+/// The boosts written in the config map: valid tags only, clamped to
+/// `[-MAX_BOOST, MAX_BOOST]`, zeros left out.
+fn read_boosts(doc: &Automerge) -> BTreeMap<String, i64> {
+    let max = crate::entry::MAX_BOOST;
+    crate::settings::read_boost_registers(doc)
+        .into_iter()
+        .map(|(tag, r)| (tag, r.b.clamp(-max, max)))
+        .filter(|(_, b)| *b != 0)
+        .collect()
 }
 
 /// The configuration as written, [clamped](QueueConfig::clamped) into its ranges: every replica

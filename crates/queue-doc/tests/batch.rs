@@ -44,6 +44,7 @@ fn queue_with_assigned(n: u32) -> (Automerge, Vec<TaskId>) {
                 urgent: false,
                 max_attempts: None,
                 input: None,
+                rules: Default::default(),
             },
         )
         .unwrap();
@@ -208,6 +209,8 @@ fn a_run_and_the_summary_go_into_the_task_document_as_one_change() {
         priority: Some(0),
         urgent: Some(false),
         max_attempts: Some(3),
+        rules: Default::default(),
+        cancel_reason: None,
     };
     let before = doc.get_changes(&[]).len();
     task::record_runs(&mut doc, &[(s.clone(), end.clone())], Some(&summary)).unwrap();

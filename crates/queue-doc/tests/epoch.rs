@@ -104,6 +104,7 @@ impl Writer {
                         urgent: false,
                         max_attempts: Some(2),
                         input: None,
+                        rules: Default::default(),
                     },
                 )
                 .unwrap();

@@ -83,6 +83,7 @@ fn write_seed_corpus() {
             urgent: false,
             max_attempts: None,
             input: Some("[1]".into()),
+            rules: Default::default(),
         },
     )
     .unwrap();

@@ -94,6 +94,7 @@ mod successors {
                 urgent: false,
                 max_attempts: None,
                 input: None,
+                rules: Default::default(),
             },
         )
         .unwrap();

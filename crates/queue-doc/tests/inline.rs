@@ -31,6 +31,7 @@ fn submission(id: &TaskId, input: Option<&str>) -> Submission {
         urgent: false,
         max_attempts: Some(3),
         input: input.map(str::to_owned),
+        rules: Default::default(),
     }
 }
 

@@ -60,6 +60,7 @@ fn an_unavailable_input_parks_the_task_until_a_member_marks_it() {
             urgent: false,
             max_attempts: None,
             input: None,
+            rules: Default::default(),
         },
     )
     .unwrap();

@@ -308,6 +308,7 @@ impl Cluster {
                         urgent,
                         max_attempts: None,
                         input: None,
+                        rules: Default::default(),
                     },
                 )
                 .unwrap();
@@ -587,18 +588,19 @@ fn check_indexes(view: &QueueView) -> Result<(), TestCaseError> {
         .map(|t| &**t)
         .filter(|t| t.state() == TaskState::Pending)
         .collect();
-    pending.sort_by(|a, b| a.route_cmp(b, view.config.order));
+    pending.sort_by(|a, b| view.route_cmp(a, b));
     let ids = |v: Vec<&TaskEntry>| v.into_iter().map(|t| t.id.clone()).collect::<Vec<_>>();
     prop_assert_eq!(ids(view.pending()), ids(pending));
     let mut counts = StateCounts::default();
     for t in view.tasks().values() {
         match t.state() {
-            TaskState::Pending => counts.pending += 1,
+            TaskState::Pending | TaskState::Blocked => counts.pending += 1,
             TaskState::Assigned => counts.assigned += 1,
             TaskState::Running => counts.running += 1,
             TaskState::InputUnavailable => counts.input_unavailable += 1,
-            TaskState::Succeeded => counts.succeeded += 1,
             TaskState::Failed => counts.failed += 1,
+            TaskState::Cancelled => counts.cancelled += 1,
+            TaskState::Succeeded => counts.succeeded += 1,
         }
     }
     prop_assert_eq!(view.counts(), counts);

@@ -273,6 +273,7 @@ fn submit(doc: &mut Automerge, n: u32) -> TaskId {
             urgent: false,
             max_attempts: None,
             input: None,
+            rules: Default::default(),
         },
     )
     .unwrap();
@@ -744,6 +745,7 @@ fn submitted(doc: &mut Automerge, id: &str) -> TaskId {
             urgent: false,
             max_attempts: None,
             input: None,
+            rules: Default::default(),
         },
     )
     .unwrap();

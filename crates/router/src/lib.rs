@@ -223,6 +223,9 @@ pub struct Router {
     /// When this router first saw each open attempt (pruned to the open ones at every plan).
     attempt_seen: HashMap<(TaskId, AttemptId), (Instant, PeerId)>,
     last_assign: Option<Instant>,
+    /// The wall clock (unix ms) at a monotonic instant, as last given by
+    /// [`Router::handle_clock`]: not-before times are compared with it.
+    clock: Option<(Instant, u64)>,
     /// Task entries and workers the last routing plan looked at.
     plan_visits: usize,
     /// Set when routing must be re-evaluated.
@@ -269,6 +272,7 @@ impl Router {
             retry_at: HashMap::new(),
             attempt_seen: HashMap::new(),
             last_assign: None,
+            clock: None,
             plan_visits: 0,
             dirty: true,
             awaiting_view: false,
@@ -278,6 +282,25 @@ impl Router {
             actions: VecDeque::new(),
             events: VecDeque::new(),
         }
+    }
+
+    /// Tells the router the wall clock (unix ms) at `now`: a task's not-before time is a wall
+    /// time, compared with this clock as it advances with `now`. Until it is told, no task with
+    /// a not-before time is routed.
+    pub fn handle_clock(&mut self, now: Instant, unix_ms: u64) {
+        let changed = self.clock.is_none();
+        self.clock = Some((now, unix_ms));
+        if changed {
+            self.dirty = true;
+        }
+    }
+
+    /// The wall clock at `now`, from the last [`Router::handle_clock`].
+    fn wall_ms(&self, now: Instant) -> Option<u64> {
+        let (at, ms) = self.clock?;
+        let since =
+            u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX);
+        Some(ms.saturating_add(since))
     }
 
     // ----- getters -----
@@ -632,6 +655,7 @@ impl Router {
 
     fn route(&mut self, now: Instant, claim: &Claim, view: &QueueView) {
         self.dirty = false;
+        let wall_ms = self.wall_ms(now);
         let plan = policy::plan(&mut policy::Input {
             now,
             queue: &self.queue,
@@ -646,6 +670,7 @@ impl Router {
             retry_at: &mut self.retry_at,
             attempt_seen: &mut self.attempt_seen,
             last_assign: self.last_assign,
+            wall_ms,
         });
         self.next_check = plan.next_check;
         self.plan_visits = plan.visited;

@@ -1,7 +1,13 @@
 //! The routing policy: which pending tasks go to which idle workers, this round.
 //!
 //! - Tasks are taken in the queue's order ([`QueueView::pending`]): urgent first, then
-//!   priority, then submit time (FIFO or LIFO), then id.
+//!   effective priority (the boosts of the task's tags, then its priority), then submit time
+//!   (FIFO or LIFO), then id.
+//! - A task waits until each of its dependencies succeeded ([`QueueView::waiting_on_dependencies`]),
+//!   and a task with a not-before time until this router's wall clock reaches it
+//!   ([`QueueView::timed`]; the clock is the one the router was told last, advanced by its
+//!   monotonic clock). Due tasks are sorted into the order each plan: a plan costs the due
+//!   timed tasks not yet assigned, plus the first one not due.
 //! - A task whose open attempts are all on pools silent for `lease` is routed again.
 //! - A task that failed waits `retry_delay(failures)`, measured on this router's clock from
 //!   when it first saw the failure. A task whose last attempt was refused (by a fenced, busy
@@ -59,6 +65,9 @@ pub(crate) struct Input<'a> {
     /// Also: the worker's peer, for attempts that later leave the view.
     pub(crate) attempt_seen: &'a mut HashMap<(TaskId, AttemptId), (Instant, PeerId)>,
     pub(crate) last_assign: Option<Instant>,
+    /// The wall clock at `now` (unix ms), if the router was told it: tasks whose not-before
+    /// time it has reached are routable.
+    pub(crate) wall_ms: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -208,8 +217,22 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     // Candidates in routing order: the lease-expired tasks merged into the pending index,
     // taken lazily so that a plan visits only as many pending tasks as it can assign (plus
     // those still waiting out a retry delay).
-    let order = c.order;
-    expired.sort_by(|a, b| a.route_cmp(b, order));
+    // Tasks with a not-before time: those due by this router's wall clock join the expired
+    // ones; the first not yet due sets a timer.
+    if let Some(wall) = input.wall_ms {
+        for (at, t) in view.timed() {
+            plan.visited += 1;
+            if at > wall {
+                let wait = Duration::from_millis(at - wall);
+                plan.next_check = earliest(plan.next_check, later(now, wait));
+                break;
+            }
+            if !waiting.contains(&t.id) {
+                expired.push(t);
+            }
+        }
+    }
+    expired.sort_by(|a, b| view.route_cmp(a, b));
     let mut expired = expired.into_iter().peekable();
     let visited = std::cell::Cell::new(0usize);
     let mut pending = view
@@ -219,7 +242,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
         .peekable();
     let mut candidates = std::iter::from_fn(|| {
         let take_expired = match (expired.peek(), pending.peek()) {
-            (Some(a), Some(b)) => a.route_cmp(b, order).is_le(),
+            (Some(a), Some(b)) => view.route_cmp(a, b).is_le(),
             (Some(_), None) => true,
             (None, _) => false,
         };

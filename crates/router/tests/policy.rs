@@ -89,6 +89,17 @@ impl Lone {
 
     /// Submits a task: `(priority, urgent)`, at submit time `at` (unix ms).
     fn submit(&mut self, priority: i64, urgent: bool, at: u64) -> TaskId {
+        self.submit_with(priority, urgent, at, Default::default())
+    }
+
+    /// [`Lone::submit`], with tags, a not-before time or dependencies.
+    fn submit_with(
+        &mut self,
+        priority: i64,
+        urgent: bool,
+        at: u64,
+        rules: piecework_queue_doc::Rules,
+    ) -> TaskId {
         self.next_task += 1;
         let id = TaskId::new(format!("automerge:task{:04}", self.next_task));
         queue::submit(
@@ -102,6 +113,7 @@ impl Lone {
                 urgent,
                 max_attempts: None,
                 input: None,
+                rules,
             },
         )
         .unwrap();
@@ -321,6 +333,53 @@ fn urgent_then_priority_then_submit_time_in_the_queues_order() {
     }
 }
 
+/// A task with a not-before time goes out once the router's wall clock (told at one instant,
+/// advanced by its monotonic clock) reaches it, not before, ahead of later-ordered tasks
+/// then; a dependent goes out only after its dependency's success is in the document.
+#[test]
+fn a_delayed_task_waits_for_the_routers_clock_and_a_dependent_for_its_dependency() {
+    let mut l = Lone::new(QueueConfig {
+        concurrency: 1,
+        ..QueueConfig::default()
+    });
+    // The wall clock reads 1,000,000 ms at the story's 0.
+    l.router.handle_clock(l.t0, 1_000_000);
+    let delayed = l.submit_with(
+        5,
+        false,
+        1,
+        piecework_queue_doc::Rules {
+            not_before: 1_000_500,
+            ..Default::default()
+        },
+    );
+    let first = l.submit(0, false, 2);
+    let dependent = l.submit_with(
+        9,
+        false,
+        3,
+        piecework_queue_doc::Rules {
+            depends_on: vec![first.clone()],
+            ..Default::default()
+        },
+    );
+    let a = l.to(200).pop().expect("routed");
+    assert_eq!(
+        a.task, first,
+        "the delayed task is not due, the dependent waits"
+    );
+    l.end(&a, AttemptOutcome::Succeeded);
+    // The dependency succeeded: its dependent (priority 9) goes before the delayed one, which
+    // is still not due.
+    let b = l.to(300).pop().expect("routed");
+    assert_eq!(b.task, dependent);
+    l.end(&b, AttemptOutcome::Succeeded);
+    assert!(l.to(400).is_empty(), "not due at 400 ms");
+    assert!(l.to(499).is_empty(), "not due at 499 ms");
+    let c = l.to(500).pop().expect("due at 500 ms");
+    assert_eq!(c.task, delayed);
+}
+
 /// A pause in the queue document stops every assignment until a resume; a change of the
 /// configuration written at run time (here the concurrency limit, then the order) applies
 /// from the next view on.
@@ -420,4 +479,255 @@ fn a_pool_beat_that_lists_one_worker_a_thousand_times_gets_one_assignment() {
     let made = l.advance_reporting(200, vec![one; 1_000]);
     assert_eq!(made.len(), 1, "{made:?}");
     assert_eq!(made[0].worker.index, 0);
+}
+
+/// The routing order against a reference model (a plain sorted list), across replicas.
+mod model {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use automerge::ActorId;
+    use piecework_queue_doc::{Rules, TaskState};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const TAGS: [&str; 3] = ["a", "b", "c"];
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// On replica `r`: a task with `(priority, urgent, tags, dependencies)` (indexes into
+        /// `TAGS` and into the tasks submitted so far).
+        Submit(usize, i64, bool, Vec<usize>, Vec<usize>),
+        /// On replica `r`: tag `TAGS[i]` gets a boost.
+        Boost(usize, usize, i64),
+        /// On replica `r`: a router assigns a task it sees routable, and it succeeds or fails.
+        Run(usize, usize, bool),
+        /// Replica `a` receives what `b` has.
+        Merge(usize, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let r = 0..3usize;
+        prop_oneof![
+            4 => (
+                r.clone(),
+                prop_oneof![(-5i64..=5), Just(99_999), Just(-99_999)],
+                proptest::bool::weighted(0.15),
+                proptest::collection::vec(0..TAGS.len(), 0..3),
+                proptest::collection::vec(0..64usize, 0..3),
+            )
+                .prop_map(|(r, p, u, t, d)| Op::Submit(r, p, u, t, d)),
+            2 => (r.clone(), 0..TAGS.len(), prop_oneof![Just(0i64), -2i64..=2, Just(1_000_000)])
+                .prop_map(|(r, t, b)| Op::Boost(r, t, b)),
+            2 => (r.clone(), 0..64usize, proptest::bool::weighted(0.8))
+                .prop_map(|(r, t, ok)| Op::Run(r, t, ok)),
+            2 => (r.clone(), r).prop_map(|(a, b)| Op::Merge(a, b)),
+        ]
+    }
+
+    /// A task as the model keeps it.
+    #[derive(Clone, Debug)]
+    struct M {
+        id: TaskId,
+        at: u64,
+        priority: i64,
+        urgent: bool,
+        tags: BTreeSet<String>,
+        deps: Vec<TaskId>,
+        succeeded: bool,
+        failed: bool,
+    }
+
+    struct Model {
+        tasks: BTreeMap<TaskId, M>,
+        /// Tag → (time of the write, boost): the latest write wins.
+        boosts: BTreeMap<String, (u64, i64)>,
+        order: Order,
+    }
+
+    impl Model {
+        fn state(&self, id: &TaskId) -> TaskState {
+            let t = &self.tasks[id];
+            if t.succeeded {
+                return TaskState::Succeeded;
+            }
+            let dep_ended = t
+                .deps
+                .iter()
+                .any(|d| matches!(self.state(d), TaskState::Failed | TaskState::Cancelled));
+            match (dep_ended, t.failed) {
+                (true, _) => TaskState::Cancelled,
+                (false, true) => TaskState::Failed,
+                (false, false) => TaskState::Pending,
+            }
+        }
+
+        /// The pending tasks whose dependencies all succeeded, in the order the queue's rules
+        /// give, written out plainly: urgent, boost sum, priority, submit time, id.
+        fn routable(&self) -> Vec<TaskId> {
+            let boost = |t: &M| -> i64 {
+                t.tags
+                    .iter()
+                    .map(|g| self.boosts.get(g).map_or(0, |b| b.1))
+                    .sum()
+            };
+            let mut list: Vec<&M> = self
+                .tasks
+                .values()
+                .filter(|t| self.state(&t.id) == TaskState::Pending)
+                .filter(|t| t.deps.iter().all(|d| self.state(d) == TaskState::Succeeded))
+                .collect();
+            list.sort_by(|a, b| {
+                b.urgent
+                    .cmp(&a.urgent)
+                    .then(boost(b).cmp(&boost(a)))
+                    .then(b.priority.cmp(&a.priority))
+                    .then(match self.order {
+                        Order::Fifo => a.at.cmp(&b.at),
+                        Order::Lifo => b.at.cmp(&a.at),
+                    })
+                    .then(a.id.cmp(&b.id))
+            });
+            list.into_iter().map(|t| t.id.clone()).collect()
+        }
+    }
+
+    /// A run of a task on replica `doc`, as attempt `n` of router `r`.
+    fn run(doc: &mut Automerge, task: &TaskId, n: u64, r: usize, ok: bool, at: u64) {
+        let a = Assignment {
+            task: task.clone(),
+            attempt: AttemptId {
+                n,
+                claim: Claim::new(1, PeerId::new(format!("r{r}"))),
+            },
+            worker: WorkerId::new(pool_peer(), 0),
+            incarnation: 1,
+        };
+        queue::record_assignments(doc, std::slice::from_ref(&a), at).unwrap();
+        queue::record_start(doc, task, &a.attempt, &a.worker, 1, at).unwrap();
+        let (outcome, error) = match ok {
+            true => (AttemptOutcome::Succeeded, None),
+            false => (AttemptOutcome::Failed, Some("no")),
+        };
+        queue::record_finish(doc, task, &a.attempt, &a.worker, outcome, error, at).unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(piecework_proptest_config::config(64))]
+
+        /// Submits with tags, priorities, urgency and dependencies, boost changes, runs and
+        /// merges on three replicas: once merged, the view's pending tasks are the model's,
+        /// in its order, and one effective router hands them out (one at a time, each
+        /// succeeding, which releases its dependents) in the model's order.
+        #[test]
+        fn the_routing_order_is_the_models(
+            ops in proptest::collection::vec(op(), 1..40),
+            lifo in any::<bool>(),
+        ) {
+            let order = if lifo { Order::Lifo } else { Order::Fifo };
+            let mut l = Lone::new(QueueConfig {
+                concurrency: 1,
+                order,
+                max_attempts: 1,
+                ..QueueConfig::default()
+            });
+            let mut docs: Vec<Automerge> = (0..3u8)
+                .map(|i| l.doc.fork().with_actor(ActorId::from(vec![i + 1; 16])))
+                .collect();
+            let mut model = Model { tasks: BTreeMap::new(), boosts: BTreeMap::new(), order };
+            let mut ids: Vec<TaskId> = vec![];
+            for (i, op) in ops.into_iter().enumerate() {
+                let t = 1_000 + i as u64;
+                match op {
+                    Op::Submit(r, priority, urgent, tags, deps) => {
+                        let view = QueueView::read(&docs[r]).unwrap();
+                        let id = TaskId::new(format!("automerge:t{i:03}"));
+                        // Dependencies this replica knows (a submit names existing tasks).
+                        let deps: Vec<TaskId> = deps
+                            .iter()
+                            .filter_map(|d| ids.get(*d))
+                            .filter(|d| view.task(d).is_some())
+                            .cloned()
+                            .collect::<BTreeSet<_>>()
+                            .into_iter()
+                            .collect();
+                        let tags: BTreeSet<String> =
+                            tags.iter().map(|g| TAGS[*g].to_owned()).collect();
+                        // Ties of submit time happen: two ops share one.
+                        let at = t / 2;
+                        queue::submit(&mut docs[r], &Submission {
+                            id: id.clone(),
+                            kind: "k".into(),
+                            submitter: router_peer(),
+                            submitted_at: at,
+                            priority,
+                            urgent,
+                            max_attempts: None,
+                            input: None,
+                            rules: Rules {
+                                tags: tags.iter().cloned().collect(),
+                                depends_on: deps.clone(),
+                                ..Rules::default()
+                            },
+                        }).unwrap();
+                        model.tasks.insert(id.clone(), M {
+                            id: id.clone(), at, priority, urgent, tags, deps,
+                            succeeded: false, failed: false,
+                        });
+                        ids.push(id);
+                    }
+                    Op::Boost(r, tag, b) => {
+                        queue::set_boost(&mut docs[r], TAGS[tag], b, t).unwrap();
+                        model.boosts.insert(TAGS[tag].to_owned(), (t, b));
+                    }
+                    Op::Run(r, task, ok) => {
+                        let Some(id) = ids.get(task) else { continue };
+                        let view = QueueView::read(&docs[r]).unwrap();
+                        if !view.routable().any(|e| &e.id == id) {
+                            continue;
+                        }
+                        run(&mut docs[r], id, t, r, ok, t);
+                        let m = model.tasks.get_mut(id).unwrap();
+                        match ok {
+                            true => m.succeeded = true,
+                            false => m.failed = true,
+                        }
+                    }
+                    Op::Merge(a, b) if a != b => {
+                        let mut other = docs[b].clone();
+                        docs[a].merge(&mut other).unwrap();
+                    }
+                    Op::Merge(..) => {}
+                }
+            }
+            for d in &mut docs {
+                l.doc.merge(d).unwrap();
+            }
+            l.view();
+            let view = QueueView::read(&l.doc).unwrap();
+            let want = model.routable();
+            let got: Vec<TaskId> = view.pending().iter().map(|t| t.id.clone()).collect();
+            prop_assert_eq!(&got, &want, "the view's order");
+            for id in model.tasks.keys() {
+                prop_assert_eq!(view.tasks()[id].state(), model.state(id), "{}", id);
+            }
+            // One router hands them out, one at a time; each success may release dependents.
+            let mut at = l.at + 100;
+            let mut handed = vec![];
+            loop {
+                let want = model.routable();
+                let made = l.to(at);
+                prop_assert!(made.len() <= 1);
+                let Some(a) = made.first() else {
+                    prop_assert!(want.is_empty(), "nothing handed out, the model has {:?}", want);
+                    break;
+                };
+                prop_assert_eq!(Some(&a.task), want.first(), "after {:?}", handed);
+                handed.push(a.task.clone());
+                l.end(a, AttemptOutcome::Succeeded);
+                model.tasks.get_mut(&a.task).unwrap().succeeded = true;
+                at += 100;
+            }
+        }
+    }
 }

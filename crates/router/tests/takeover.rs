@@ -112,6 +112,7 @@ impl Peer {
                 urgent: false,
                 max_attempts: None,
                 input: None,
+                rules: Default::default(),
             },
         )
         .unwrap();

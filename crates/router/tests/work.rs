@@ -30,6 +30,7 @@ fn submit(doc: &mut Automerge, i: u64) -> TaskId {
             urgent: false,
             max_attempts: None,
             input: None,
+            rules: Default::default(),
         },
     )
     .unwrap();
@@ -189,4 +190,54 @@ fn work_per_submit_and_plan_does_not_grow_with_pending_tasks() {
     let large = costs(0, 100_000);
     assert_eq!(small.2, 4, "four idle workers, four assignments: {small:?}");
     assert_eq!(small, large, "1k vs 100k pending tasks");
+}
+
+/// What a plan visits with `blocked` tasks waiting on a dependency that never ends and
+/// `blocked` more waiting for a not-before time far ahead, beside ten routable ones.
+fn costs_blocked(blocked: u64) -> (usize, usize) {
+    let mut n = Node::new();
+    n.router.handle_clock(n.now, 1_000_000);
+    n.activate();
+    // An anchor that stays running, so its dependents wait.
+    let anchor = submit(&mut n.doc, 0);
+    n.next = 1;
+    n.refresh();
+    n.step(100);
+    for i in 0..blocked {
+        let rules = |r: piecework_queue_doc::Rules| Submission {
+            id: TaskId::new(format!("automerge:blocked{i:08}{}", r.not_before)),
+            kind: "k".into(),
+            submitter: me(),
+            submitted_at: i,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: None,
+            rules: r,
+        };
+        let waiting = rules(piecework_queue_doc::Rules {
+            depends_on: vec![anchor.clone()],
+            ..Default::default()
+        });
+        let delayed = rules(piecework_queue_doc::Rules {
+            not_before: u64::MAX / 2,
+            ..Default::default()
+        });
+        queue::submit_many(&mut n.doc, &[waiting, delayed]).unwrap();
+    }
+    n.fill(10, false);
+    n.refresh();
+    let assigned = n.step(100);
+    (n.router.plan_visits(), assigned)
+}
+
+#[test]
+fn tasks_waiting_on_dependencies_or_a_time_cost_a_plan_nothing() {
+    let small = costs_blocked(1_000);
+    let large = costs_blocked(100_000);
+    assert_eq!(
+        small.1, 3,
+        "three idle workers beside the anchor's: {small:?}"
+    );
+    assert_eq!(small, large, "1k vs 100k blocked tasks");
 }

@@ -254,6 +254,14 @@ impl Pool {
                     format!("the task already has an outcome: {:?}", task.state()),
                     None,
                 )
+            } else if let Some(dep) = task.waiting_on().next() {
+                // A worker checks dependencies again before it starts: its replica must hold
+                // each one's success too.
+                finish(
+                    AttemptOutcome::Refused,
+                    format!("dependency {dep} has not succeeded here"),
+                    None,
+                )
             } else if let Some(addressed) = attempt
                 .pool_incarnation
                 .filter(|i| *i != self.config.incarnation)

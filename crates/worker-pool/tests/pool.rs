@@ -59,6 +59,7 @@ impl Fixture {
                 urgent: false,
                 max_attempts: None,
                 input: None,
+                rules: Default::default(),
             },
         )
         .unwrap();

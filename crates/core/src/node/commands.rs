@@ -11,7 +11,9 @@ impl Core {
                 Command::CreateQueue { .. } => Some(Reply::Created(Err(QueueError::Stopped))),
                 Command::JoinQueue { .. } => Some(Reply::Joined(Err(QueueError::Stopped))),
                 Command::SetPaused { .. } => Some(Reply::Paused(Err(QueueError::Stopped))),
-                Command::SetConfig { .. } => Some(Reply::Configured(Err(QueueError::Stopped))),
+                Command::SetConfig { .. } | Command::SetBoost { .. } => {
+                    Some(Reply::Configured(Err(QueueError::Stopped)))
+                }
                 Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
                 _ => None,
@@ -73,6 +75,12 @@ impl Core {
                     queue::set_config(d, &patch, now.unix_ms)
                         .map(|_| ())
                         .map_err(QueueError::from)
+                });
+                self.replies.push_back((cmd, Reply::Configured(r)));
+            }
+            Command::SetBoost { queue, tag, boost } => {
+                let r = self.write_setting(now, &queue, |d| {
+                    queue::set_boost(d, &tag, boost, now.unix_ms).map_err(QueueError::from)
                 });
                 self.replies.push_back((cmd, Reply::Configured(r)));
             }
@@ -196,6 +204,7 @@ impl Core {
             epoch: q.epoch,
             tasks: q.view.total_counts(),
             config: q.view.config.clone(),
+            boosts: q.view.boosts.clone(),
         })
     }
 

@@ -631,6 +631,7 @@ impl Core {
                 self.revive(now, queue, task, n);
             }
             for q in self.queues.values_mut() {
+                q.router.handle_clock(now.mono, now.unix_ms);
                 q.router.handle_timeout(now.mono);
             }
             self.pool.handle_timeout(now.mono);

@@ -224,6 +224,7 @@ impl Core {
         let old = std::mem::replace(&mut q.view, view.clone());
         let left = std::mem::replace(&mut q.view_doc, q.doc.clone());
         let qdoc = q.root.clone();
+        q.router.handle_clock(now.mono, now.unix_ms);
         q.router.handle_view(now.mono, view.clone());
         if let Some(r) = &view.router {
             see(&mut self.seen, id, r);
@@ -416,7 +417,14 @@ impl Core {
                 })
             })
             .max_by_key(|a| a.finished.as_ref().map(|f| (f.outcome, f.at)));
-        if decisive.is_none_or(|a| a.worker.peer != self.config.peer) {
+        // A task cancelled without a decisive run (a dependency failed) is summarized by its
+        // submitter, which holds its document.
+        let writer = match decisive {
+            Some(a) => &a.worker.peer,
+            None if t.state() == TaskState::Cancelled => &t.submitter,
+            None => return,
+        };
+        if *writer != self.config.peer {
             return;
         }
         let summary = task::Summary {
@@ -426,6 +434,8 @@ impl Core {
             priority: Some(t.priority),
             urgent: Some(t.urgent),
             max_attempts: Some(t.max_attempts),
+            rules: t.rules.clone(),
+            cancel_reason: t.cancel_reason(),
         };
         self.runs.record_summary(td.clone(), summary);
     }

@@ -314,6 +314,11 @@ impl Core {
             (None, Some(s)) => (s.state, s.attempts.clone(), s.error.clone()),
             (None, None) => return Err(TaskError::NotIndexed(task.clone(), t.queue.clone())),
         };
+        let (rules, cancel_reason) = match (entry, &t.summary) {
+            (Some(e), _) => (e.rules.clone(), e.cancel_reason()),
+            (None, Some(s)) => (s.rules.clone(), s.cancel_reason.clone()),
+            (None, None) => Default::default(),
+        };
         Ok(api::TaskStatus {
             id: task.clone(),
             queue: t.queue.clone(),
@@ -326,10 +331,35 @@ impl Core {
             priority,
             urgent,
             max_attempts,
+            tags: rules.tags,
+            depends_on: rules.depends_on,
+            not_before: (rules.not_before > 0).then_some(rules.not_before),
+            effective_priority: None,
+            blocked_on: None,
+            cancel_reason,
             error,
             attempts,
             runs: t.runs,
         })
+    }
+
+    /// Adds to a task's status what its queue's current view says of it as of `now_ms`: its
+    /// effective priority, and why it cannot be routed now (its state then shows `blocked`).
+    pub(super) fn annotate(&self, mut s: api::TaskStatus, now_ms: u64) -> api::TaskStatus {
+        let Some(q) = self.queues.get(&s.queue) else {
+            return s;
+        };
+        let Some(t) = q.view.task(&s.id) else {
+            return s;
+        };
+        s.effective_priority = Some(q.view.effective_priority(t));
+        if s.state == TaskState::Pending {
+            s.blocked_on = blocked_on(&q.view, t, now_ms);
+            if s.blocked_on.is_some() {
+                s.state = TaskState::Blocked;
+            }
+        }
+        s
     }
 
     pub(super) fn answer_status(
@@ -339,7 +369,8 @@ impl Core {
         task: TaskId,
         wait_until: Option<Instant>,
     ) {
-        match (self.status_of(&task), wait_until) {
+        let status = self.status_of(&task).map(|s| self.annotate(s, now.unix_ms));
+        match (status, wait_until) {
             (Ok(s), Some(until)) if !is_done(&s) && now.mono < until => {
                 let wait = until.saturating_duration_since(now.mono);
                 self.lookup.wait_on_task(TaskWaiter {
@@ -394,7 +425,10 @@ impl Core {
                 );
                 continue;
             }
-            match self.status_of(&w.task) {
+            match self
+                .status_of(&w.task)
+                .map(|s| self.annotate(s, now.unix_ms))
+            {
                 Ok(s) if !is_done(&s) => self.lookup.wait_on_task(w),
                 r => self.replies.push_back((w.cmd, Reply::Task(Box::new(r)))),
             }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use automerge::Automerge;
 use piecework_queue_doc::task::{self};
 use piecework_queue_doc::{
-    AttemptId, AttemptOutcome, Output, QueueId, TaskEntry, TaskId, TaskState,
+    AttemptId, AttemptOutcome, Output, QueueId, QueueView, TaskEntry, TaskId, TaskState,
 };
 
 use crate::TaskRunEnd;
@@ -77,6 +77,12 @@ pub(super) fn status_with_outputs(
         priority: Some(t.priority),
         urgent: Some(t.urgent),
         max_attempts: Some(t.max_attempts),
+        tags: t.rules.tags.clone(),
+        depends_on: t.rules.depends_on.clone(),
+        not_before: (t.rules.not_before > 0).then_some(t.rules.not_before),
+        effective_priority: None,
+        blocked_on: None,
+        cancel_reason: t.cancel_reason(),
         result,
         error: last_error(t),
         attempts: t.attempts.clone(),
@@ -92,9 +98,24 @@ pub(super) fn archived_status(task: &TaskId, json: &[u8]) -> Result<api::TaskSta
     })
 }
 
+/// Why a pending task cannot be routed now, by `view` and this node's clock: the queue is
+/// paused, a dependency has not succeeded, or its not-before time has not come.
+pub(super) fn blocked_on(view: &QueueView, t: &TaskEntry, now_ms: u64) -> Option<api::BlockedOn> {
+    if view.paused {
+        return Some(api::BlockedOn::Paused);
+    }
+    let waiting: Vec<TaskId> = t.waiting_on().cloned().collect();
+    if !waiting.is_empty() {
+        return Some(api::BlockedOn::Dependencies { tasks: waiting });
+    }
+    (t.rules.not_before > now_ms).then_some(api::BlockedOn::NotBefore {
+        until: t.rules.not_before,
+    })
+}
+
 pub(super) fn is_done(s: &api::TaskStatus) -> bool {
     match s.state {
-        TaskState::Failed => true,
+        TaskState::Failed | TaskState::Cancelled => true,
         TaskState::Succeeded => s.result.is_some(),
         _ => false,
     }

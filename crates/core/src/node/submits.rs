@@ -57,7 +57,70 @@ impl Core {
                 )));
             }
         }
+        if let Some(t) = req.tags.iter().find(|t| !piecework_queue_doc::valid_tag(t)) {
+            return Err(SubmitError::Invalid(format!(
+                "invalid tag {t:?}: tags are 1 to {} ASCII letters, digits, '_', '-', '.' or ':'",
+                piecework_queue_doc::MAX_TAG_LEN
+            )));
+        }
+        if req.tags.len() > piecework_queue_doc::MAX_TAGS {
+            return Err(SubmitError::Invalid(format!(
+                "a task carries at most {} tags",
+                piecework_queue_doc::MAX_TAGS
+            )));
+        }
+        if req.depends_on.len() > piecework_queue_doc::MAX_DEPENDENCIES {
+            return Err(SubmitError::Invalid(format!(
+                "a task depends on at most {} tasks",
+                piecework_queue_doc::MAX_DEPENDENCIES
+            )));
+        }
+        if req.delay_ms.is_some() && req.not_before.is_some() {
+            return Err(SubmitError::Invalid(
+                "give delay_ms or not_before, not both".into(),
+            ));
+        }
+        if let Some(t) = &req.not_before {
+            not_before_ms(t)?;
+        }
         Ok(())
+    }
+
+    /// The rules of a checked request submitted at `now_ms`: its tags, its not-before time,
+    /// and its dependencies, each of which must be in the queue's view, or have ended lately
+    /// on this node (its outcome is then recorded with the entry).
+    fn rules_of(
+        &self,
+        view: &QueueView,
+        req: &api::SubmitTask,
+        now_ms: u64,
+    ) -> Result<piecework_queue_doc::Rules, SubmitError> {
+        let mut rules = piecework_queue_doc::Rules {
+            tags: req.tags.clone(),
+            not_before: match (&req.not_before, req.delay_ms) {
+                (Some(t), _) => not_before_ms(t)?,
+                (None, Some(d)) => now_ms.saturating_add(d),
+                (None, None) => 0,
+            },
+            depends_on: req.depends_on.clone(),
+            outcomes: Default::default(),
+        };
+        for d in &req.depends_on {
+            if view.task(d).is_some() {
+                continue;
+            }
+            match self.ends.get(d).map(|e| e.entry().state()) {
+                Some(s) if s.is_final() => {
+                    rules.outcomes.insert(d.clone(), s);
+                }
+                _ => {
+                    return Err(SubmitError::Invalid(format!(
+                        "unknown dependency {d}: no task of this queue has that id"
+                    )));
+                }
+            }
+        }
+        Ok(rules)
     }
 
     /// Submits `reqs` with one change to the queue document; the reply waits in
@@ -100,11 +163,20 @@ impl Core {
         let mut answers: Vec<Result<TaskId, String>> = Vec::with_capacity(reqs.len());
         let mut submissions = Vec::with_capacity(reqs.len());
         let mut docs = Vec::with_capacity(reqs.len());
+        let view = Arc::clone(&self.queues[&queue_id].view);
         for req in reqs {
             if let Err(e) = Self::check_request(&req) {
                 answers.push(Err(e.to_string()));
                 continue;
             }
+            let rules = match self.rules_of(&view, &req, now.unix_ms) {
+                Ok(r) => r,
+                Err(e) if !many => return Err(e),
+                Err(e) => {
+                    answers.push(Err(e.to_string()));
+                    continue;
+                }
+            };
             let text = serde_json::to_string(&req.input).unwrap_or_default();
             let inline = !text.is_empty() && text.len() <= self.config.inline_input_max;
             // Inline: the entry carries the input and there is no task document.
@@ -139,6 +211,7 @@ impl Core {
                 urgent: req.urgent,
                 max_attempts: req.max_attempts,
                 input: inline.then_some(text),
+                rules,
             });
             answers.push(Ok(task_id));
             if let Some(doc) = doc {
@@ -276,4 +349,18 @@ impl Core {
             self.docs.may_evict(d.clone(), now.mono);
         }
     }
+}
+
+/// A not-before time in RFC 3339, in unix ms.
+fn not_before_ms(text: &str) -> Result<u64, SubmitError> {
+    let t = humantime::parse_rfc3339_weak(text).map_err(|e| {
+        SubmitError::Invalid(format!(
+            "not_before {text:?} is not an RFC 3339 time (e.g. 2026-11-28T09:00:00Z): {e}"
+        ))
+    })?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| SubmitError::Invalid(format!("not_before {text:?} is before 1970")))?
+        .as_millis();
+    Ok(u64::try_from(ms).unwrap_or(u64::MAX))
 }

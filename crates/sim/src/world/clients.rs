@@ -77,6 +77,10 @@ impl World {
                 priority: self.rng.random_range(-2..=2),
                 urgent: false,
                 max_attempts: None,
+                tags: Vec::new(),
+                depends_on: Vec::new(),
+                delay_ms: None,
+                not_before: None,
             })
             .collect();
         self.trace(|| format!("node{i} takes {n} task(s) for {queue}"));

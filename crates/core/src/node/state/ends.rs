@@ -81,6 +81,8 @@ mod tests {
             attempts: Vec::new(),
             input_seen: 0,
             input: (input > 0).then(|| "x".repeat(input)),
+            rules: Default::default(),
+            dependencies: Default::default(),
         };
         TaskEnd::new(Arc::new(entry), Vec::new())
     }
