@@ -478,26 +478,29 @@ fn steps() -> Vec<Step> {
         }))
         .capture("task_id", "<task:dependent>")
         .into(),
-        case(
-            "submit_delayed",
-            "a task not routed before a fixed time",
-        )
-        .post("/v1/queues/<queue:configured>/tasks")
-        .json(json!({ "kind": "noop", "not_before": "2999-01-01T00:00:00Z" }))
-        .capture("task_id", "<task:delayed>")
-        .into(),
-        case("task_tagged", "a tagged task: its effective priority counts the boost")
-            .get("/v1/tasks/<task:tagged>")
+        case("submit_delayed", "a task not routed before a fixed time")
+            .post("/v1/queues/<queue:configured>/tasks")
+            .json(json!({ "kind": "noop", "not_before": "2999-01-01T00:00:00Z" }))
+            .capture("task_id", "<task:delayed>")
             .into(),
+        case(
+            "task_tagged",
+            "a tagged task: its effective priority counts the boost",
+        )
+        .get("/v1/tasks/<task:tagged>")
+        .into(),
         case(
             "task_blocked_on_dependency",
             "a task whose dependency has not succeeded: blocked",
         )
         .get("/v1/tasks/<task:dependent>")
         .into(),
-        case("task_blocked_not_before", "a task whose time has not come: blocked")
-            .get("/v1/tasks/<task:delayed>")
-            .into(),
+        case(
+            "task_blocked_not_before",
+            "a task whose time has not come: blocked",
+        )
+        .get("/v1/tasks/<task:delayed>")
+        .into(),
         case(
             "submit_unknown_dependency",
             "a dependency no task of the queue has",
@@ -512,10 +515,13 @@ fn steps() -> Vec<Step> {
         .post("/v1/queues/<queue:configured>/tasks")
         .json(json!({ "kind": "noop", "delay_ms": 1000, "not_before": "2999-01-01T00:00:00Z" }))
         .into(),
-        case("submit_bad_not_before", "a not-before time that is not RFC 3339")
-            .post("/v1/queues/<queue:configured>/tasks")
-            .json(json!({ "kind": "noop", "not_before": "tomorrow" }))
-            .into(),
+        case(
+            "submit_bad_not_before",
+            "a not-before time that is not RFC 3339",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "not_before": "tomorrow" }))
+        .into(),
         case("submit_bad_tag", "a tag with a character tags may not hold")
             .post("/v1/queues/<queue:configured>/tasks")
             .json(json!({ "kind": "noop", "tags": ["no spaces"] }))

@@ -288,11 +288,7 @@ impl Router {
     /// time, compared with this clock as it advances with `now`. Until it is told, no task with
     /// a not-before time is routed.
     pub fn handle_clock(&mut self, now: Instant, unix_ms: u64) {
-        let changed = self.clock.is_none();
         self.clock = Some((now, unix_ms));
-        if changed {
-            self.dirty = true;
-        }
     }
 
     /// The wall clock at `now`, from the last [`Router::handle_clock`].

@@ -106,6 +106,10 @@ pub struct FaultMix {
     pub settings_rate: f64,
     /// How long a pause lasts before a member (any) resumes it, milliseconds.
     pub pause_ms: (u64, u64),
+    /// The share of submitted tasks that carry scheduling rules (priority tags, a dependency
+    /// on an acknowledged task, a delay), with boost changes beside them. 0 in every mix but
+    /// `scheduling`, so that the others replay as before.
+    pub scheduling: f64,
 }
 
 impl FaultMix {
@@ -134,6 +138,7 @@ impl FaultMix {
             byzantine_rate: 0.0,
             settings_rate: 0.0,
             pause_ms: (200, 4_000),
+            scheduling: 0.0,
         }
     }
 
@@ -203,6 +208,16 @@ impl FaultMix {
         }
     }
 
+    /// The default mix, with the scheduling workload: tasks with priority tags, delays and
+    /// dependencies, and boosts changed at run time (invariants 12 and 13).
+    pub fn scheduling() -> Self {
+        FaultMix {
+            name: "scheduling".into(),
+            scheduling: 0.6,
+            ..FaultMix::default_mix()
+        }
+    }
+
     /// Partitions and one-way cuts, nothing else.
     pub fn partitions() -> Self {
         FaultMix {
@@ -214,7 +229,7 @@ impl FaultMix {
     }
 
     /// The mix called `name`: `default`, `crashes`, `stops`, `calm`, `partitions`,
-    /// `byzantine` or `settings`.
+    /// `byzantine`, `settings` or `scheduling`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "default" => Some(FaultMix::default_mix()),
@@ -224,6 +239,7 @@ impl FaultMix {
             "partitions" => Some(FaultMix::partitions()),
             "byzantine" => Some(FaultMix::byzantine()),
             "settings" => Some(FaultMix::settings()),
+            "scheduling" => Some(FaultMix::scheduling()),
             _ => None,
         }
     }
@@ -262,6 +278,7 @@ impl FaultMix {
             byzantine_rate: 0.0,
             settings_rate: 0.0,
             pause_ms: (200, 4_000),
+            scheduling: 0.0,
         }
     }
 

@@ -83,6 +83,7 @@ impl World {
                 not_before: None,
             })
             .collect();
+        self.draw_rules(i, &queue, cmd, &mut tasks);
         self.trace(|| format!("node{i} takes {n} task(s) for {queue}"));
         let t = self.time(i);
         let command = if n == 1 {

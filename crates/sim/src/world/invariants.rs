@@ -109,6 +109,7 @@ impl World {
     ) {
         self.no_worker_starts_below_the_greatest_claim_seen(i, queue, task, claim);
         let earlier = self.runs.get(task).cloned().unwrap_or_default();
+        self.a_dependent_starts_after_its_dependencies_succeeded(i, task);
         self.a_task_runs_again_only_after_a_failure_or_a_crash(i, task, &earlier);
         self.no_two_runs_of_a_task_overlap(i, task, claim, &earlier);
         if tainted {
@@ -303,6 +304,9 @@ impl World {
         for (id, t) in view.tasks() {
             if t.state().is_final() && !self.ever_final.contains(id) {
                 self.ever_final.insert(id.clone());
+                if t.state() == TaskState::Cancelled {
+                    self.count("cancelled_by_dependency");
+                }
             }
             if t.state() == TaskState::Succeeded && !self.ever_succeeded.contains(id) {
                 self.ever_succeeded.insert(id.clone());

@@ -26,6 +26,7 @@ mod disk;
 mod faults;
 mod invariants;
 mod net;
+mod scheduling;
 mod settings;
 mod shell;
 
@@ -245,6 +246,8 @@ pub(crate) struct World {
     /// Tasks some node's view showed succeeded, ever (with a Byzantine member, every task
     /// must be among them at the end).
     ever_succeeded: BTreeSet<TaskId>,
+    /// The scheduling workload's records (the `scheduling` mix).
+    sched: scheduling::Scheduling,
 }
 
 fn node_seed(seed: u64, node: usize, incarnation: u64) -> u64 {
@@ -371,6 +374,7 @@ impl World {
             hostile: (config.mix.byzantine_rate > 0.0).then(|| n - 1),
             byz: byzantine::Byzantine::default(),
             ever_succeeded: BTreeSet::new(),
+            sched: scheduling::Scheduling::default(),
         };
         #[cfg(feature = "broken")]
         for n in &mut w.nodes {

@@ -134,7 +134,7 @@ impl World {
         Some(candidates[self.rng.random_range(0..candidates.len())])
     }
 
-    fn send(&mut self, i: usize, command: Command) {
+    pub(super) fn send(&mut self, i: usize, command: Command) {
         let cmd = self.command_id(i);
         let t = self.time(i);
         self.nodes[i].core.handle_command(t, cmd, command);

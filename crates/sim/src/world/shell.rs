@@ -183,6 +183,12 @@ impl World {
                 let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
                 let tainted = self.cut_from_its_router_since(i, &claim, assigned_us);
                 self.check_start(i, &req.queue, &req.task, &claim, tainted);
+                self.no_task_is_assigned_before_its_not_before(
+                    i,
+                    &req.queue,
+                    &req.task,
+                    &req.attempt,
+                );
                 self.trace(|| {
                     format!(
                         "node{i} starts {} {} on {}",
@@ -290,9 +296,13 @@ impl World {
                     return;
                 };
                 match r {
-                    Ok(s) => self.acknowledged(i, &queue, s.task_id),
+                    Ok(s) => {
+                        self.note_acknowledged(i, cmd, 0, &s.task_id);
+                        self.acknowledged(i, &queue, s.task_id)
+                    }
                     Err(e) => self.submit_refused(i, 1, &e.to_string()),
                 }
+                self.forget_submit(i, cmd);
             }
             Reply::SubmittedMany(r) => {
                 let Some((queue, n)) = self.nodes[i].submits.remove(&cmd) else {
@@ -303,7 +313,8 @@ impl World {
                         self.count("batch_submit");
                         for e in entries {
                             match e {
-                                BatchEntry::Submitted { task_id, .. } => {
+                                BatchEntry::Submitted { task_id, index, .. } => {
+                                    self.note_acknowledged(i, cmd, index, &task_id);
                                     self.acknowledged(i, &queue, task_id)
                                 }
                                 BatchEntry::Refused { error, .. } => {
@@ -314,6 +325,7 @@ impl World {
                     }
                     Err(e) => self.submit_refused(i, n, &e.to_string()),
                 }
+                self.forget_submit(i, cmd);
             }
             Reply::Joined(r) => {
                 let Some(q) = self.nodes[i].joins.remove(&cmd) else {
