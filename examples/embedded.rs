@@ -66,6 +66,8 @@ async fn main() -> anyhow::Result<()> {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         };
         ids.push(via.submit(&queue, req).await?.task_id);
     }

@@ -118,6 +118,8 @@ impl Kind {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         }
     }
 }

@@ -241,6 +241,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         };
         submits.push(async move { h.submit(&q, req).await });
         if submits.len() >= 32

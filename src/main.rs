@@ -259,6 +259,8 @@ enum QueueCommand {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per run: the size of the largest variant costs nothing worth boxing for.
+#[allow(clippy::large_enum_variant)]
 enum TaskCommand {
     /// Submit a task and print its id; or, with --file, a batch of tasks.
     Submit {
@@ -270,7 +272,7 @@ enum TaskCommand {
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
         /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
         /// answered with its task id or its error; the valid lines are submitted either way.
-        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before"])]
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before", "dedup_key", "idempotency_key"])]
         file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
@@ -298,6 +300,14 @@ enum TaskCommand {
         /// Not routed before this time (RFC 3339, e.g. `2026-11-28T09:00:00Z`).
         #[arg(long)]
         not_before: Option<String>,
+        /// While a pending task of the queue holds this key, add no task: move that one to the
+        /// front of its priority class (the answer says `deduplicated`).
+        #[arg(long)]
+        dedup_key: Option<String>,
+        /// A retry with the same key (after a lost answer) prints the task the first submit
+        /// made instead of adding one (kept at least 24 hours).
+        #[arg(long)]
+        idempotency_key: Option<String>,
         /// Wait for the outcome and print it.
         #[arg(long)]
         wait: bool,
@@ -561,6 +571,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     depends_on,
                     delay,
                     not_before,
+                    dedup_key,
+                    idempotency_key,
                     wait,
                     timeout,
                     json,
@@ -581,9 +593,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         depends_on: depends_on.into_iter().map(TaskId::new).collect(),
                         delay_ms: delay.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                         not_before,
+                        dedup_key,
+                        idempotency_key,
                     };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();
+                    if submitted.deduplicated && !json {
+                        eprintln!("deduplicated: a pending task holds the key, moved to the front");
+                    }
                     if !wait {
                         if json {
                             return print_json(&submitted);

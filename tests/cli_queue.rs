@@ -147,3 +147,69 @@ async fn a_queue_is_configured_paused_and_resumed_from_the_cli_through_any_membe
     let shown = cli(&b, &["queue", "config", &queue]);
     assert!(shown.contains("order fifo, concurrency 4"), "{shown}");
 }
+
+/// `task submit --tag --depends-on --delay --dedup-key --idempotency-key` and `queue boost`,
+/// against a node process: a boosted tag runs first, a dependent waits blocked for its
+/// dependency, a delayed task stays blocked, a re-submitted dedup key adds no task, and a
+/// retried idempotency key answers the first task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduling_flags_order_hold_back_and_dedup_tasks_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_node(&dir.path().join("a"), None);
+    let queue = cli(&a, &["queue", "create", "sched", "--concurrency", "1"]);
+    cli(&a, &["queue", "pause", &queue]);
+    let submit = |extra: &[&str]| {
+        let mut args = vec!["task", "submit", queue.as_str(), "--kind", "noop"];
+        args.extend_from_slice(extra);
+        cli(&a, &args)
+    };
+    let plain = submit(&[]);
+    let vip = submit(&["--tag", "vip"]);
+    let dependent = submit(&["--depends-on", &vip]);
+    let delayed = submit(&["--delay", "1h"]);
+    let first = submit(&["--dedup-key", "download/1"]);
+    let again = json(&cli(
+        &a,
+        &[
+            "task",
+            "submit",
+            &queue,
+            "--kind",
+            "noop",
+            "--dedup-key",
+            "download/1",
+            "--json",
+        ],
+    ));
+    assert_eq!(again["task_id"], first.as_str(), "{again:#}");
+    assert_eq!(again["deduplicated"], true, "{again:#}");
+    let once = submit(&["--idempotency-key", "order-1"]);
+    assert_eq!(submit(&["--idempotency-key", "order-1"]), once, "a retry");
+    let boosted = json(&cli(&a, &["queue", "boost", &queue, "vip", "2", "--json"]));
+    assert_eq!(boosted["boosts"]["vip"], 2, "{boosted:#}");
+    let status = |t: &str| json(&cli(&a, &["task", "status", t, "--json"]));
+    assert_eq!(status(&vip)["effective_priority"], 400_000);
+    let d = status(&dependent);
+    assert_eq!(d["state"], "blocked", "{d:#}");
+    assert_eq!(d["blocked_on"]["reason"], "paused", "{d:#}");
+    cli(&a, &["queue", "resume", &queue]);
+    let all = [a.http.clone()];
+    for t in [&plain, &vip, &dependent, &first, &once] {
+        let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(t)).await;
+        assert_eq!(s.state, TaskState::Succeeded, "{s:#?}");
+    }
+    let started = |t: &str| status(t)["runs"][0]["started_at"].as_u64().unwrap();
+    assert!(
+        started(&vip) <= started(&plain),
+        "the boosted tag goes first"
+    );
+    assert!(
+        started(&vip) <= started(&dependent),
+        "the dependency goes first"
+    );
+    let d = status(&delayed);
+    assert_eq!(d["state"], "blocked", "{d:#}");
+    assert_eq!(d["blocked_on"]["reason"], "not_before", "{d:#}");
+    let human = cli(&a, &["task", "status", &delayed]);
+    assert!(human.contains("blocked on"), "{human}");
+}

@@ -116,6 +116,8 @@ async fn every_task_completes_after_the_active_router_is_killed() {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         };
         ids.push(handles[i % 3].submit(&queue, req).await.unwrap().task_id);
     }
@@ -267,6 +269,8 @@ async fn a_router_shut_down_in_the_library_hands_over_and_frees_its_data_directo
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         };
         ids.push(handles[via].submit(&queue, req).await.unwrap().task_id);
     }
@@ -365,6 +369,8 @@ async fn a_follower_restarted_on_a_long_history_does_not_take_the_router() {
                 depends_on: Vec::new(),
                 delay_ms: None,
                 not_before: None,
+                dedup_key: None,
+                idempotency_key: None,
             })
             .collect();
         let done = submitted.saturating_sub(1_000);
@@ -489,6 +495,8 @@ async fn a_result_over_the_limit_fails_its_run_and_the_queue_keeps_syncing() {
         depends_on: Vec::new(),
         delay_ms: None,
         not_before: None,
+        dedup_key: None,
+        idempotency_key: None,
     };
     // Inline (a small input): its output would go into the queue document.
     let inline = handles[0]

@@ -527,6 +527,46 @@ fn steps() -> Vec<Step> {
             .json(json!({ "kind": "noop", "tags": ["no spaces"] }))
             .into(),
         case(
+            "submit_dedup_first",
+            "the first submit of a dedup key adds a task",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "dedup_key": "download/42" }))
+        .capture("task_id", "<task:deduped>")
+        .into(),
+        case(
+            "submit_dedup_again",
+            "the key again while its task is pending: no task added, the same id, deduplicated",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "dedup_key": "download/42", "priority": 9 }))
+        .into(),
+        case(
+            "task_deduplicated",
+            "the task a dedup moved to the front, its priority raised to the submit's",
+        )
+        .get("/v1/tasks/<task:deduped>")
+        .into(),
+        case(
+            "submit_idempotent_first",
+            "a submit with an idempotency key adds a task",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "idempotency_key": "order-7" }))
+        .capture("task_id", "<task:idempotent>")
+        .into(),
+        case(
+            "submit_idempotent_retry",
+            "its retry (a client that lost the answer) returns the same task and adds none",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "idempotency_key": "order-7" }))
+        .into(),
+        case("submit_dedup_key_too_long", "a dedup key over 256 bytes")
+            .post("/v1/queues/<queue:configured>/tasks")
+            .json(json!({ "kind": "noop", "dedup_key": "k".repeat(257) }))
+            .into(),
+        case(
             "queue_status_with_boosts",
             "the queue with a boost, its tasks pending and blocked",
         )

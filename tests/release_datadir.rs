@@ -108,6 +108,8 @@ async fn a_data_directory_of_the_previous_release_opens_with_every_task() {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         })
         .collect();
     let entries = h.submit_many(&queue, reqs).await.expect("a batch submit");

@@ -429,6 +429,8 @@ async fn every_task_acknowledged_just_before_a_sigkill_is_on_disk() {
         depends_on: Vec::new(),
         delay_ms: None,
         not_before: None,
+        dedup_key: None,
+        idempotency_key: None,
     };
     let mut acked: Vec<TaskId> = Vec::new();
     for round in 0..3 {

@@ -305,6 +305,8 @@ pub async fn submit_kind(
         depends_on: Vec::new(),
         delay_ms: None,
         not_before: None,
+        dedup_key: None,
+        idempotency_key: None,
     };
     node.client()
         .submit(queue, &req)

@@ -57,6 +57,14 @@ pub struct SubmitTask {
     /// `delay_ms`.
     #[serde(default)]
     pub not_before: Option<String>,
+    /// While a pending task of the queue holds this key, a submit of it adds no task: it moves
+    /// that one to the front of its priority class (`deduplicated: true` in the answer).
+    #[serde(default)]
+    pub dedup_key: Option<String>,
+    /// A retry of a submit with this key (a client that lost the answer) returns the task
+    /// the first one made, whatever its state, for at least 24 hours.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 impl SubmitTask {
@@ -72,6 +80,8 @@ impl SubmitTask {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         }
     }
 }
@@ -85,6 +95,11 @@ pub struct Submitted {
     /// this node has it for now (it was offline, or peers were slow): it is durable here and
     /// spreads when peers are reachable.
     pub replicated: bool,
+    /// The submit's dedup key was held by a pending task of the queue: no task was added, this
+    /// is that task (moved to the front of its priority class, its priority raised to the
+    /// submit's where higher).
+    #[serde(default)]
+    pub deduplicated: bool,
 }
 
 /// The most entries one batch submit may hold ([`crate::Command::SubmitMany`],
@@ -104,6 +119,9 @@ pub enum BatchEntry {
         task_id: TaskId,
         /// As in [`Submitted::replicated`], for the whole batch.
         replicated: bool,
+        /// As in [`Submitted::deduplicated`].
+        #[serde(default)]
+        deduplicated: bool,
     },
     /// The entry was refused.
     Refused {
@@ -246,6 +264,9 @@ pub struct TaskStatus {
     /// The tasks it depends on.
     #[serde(default)]
     pub depends_on: Vec<TaskId>,
+    /// Its dedup key, if it has one.
+    #[serde(default)]
+    pub dedup_key: Option<String>,
     /// Not routed before this time (unix ms), if it has one.
     #[serde(default)]
     pub not_before: Option<u64>,

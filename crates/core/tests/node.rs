@@ -270,6 +270,8 @@ fn noop_submit(q: &QueueId) -> Command {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         },
     }
 }
@@ -927,6 +929,8 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         },
     });
     assert_eq!(
@@ -1022,6 +1026,8 @@ fn submit_padded(one: &mut One, q: &QueueId, i: usize) -> CommandId {
             depends_on: Vec::new(),
             delay_ms: None,
             not_before: None,
+            dedup_key: None,
+            idempotency_key: None,
         },
     })
 }
@@ -1298,6 +1304,8 @@ fn a_full_queue_refuses_submits_until_tasks_finish() {
         depends_on: Vec::new(),
         delay_ms: None,
         not_before: None,
+        dedup_key: None,
+        idempotency_key: None,
     };
     let batch = one.command(Command::SubmitMany {
         queue: q.clone(),
@@ -2551,6 +2559,8 @@ fn a_member_back_after_rotations_answers_for_every_task_that_finished_while_it_w
                     depends_on: Vec::new(),
                     delay_ms: None,
                     not_before: None,
+                    dedup_key: None,
+                    idempotency_key: None,
                 },
             }),
             _ => a.submit(&q),
@@ -2673,6 +2683,8 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
                 depends_on: Vec::new(),
                 delay_ms: None,
                 not_before: None,
+                dedup_key: None,
+                idempotency_key: None,
             })
             .collect(),
     });

@@ -283,11 +283,13 @@ async fn submit_batch(
                 api::BatchEntry::Submitted {
                     task_id,
                     replicated,
+                    deduplicated,
                     ..
                 } => api::BatchEntry::Submitted {
                     index,
                     task_id,
                     replicated,
+                    deduplicated,
                 },
                 api::BatchEntry::Refused { error, .. } => api::BatchEntry::Refused { index, error },
             });

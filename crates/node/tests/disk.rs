@@ -27,6 +27,8 @@ fn task(n: u32) -> api::SubmitTask {
         depends_on: Vec::new(),
         delay_ms: None,
         not_before: None,
+        dedup_key: None,
+        idempotency_key: None,
     }
 }
 

@@ -78,6 +78,8 @@ pub struct ViewCache {
     /// The layout-2 root maps (every concurrent copy), with their root keys: an operation in
     /// one names its task in its key.
     layout_objs: HashMap<ObjKey, &'static str>,
+    /// The idempotency maps (every concurrent copy): the view reads nothing there.
+    idem_objs: HashSet<ObjKey>,
     /// Tasks whose layout-2 records may include some of attempts the view does not show (an
     /// unreadable assignment, a start or end without one): a record arriving later must be
     /// read with them, so these tasks are always re-read.
@@ -163,6 +165,15 @@ impl ViewCache {
             .iter()
             .filter_map(|(k, o)| Some((key_of(o)?, *k)))
             .collect();
+        self.idem_objs = am::all_objects(
+            doc,
+            &automerge::ROOT,
+            packed::IDEMPOTENCY,
+            automerge::ObjType::Map,
+        )
+        .iter()
+        .filter_map(key_of)
+        .collect();
         if let Some(tasks) = tasks {
             let records = Records::read(doc);
             for item in doc.map_range(&tasks, ..) {
@@ -217,6 +228,8 @@ impl ViewCache {
                 {
                     Place::Replaced
                 }
+                // The idempotency records are not in the view.
+                Key::Map(k) if k == packed::IDEMPOTENCY => Place::Elsewhere,
                 _ => Place::Root,
             },
             ObjectId::Id(OpId(counter, actor)) => {
@@ -233,6 +246,8 @@ impl ViewCache {
                     }
                 } else if let Some(t) = self.owners.get(&k) {
                     Place::Task(t.clone())
+                } else if self.idem_objs.contains(&k) {
+                    Place::Elsewhere
                 } else {
                     Place::Root
                 }

@@ -141,6 +141,8 @@ mod tests {
             input,
             rules: Default::default(),
             dependencies: Default::default(),
+            bump: None,
+            duplicate_of: None,
         };
         let bare = TaskEnd::new(Arc::new(entry(None)), Vec::new());
         let with_input = TaskEnd::new(Arc::new(entry(Some("x".repeat(1000)))), Vec::new());

@@ -226,6 +226,47 @@ pub struct Rules {
     /// rotation or carry that left them behind.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub outcomes: std::collections::BTreeMap<TaskId, TaskState>,
+    /// Submitting this key again while the task is pending (not yet started) adds no task: it
+    /// bumps this one ([`Bump`]). At most [`MAX_KEY_LEN`] bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedup_key: Option<String>,
+    /// The tasks with the same dedup key that the submitter saw started or ended when it made
+    /// this one: they are not its copies (see [`TaskEntry::duplicate_of`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dedup_after: Vec<TaskId>,
+    /// The client's key for retries of this submit (see `docs/protocol.md`, "Idempotent
+    /// submits"). At most [`MAX_KEY_LEN`] bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+/// The longest dedup or idempotency key, in bytes.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// A dedup bump: a submit of a pending task's dedup key moved it to the front of its priority
+/// class and raised its priority fields to the submit's where higher. Concurrent bumps of one
+/// task merge field by field: the latest time, the greatest priority, urgent if any was.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bump {
+    /// When (unix ms, the bumping member's clock).
+    pub t: u64,
+    /// The priority it raises the task to (clamped like a priority).
+    #[serde(default)]
+    pub p: i64,
+    /// Urgent.
+    #[serde(default)]
+    pub u: bool,
+}
+
+impl Bump {
+    /// The field-wise merge of two bumps.
+    pub fn merge(self, other: Bump) -> Bump {
+        Bump {
+            t: self.t.max(other.t),
+            p: self.p.max(other.p),
+            u: self.u || other.u,
+        }
+    }
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -248,6 +289,17 @@ impl Rules {
         let deps: std::collections::BTreeSet<&TaskId> = self.depends_on.iter().collect();
         self.outcomes
             .retain(|d, s| deps.contains(d) && s.is_final());
+        let short = |k: &Option<String>| k.as_ref().is_none_or(|k| k.len() <= MAX_KEY_LEN);
+        if !short(&self.dedup_key) {
+            self.dedup_key = None;
+        }
+        if !short(&self.idempotency_key) {
+            self.idempotency_key = None;
+        }
+        if self.dedup_key.is_none() {
+            self.dedup_after.clear();
+        }
+        self.dedup_after.truncate(MAX_DEPENDENCIES);
         self
     }
 
@@ -292,6 +344,12 @@ pub struct TaskEntry {
     /// [`crate::QueueView`] keeps them as its tasks change; an entry read alone knows only the
     /// recorded ones).
     pub dependencies: std::collections::BTreeMap<TaskId, TaskState>,
+    /// Its dedup bumps, merged (none if never bumped).
+    pub bump: Option<Bump>,
+    /// Derived by a view: the copy of this task that survives (this one has the same dedup
+    /// key, was made without knowing of it, and has not started). The task is then
+    /// `cancelled`, naming it.
+    pub duplicate_of: Option<TaskId>,
 }
 
 impl TaskEntry {
@@ -343,16 +401,41 @@ impl TaskEntry {
             .map(|(d, s)| (d, *s))
     }
 
-    /// Why the task was cancelled, if it was: `"dependency <id> failed"` or `"dependency <id>
-    /// was cancelled"`.
+    /// Why the task was cancelled, if it was: `"duplicate of <id>"`, `"dependency <id>
+    /// failed"` or `"dependency <id> was cancelled"`.
     pub fn cancel_reason(&self) -> Option<String> {
         if self.state() != TaskState::Cancelled {
             return None;
+        }
+        if let Some(s) = &self.duplicate_of {
+            return Some(format!("duplicate of {s}"));
         }
         self.cancelled_by().map(|(d, s)| match s {
             TaskState::Failed => format!("dependency {d} failed"),
             _ => format!("dependency {d} was cancelled"),
         })
+    }
+
+    /// Its priority, raised by its bumps.
+    pub fn priority_now(&self) -> i64 {
+        self.bump
+            .map_or(self.priority, |b| self.priority.max(b.p))
+            .clamp(-MAX_PRIORITY, MAX_PRIORITY)
+    }
+
+    /// Whether it is urgent, by its submit or a bump.
+    pub fn urgent_now(&self) -> bool {
+        self.urgent || self.bump.is_some_and(|b| b.u)
+    }
+
+    /// When it was last bumped (0: never).
+    pub fn bumped_at(&self) -> u64 {
+        self.bump.map_or(0, |b| b.t)
+    }
+
+    /// Whether some attempt of it started.
+    pub fn ever_started(&self) -> bool {
+        self.attempts.iter().any(|a| a.started.is_some())
     }
 
     /// The dependencies whose success is not known yet, in id order.
@@ -378,7 +461,7 @@ impl TaskEntry {
         }) {
             return TaskState::Succeeded;
         }
-        if self.cancelled_by().is_some() {
+        if self.duplicate_of.is_some() || self.cancelled_by().is_some() {
             return TaskState::Cancelled;
         }
         if self.failures() >= self.max_attempts {

@@ -423,6 +423,23 @@ pub fn build_successor(
         let ended = tx.put_object(ROOT, packed::ENDED, ObjType::Map)?;
         let seen = tx.put_object(ROOT, packed::SEEN, ObjType::Map)?;
         let output = tx.put_object(ROOT, packed::OUTPUT, ObjType::Map)?;
+        let bumps = tx.put_object(ROOT, packed::BUMPS, ObjType::Map)?;
+        let idem = tx.put_object(ROOT, packed::IDEMPOTENCY, ObjType::Map)?;
+        // Idempotency records younger than IDEMPOTENCY_KEEP_MS (by this clock) go on.
+        for m in am::all_objects(old, &ROOT, packed::IDEMPOTENCY, ObjType::Map) {
+            for item in old.map_range(&m, ..) {
+                let key = item.key.to_string();
+                let Some(rec) = packed_values(old, packed::IDEMPOTENCY, &key)
+                    .filter_map(|v| packed::decode::<packed::Idem>(&v))
+                    .min()
+                else {
+                    continue;
+                };
+                if rec.t.saturating_add(crate::queue::IDEMPOTENCY_KEEP_MS) >= r.now_ms {
+                    tx.put(&idem, key.as_str(), packed::encode(&rec))?;
+                }
+            }
+        }
         for t in view.tasks().values() {
             if t.state().is_final() {
                 stats.dropped += 1;
@@ -437,7 +454,7 @@ pub fn build_successor(
                 u: t.urgent,
                 m: u64::from(t.max_attempts),
                 i: t.input.clone(),
-                r: carried_rules(t),
+                r: carried_rules(t, view),
             };
             tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
             // What the ended runs of an inline task produced (its failed runs' logs).
@@ -468,6 +485,9 @@ pub fn build_successor(
             }
             if t.input_seen > 0 {
                 tx.put(&seen, t.id.as_str(), t.input_seen)?;
+            }
+            if let Some(b) = &t.bump {
+                tx.put(&bumps, t.id.as_str(), packed::encode(b))?;
             }
         }
         Ok::<_, RotateError>(())
@@ -675,13 +695,15 @@ fn key_of(obj: &ObjId) -> Option<ObjKey> {
 
 /// The maps carried, in the order they are carried: task entries first, so that the records
 /// of a task submitted late find it.
-pub(crate) const CARRIED: [&str; 6] = [
+pub(crate) const CARRIED: [&str; 8] = [
     keys::TASKS,
     packed::ASSIGNED,
     packed::STARTED,
     packed::ENDED,
     packed::SEEN,
     packed::OUTPUT,
+    packed::BUMPS,
+    packed::IDEMPOTENCY,
 ];
 
 /// Carries into `into` the writes `from` received after `since`: for every key of the task
@@ -1027,8 +1049,26 @@ fn carried_value<R: ReadDoc>(
 ) -> Option<automerge::ScalarValue> {
     match i {
         0 => carry_entry(from, into, key, dropped),
-        1 | 2 | 4 if !absent_too && !has_task(into, packed::task_of(key)) => None,
+        // An idempotency record: the earliest of both documents' (its key names no task).
+        7 => {
+            let first = |d: &dyn Fn() -> Vec<String>| {
+                d().into_iter()
+                    .filter_map(|v| packed::decode::<packed::Idem>(&v))
+                    .min()
+            };
+            let theirs = first(&|| packed_values(from, packed::IDEMPOTENCY, key).collect())?;
+            let mine = first(&|| packed_values(into, packed::IDEMPOTENCY, key).collect());
+            mine.is_none_or(|m| theirs < m)
+                .then(|| automerge::ScalarValue::from(packed::encode(&theirs)))
+        }
+        1 | 2 | 4 | 6 if !absent_too && !has_task(into, packed::task_of(key)) => None,
         1..=3 | 5 => attempt_value(i, packed_values(from, CARRIED[i], key), into, key),
+        6 => {
+            let mine = crate::read::bump_of(packed_values(into, packed::BUMPS, key));
+            let theirs = crate::read::bump_of(packed_values(from, packed::BUMPS, key))?;
+            let merged = mine.map_or(theirs, |m| m.merge(theirs));
+            (Some(merged) != mine).then(|| automerge::ScalarValue::from(packed::encode(&merged)))
+        }
         _ => {
             let theirs = max_uint_all(from, packed::SEEN, key);
             (theirs > max_uint_all(into, packed::SEEN, key))
@@ -1082,10 +1122,25 @@ pub(crate) fn attempt_value<R: ReadDoc>(
 }
 
 /// A task's rules as a successor records them: its known dependency outcomes become recorded
-/// ones, since a dependency that is final does not follow it into the successor.
-fn carried_rules(t: &crate::TaskEntry) -> crate::Rules {
+/// ones, since a dependency that is final does not follow it into the successor; and a
+/// dependency that is a dedup duplicate becomes its survivor.
+fn carried_rules(t: &crate::TaskEntry, view: &QueueView) -> crate::Rules {
     let mut r = t.rules.clone();
-    r.outcomes = t.dependencies.clone();
+    let mut outcomes = std::collections::BTreeMap::new();
+    for d in &t.rules.depends_on {
+        if let Some(s) = t.dependencies.get(d) {
+            outcomes.insert(view.survivor(d), *s);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    r.depends_on = t
+        .rules
+        .depends_on
+        .iter()
+        .map(|d| view.survivor(d))
+        .filter(|d| seen.insert(d.clone()))
+        .collect();
+    r.outcomes = outcomes;
     r
 }
 

@@ -12,6 +12,8 @@
 //! | `ended` | attempt key | [`End`] (time, outcome, error) | the worker's pool, or a router |
 //! | `seen` | task id | the attempt number up to which its input was seen available | members |
 //! | `output` | attempt key | [`Output`] (result, logs) of an inline task's run | the worker's pool, with the end |
+//! | `bumps` | task id | a dedup bump (time, priority, urgency) | a member that took a submit with the task's dedup key |
+//! | `idempotency` | a client's idempotency key | the task its first submit made, and when | the member that took that submit |
 //!
 //! The attempt key is `TASK/N/TERM/ROUTER` (attempt number, and the assigning router's claim):
 //! a task's attempts are the keys between `TASK/` and `TASK0`, and an attempt is a key, never a
@@ -34,9 +36,26 @@ pub(crate) const STARTED: &str = "started";
 pub(crate) const ENDED: &str = "ended";
 pub(crate) const SEEN: &str = "seen";
 pub(crate) const OUTPUT: &str = "output";
+/// Dedup bumps, by task id (see [`crate::entry::Bump`]). In documents created or rotated by a
+/// version that knows dedup keys; a document without the map takes no bump.
+pub(crate) const BUMPS: &str = "bumps";
+
+/// Idempotency records, by the client's key: [`Idem`]. Like `bumps`, in documents created
+/// or rotated by a version that knows them. Not a layout map: its keys name no task.
+pub(crate) const IDEMPOTENCY: &str = "idempotency";
+
+/// An idempotency record: the task a submit with the key made, and when (unix ms, the
+/// submitting member's clock).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct Idem {
+    /// When.
+    pub(crate) t: u64,
+    /// The task.
+    pub(crate) k: String,
+}
 
 /// The layout-2 maps, by root key.
-pub(crate) const MAPS: [&str; 5] = [ASSIGNED, STARTED, ENDED, SEEN, OUTPUT];
+pub(crate) const MAPS: [&str; 6] = [ASSIGNED, STARTED, ENDED, SEEN, OUTPUT, BUMPS];
 
 /// A task's index entry.
 #[derive(Debug, Serialize, Deserialize)]

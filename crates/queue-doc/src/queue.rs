@@ -110,6 +110,12 @@ pub enum SubmitError {
     /// A dependency is neither in the queue nor among the recorded outcomes.
     #[error("unknown dependency {0}: no task of this queue has that id")]
     UnknownDependency(TaskId),
+    /// A bump names a task the document does not index.
+    #[error("task {0} is not in the queue")]
+    UnknownTask(TaskId),
+    /// A dedup or idempotency key is empty or longer than 256 bytes.
+    #[error("a dedup or idempotency key is 1 to {max} bytes", max = crate::entry::MAX_KEY_LEN)]
+    BadKey,
     /// Too many dependencies, or the task depends on itself.
     #[error("a task depends on at most {max} other tasks of its queue", max = crate::entry::MAX_DEPENDENCIES)]
     BadDependencies,
@@ -218,6 +224,7 @@ pub fn create(
         for key in packed::MAPS {
             tx.put_object(ROOT, key, ObjType::Map)?;
         }
+        tx.put_object(ROOT, packed::IDEMPOTENCY, ObjType::Map)?;
         Ok::<_, CreateQueueError>(())
     })
 }
@@ -340,7 +347,52 @@ pub fn submit(doc: &mut Automerge, s: &Submission) -> Result<(), SubmitError> {
 /// Indexes several tasks in one change, as [`submit`] does each. All or none: an error (an
 /// empty kind, a duplicate id) leaves the document as it was.
 pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), SubmitError> {
-    if subs.is_empty() {
+    submit_and_bump(doc, subs, &[])
+}
+
+/// [`submit_many`], and in the same change a dedup bump of each task `bumps` names (a submit
+/// of its dedup key found it pending): each merges with the task's earlier bumps. A document
+/// without the `bumps` map (created by a version before dedup keys, until its next
+/// rotation) takes no bump; a bump of a task it does not index is refused.
+pub fn submit_and_bump(
+    doc: &mut Automerge,
+    subs: &[Submission],
+    bumps: &[(TaskId, crate::entry::Bump)],
+) -> Result<(), SubmitError> {
+    submit_all(doc, subs, bumps, 0)
+}
+
+/// How long an idempotency record is kept at least: a rotation drops those older than this
+/// (by the rotating router's clock).
+pub const IDEMPOTENCY_KEEP_MS: u64 = 24 * 3600 * 1000;
+
+/// [`submit_and_bump`], and an idempotency record (`submitted_at` of `now_ms`) for each
+/// submission whose rules carry an idempotency key: a retry of the key finds the task with
+/// [`idempotent_task`]. A document without the `idempotency` map (created by an earlier
+/// version, until its next rotation) keeps no record.
+pub fn submit_all(
+    doc: &mut Automerge,
+    subs: &[Submission],
+    bumps: &[(TaskId, crate::entry::Bump)],
+    now_ms: u64,
+) -> Result<(), SubmitError> {
+    let keys: Vec<(String, TaskId)> = subs
+        .iter()
+        .filter_map(|s| Some((s.rules.idempotency_key.clone()?, s.id.clone())))
+        .collect();
+    submit_keyed(doc, subs, bumps, &keys, now_ms)
+}
+
+/// [`submit_all`], with the idempotency records given: each key names the task its submit
+/// answered (a task of `subs`, or one a dedup bumped).
+pub fn submit_keyed(
+    doc: &mut Automerge,
+    subs: &[Submission],
+    bumps: &[(TaskId, crate::entry::Bump)],
+    keys: &[(String, TaskId)],
+    now_ms: u64,
+) -> Result<(), SubmitError> {
+    if subs.is_empty() && bumps.is_empty() {
         return Ok(());
     }
     if subs.iter().any(|s| s.kind.is_empty()) {
@@ -386,8 +438,51 @@ pub fn submit_many(doc: &mut Automerge, subs: &[Submission]) -> Result<(), Submi
             };
             tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         }
+        if let Some(map) = am::object(tx, &ROOT, packed::IDEMPOTENCY, ObjType::Map) {
+            for (k, task) in keys {
+                if k.is_empty() || k.len() > crate::entry::MAX_KEY_LEN {
+                    return Err(SubmitError::BadKey);
+                }
+                let rec = packed::Idem {
+                    t: now_ms,
+                    k: task.to_string(),
+                };
+                tx.put(&map, k.as_str(), packed::encode(&rec))?;
+            }
+        }
+        if bumps.is_empty() {
+            return Ok(());
+        }
+        let Some(map) = am::object(tx, &ROOT, packed::BUMPS, ObjType::Map) else {
+            return Ok(());
+        };
+        for (task, b) in bumps {
+            if tx.get(&tasks, task.as_str())?.is_none() {
+                return Err(SubmitError::UnknownTask(task.clone()));
+            }
+            let b = crate::entry::Bump {
+                p: b.p.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                ..*b
+            };
+            let merged = crate::read::bump_of(crate::read::packed_values(
+                &*tx,
+                packed::BUMPS,
+                task.as_str(),
+            ))
+            .map_or(b, |m| m.merge(b));
+            tx.put(&map, task.as_str(), packed::encode(&merged))?;
+        }
         Ok(())
     })
+}
+
+/// The task a submit with idempotency key `key` made, if the document holds its record: among
+/// concurrent records (two members took the key apart), the earliest `(time, task)`.
+pub fn idempotent_task<R: ReadDoc>(doc: &R, key: &str) -> Option<TaskId> {
+    crate::read::packed_values(doc, packed::IDEMPOTENCY, key)
+        .filter_map(|v| packed::decode::<packed::Idem>(&v))
+        .min()
+        .map(|r| TaskId::new(r.k))
 }
 
 /// Checks what a writer controls of a submission's rules: tags valid and at most
@@ -401,6 +496,13 @@ fn check_rules(s: &Submission) -> Result<(), SubmitError> {
         return Err(SubmitError::BadTag(
             s.rules.tags[crate::entry::MAX_TAGS].clone(),
         ));
+    }
+    let bad_key = |k: &Option<String>| {
+        k.as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > crate::entry::MAX_KEY_LEN)
+    };
+    if bad_key(&s.rules.dedup_key) || bad_key(&s.rules.idempotency_key) {
+        return Err(SubmitError::BadKey);
     }
     if s.rules.depends_on.len() > crate::entry::MAX_DEPENDENCIES
         || s.rules.depends_on.contains(&s.id)

@@ -56,6 +56,7 @@ pub(crate) struct Records {
     started: HashMap<String, Vec<String>>,
     ended: HashMap<String, Vec<String>>,
     seen: HashMap<String, u64>,
+    bumps: HashMap<String, Vec<String>>,
 }
 
 impl Records {
@@ -83,6 +84,7 @@ impl Records {
         for (name, into) in [
             (packed::STARTED, &mut r.started),
             (packed::ENDED, &mut r.ended),
+            (packed::BUMPS, &mut r.bumps),
         ] {
             for m in am::all_objects(doc, &ROOT, name, ObjType::Map) {
                 for item in doc.map_range(&m, ..) {
@@ -151,6 +153,8 @@ pub(crate) fn read_task_entry_from(
                 input: e.i,
                 dependencies: rules.outcomes.clone(),
                 rules,
+                bump: None,
+                duplicate_of: None,
             }
         }
         EntryValue::Other => return None,
@@ -215,7 +219,19 @@ pub(crate) fn read_task_entry_from(
         None => packed_seen(doc, &id),
     };
     entry.input_seen = entry.input_seen.max(seen);
+    entry.bump = match records {
+        Some(r) => bump_of(r.bumps.get(id.as_str()).into_iter().flatten().cloned()),
+        None => bump_of(packed_values(doc, packed::BUMPS, id.as_str())),
+    };
     Some(entry)
+}
+
+/// The merge of a task's bump values (see [`crate::entry::Bump`]); unreadable ones are
+/// skipped.
+pub(crate) fn bump_of(values: impl Iterator<Item = String>) -> Option<crate::entry::Bump> {
+    values
+        .filter_map(|v| packed::decode::<crate::entry::Bump>(&v))
+        .reduce(crate::entry::Bump::merge)
 }
 
 fn read_packed_attempt(
@@ -377,6 +393,8 @@ fn read_map_entry(
         input: None,
         rules: Default::default(),
         dependencies: Default::default(),
+        bump: None,
+        duplicate_of: None,
     })
 }
 

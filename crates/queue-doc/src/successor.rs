@@ -92,6 +92,17 @@ pub fn check_successor(
         // read at the seal's heads.
         return check_at_heads(prev, &heads, succ, None);
     };
+    // A task's state can follow others' (its dependencies, the copies of its dedup key): the
+    // tasks related to a touched one, transitively, are judged at the heads too.
+    let mut touched = touched;
+    let mut todo: Vec<TaskId> = touched.iter().cloned().collect();
+    while let Some(t) = todo.pop() {
+        for r in view.related(&t) {
+            if touched.insert(r.clone()) {
+                todo.push(r);
+            }
+        }
+    }
     for t in view.tasks().values() {
         if !touched.contains(&t.id) && !t.state().is_final() && !indexes(succ, &t.id) {
             return Err(SuccessorCheck::DropsLive(t.id.clone()));
@@ -115,7 +126,15 @@ fn check_at_heads(
     let Ok(at) = prev.fork_at(heads) else {
         return Err(SuccessorCheck::NotYet);
     };
-    let live = |task: &TaskId| task_state(&at, task).is_some_and(|s| !s.is_final());
+    // States derived across tasks (dependencies, dedup copies) need the whole view there.
+    let view = crate::QueueView::read(&at);
+    let live = |task: &TaskId| {
+        view.as_ref()
+            .and_then(|v| v.task(task))
+            .map(|t| t.state())
+            .or_else(|| task_state(&at, task))
+            .is_some_and(|s| !s.is_final())
+    };
     let dropped = match only {
         Some(tasks) => tasks.iter().find(|t| live(t)).cloned(),
         None => am::all_objects(&at, &ROOT, keys::TASKS, ObjType::Map)

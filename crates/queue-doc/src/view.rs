@@ -96,25 +96,31 @@ impl PartialEq for Rederived {
 impl Eq for Rederived {}
 
 /// A pending task's place in the routing order: urgent first, then greater effective priority
-/// (boost sum, then priority), then submit time (per the queue's [`Order`]), then id.
+/// (boost sum, then priority), then submit time (per the queue's [`Order`]), then id. A dedup
+/// bump moves a task to the front of its priority class: in a FIFO queue bumped tasks go
+/// first (the latest bump first); in a LIFO queue a bump counts as a new push.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct RouteKey {
     not_urgent: bool,
     priority: std::cmp::Reverse<i64>,
-    /// `submitted_at` for FIFO, its complement for LIFO.
+    /// FIFO: the last bump's time (0: none), latest first. LIFO: 0.
+    front: std::cmp::Reverse<u64>,
+    /// `submitted_at` for FIFO; for LIFO, the complement of the later of it and the last bump.
     time: u64,
     id: TaskId,
 }
 
 impl RouteKey {
     fn of(t: &TaskEntry, order: Order, boosts: &BTreeMap<String, i64>) -> Self {
+        let (front, time) = match order {
+            Order::Fifo => (t.bumped_at(), t.submitted_at),
+            Order::Lifo => (0, u64::MAX - t.submitted_at.max(t.bumped_at())),
+        };
         RouteKey {
-            not_urgent: !t.urgent,
+            not_urgent: !t.urgent_now(),
             priority: std::cmp::Reverse(effective_priority(t, boosts)),
-            time: match order {
-                Order::Fifo => t.submitted_at,
-                Order::Lifo => u64::MAX - t.submitted_at,
-            },
+            front: std::cmp::Reverse(front),
+            time,
             id: t.id.clone(),
         }
     }
@@ -129,7 +135,7 @@ fn effective_priority(t: &TaskEntry, boosts: &BTreeMap<String, i64>) -> i64 {
         .map(|tag| boosts.get(tag).copied().unwrap_or(0))
         .sum();
     sum.saturating_mul(crate::entry::BOOST_WEIGHT)
-        .saturating_add(t.priority)
+        .saturating_add(t.priority_now())
 }
 
 /// The view's indexes over its tasks. Every field is a function of the tasks and the order;
@@ -149,6 +155,8 @@ struct TaskIndex {
     waiting: OrdSet<TaskId>,
     /// Every task that lists dependencies, by each dependency.
     dependents: OrdMap<TaskId, OrdSet<TaskId>>,
+    /// Every task with a dedup key, by key.
+    dedup: OrdMap<String, OrdSet<TaskId>>,
     /// Pending tasks that failed or were refused before (they wait a retry delay).
     retrying: OrdSet<TaskId>,
     /// Tasks with at least one open attempt, by the peer of each open attempt's worker.
@@ -180,6 +188,12 @@ impl TaskIndex {
         for d in &t.rules.depends_on {
             self.dependents
                 .entry(d.clone())
+                .or_default()
+                .insert(t.id.clone());
+        }
+        if let Some(k) = &t.rules.dedup_key {
+            self.dedup
+                .entry(k.clone())
                 .or_default()
                 .insert(t.id.clone());
         }
@@ -229,6 +243,14 @@ impl TaskIndex {
                 if set.is_empty() {
                     self.dependents.remove(d);
                 }
+            }
+        }
+        if let Some(k) = &t.rules.dedup_key
+            && let Some(set) = self.dedup.get_mut(k)
+        {
+            set.remove(&t.id);
+            if set.is_empty() {
+                self.dedup.remove(k);
             }
         }
         match state {
@@ -341,13 +363,14 @@ impl QueueView {
         // of times per change.
         let mut budget = 4 * (self.tasks.len() + 1);
         while let Some((id, entry)) = work.pop() {
-            let before = self.final_state(&id);
+            let before = self.signature(&id);
             if let Some(old) = self.tasks.get(&id) {
                 self.index.remove(old);
             }
+            let key = entry.as_ref().and_then(|e| e.rules.dedup_key.clone());
             match entry {
                 Some(mut e) => {
-                    self.fill_dependencies(&mut e);
+                    self.derive(&mut e);
                     self.index.add(&e);
                     self.tasks.insert(id.clone(), Arc::new(e));
                 }
@@ -355,16 +378,31 @@ impl QueueView {
                     self.tasks.remove(&id);
                 }
             }
-            if self.final_state(&id) == before {
+            if self.signature(&id) == before {
                 continue;
             }
-            let dependents: Vec<TaskId> = self
+            // Its dependents' states follow its outcome, and its copies' survivor may change.
+            let mut next: Vec<TaskId> = self
                 .index
                 .dependents
                 .get(&id)
                 .map(|s| s.iter().cloned().collect())
                 .unwrap_or_default();
-            for d in dependents {
+            let key = key.or_else(|| before.as_ref().and_then(|b| b.3.clone()));
+            if let Some(set) = key.as_ref().and_then(|k| self.index.dedup.get(k)) {
+                for y in set.iter().filter(|t| **t != id) {
+                    next.push(y.clone());
+                    // A dependency on its duplicate stands for it.
+                    if self
+                        .tasks
+                        .get(y)
+                        .is_some_and(|t| t.duplicate_of.as_ref() == Some(&id))
+                    {
+                        next.extend(self.index.dependents.get(y).into_iter().flatten().cloned());
+                    }
+                }
+            }
+            for d in next {
                 if budget == 0 {
                     break;
                 }
@@ -377,17 +415,130 @@ impl QueueView {
         }
     }
 
+    /// What others derive from a task: its final state, whether it ever started, the copy it
+    /// is a duplicate of, and its dedup key (`None` if the view does not hold it).
+    #[allow(clippy::type_complexity)]
+    fn signature(
+        &self,
+        id: &TaskId,
+    ) -> Option<(Option<TaskState>, bool, Option<TaskId>, Option<String>)> {
+        self.tasks.get(id).map(|t| {
+            let s = t.state();
+            (
+                s.is_final().then_some(s),
+                t.ever_started(),
+                t.duplicate_of.clone(),
+                t.rules.dedup_key.clone(),
+            )
+        })
+    }
+
+    /// Sets what an entry derives from the rest of the view: its dependencies' outcomes and
+    /// the copy it is a duplicate of.
+    fn derive(&self, e: &mut TaskEntry) {
+        self.fill_dependencies(e);
+        e.duplicate_of = self.survivor_of(e);
+    }
+
+    /// The copy `e` is a duplicate of, if any. Two tasks with one dedup key are *copies* if
+    /// neither names the other among the tasks it was made after (`Rules::dedup_after`: made
+    /// without knowing of each other). The key's tasks are taken started first, then by id; a
+    /// task survives if it started or no copy taken before it survives; otherwise it is the
+    /// first such copy's duplicate. So a started task always survives, and of copies none of
+    /// which started the smallest id does.
+    fn survivor_of(&self, e: &TaskEntry) -> Option<TaskId> {
+        let key = e.rules.dedup_key.as_ref()?;
+        if e.ever_started() {
+            return None;
+        }
+        let group = self.index.dedup.get(key)?;
+        let mut members: Vec<&TaskEntry> = group
+            .iter()
+            .filter(|id| **id != e.id)
+            .filter_map(|id| self.tasks.get(id).map(|t| &**t))
+            .chain(std::iter::once(e))
+            .collect();
+        members.sort_by(|a, b| (!a.ever_started(), &a.id).cmp(&(!b.ever_started(), &b.id)));
+        let copies = |a: &TaskEntry, b: &TaskEntry| {
+            !a.rules.dedup_after.contains(&b.id) && !b.rules.dedup_after.contains(&a.id)
+        };
+        let mut survivors: Vec<&TaskEntry> = Vec::new();
+        for t in members {
+            let beaten = survivors
+                .iter()
+                .find(|s| copies(s, t))
+                .map(|s| s.id.clone());
+            if t.id == e.id {
+                return beaten;
+            }
+            // A started task survives, beaten or not (two copies that both started both ran).
+            if beaten.is_none() || t.ever_started() {
+                survivors.push(t);
+            }
+        }
+        None
+    }
+
     /// The tasks re-derived since the last call because a dependency's outcome changed.
     pub(crate) fn take_rederived(&mut self) -> Vec<TaskId> {
         std::mem::take(&mut self.rederived.0)
     }
 
-    /// A task's state if it is in the view and final.
+    /// A task's state if it is in the view and final; a duplicate's is its survivor's.
     fn final_state(&self, id: &TaskId) -> Option<TaskState> {
+        let t = self.tasks.get(id)?;
+        let t = match &t.duplicate_of {
+            Some(s) => self.tasks.get(s)?,
+            None => t,
+        };
+        Some(t.state()).filter(|s| s.is_final())
+    }
+
+    /// The task a dependency on `id` stands for: its survivor if it is a duplicate.
+    pub fn survivor(&self, id: &TaskId) -> TaskId {
         self.tasks
             .get(id)
-            .map(|t| t.state())
-            .filter(|s| s.is_final())
+            .and_then(|t| t.duplicate_of.clone())
+            .unwrap_or_else(|| id.clone())
+    }
+
+    /// The task a submit of dedup key `key` bumps instead of adding one: the view's task with
+    /// that key that is pending or assigned (not started since, not final), the smallest id
+    /// if several.
+    pub fn dedup_target(&self, key: &str) -> Option<&TaskEntry> {
+        self.index
+            .dedup
+            .get(key)?
+            .iter()
+            .filter_map(|id| self.task(id))
+            .find(|t| matches!(t.state(), TaskState::Pending | TaskState::Assigned))
+    }
+
+    /// The tasks whose derived state depends on `id`'s: those that depend on it, and those
+    /// with its dedup key.
+    pub fn related(&self, id: &TaskId) -> Vec<TaskId> {
+        let mut out: Vec<TaskId> = self
+            .index
+            .dependents
+            .get(id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        if let Some(key) = self.tasks.get(id).and_then(|t| t.rules.dedup_key.as_ref()) {
+            out.extend(self.with_dedup_key(key).into_iter().map(|t| t.id.clone()));
+        }
+        out.retain(|t| t != id);
+        out
+    }
+
+    /// The view's tasks with dedup key `key`.
+    pub fn with_dedup_key(&self, key: &str) -> Vec<&TaskEntry> {
+        self.index
+            .dedup
+            .get(key)
+            .into_iter()
+            .flat_map(|s| s.iter())
+            .filter_map(|id| self.task(id))
+            .collect()
     }
 
     /// Sets an entry's known dependency outcomes: the recorded ones, and the final states of

@@ -351,3 +351,215 @@ fn a_task_with_a_not_before_time_is_held_in_the_timed_index() {
     let timed: Vec<(u64, &TaskId)> = v.timed().map(|(at, t)| (at, &t.id)).collect();
     assert_eq!(timed, [(5_000, &later)]);
 }
+
+fn keyed(key: &str) -> Rules {
+    Rules {
+        dedup_key: Some(key.into()),
+        ..Rules::default()
+    }
+}
+
+fn bump(doc: &mut Automerge, task: &TaskId, t: u64, p: i64) {
+    let b = piecework_queue_doc::Bump { t, p, u: false };
+    queue::submit_and_bump(doc, &[], &[(task.clone(), b)]).unwrap();
+}
+
+/// A bump moves a task to the front of its priority class (FIFO: before every unbumped task,
+/// the latest bump first; LIFO: as a new push) and raises its priority where the bump's is
+/// higher; concurrent bumps merge field by field.
+#[test]
+fn a_bump_moves_a_task_to_the_front_of_its_class_and_raises_its_priority() {
+    let mut doc = new_queue();
+    let a = submit(&mut doc, "a", 1, keyed("k"));
+    let b = submit(&mut doc, "b", 2, Rules::default());
+    let c = submit(&mut doc, "c", 3, Rules::default());
+    bump(&mut doc, &c, 10, 0);
+    assert_eq!(pending(&doc), [c.clone(), a.clone(), b.clone()]);
+    bump(&mut doc, &b, 11, 0);
+    assert_eq!(pending(&doc), [b.clone(), c.clone(), a.clone()]);
+    let mut other = fork(&doc, 2);
+    bump(&mut doc, &a, 12, 4);
+    bump(&mut other, &a, 13, 2);
+    doc.merge(&mut other).unwrap();
+    let v = view(&doc);
+    let e = v.task(&a).unwrap();
+    assert_eq!(
+        (e.priority_now(), e.bumped_at()),
+        (4, 13),
+        "merged field by field"
+    );
+    assert_eq!(pending(&doc), [a.clone(), b.clone(), c.clone()]);
+    // A LIFO queue: a bump is a new push, and a later submit goes above it.
+    queue::set_config(
+        &mut doc,
+        &piecework_queue_doc::ConfigPatch {
+            order: Some(piecework_queue_doc::Order::Lifo),
+            ..Default::default()
+        },
+        20,
+    )
+    .unwrap();
+    let d = submit(&mut doc, "d", 14, Rules::default());
+    bump(&mut doc, &b, 15, 0);
+    assert_eq!(pending(&doc), [a, b, d, c]);
+}
+
+/// Two copies of one dedup key made apart: once merged, the smaller id survives and the other
+/// ends cancelled naming it; a dependent of the loser depends on the survivor, in the view and
+/// in a successor epoch.
+#[test]
+fn concurrent_copies_merge_to_the_smaller_id_and_dependents_follow_the_survivor() {
+    let doc = new_queue();
+    let mut left = fork(&doc, 2);
+    let mut right = fork(&doc, 3);
+    let x1 = submit(&mut left, "x1", 1, keyed("k"));
+    let x2 = submit(&mut right, "x2", 2, keyed("k"));
+    let dep = submit(&mut right, "dep", 3, after(&[&x2]));
+    left.merge(&mut right).unwrap();
+    let v = view(&left);
+    assert_eq!(v.task(&x2).unwrap().state(), TaskState::Cancelled);
+    assert_eq!(
+        v.task(&x2).unwrap().cancel_reason().unwrap(),
+        format!("duplicate of {x1}")
+    );
+    assert_eq!(v.dedup_target("k").map(|t| &t.id), Some(&x1));
+    assert_eq!(pending(&left), std::slice::from_ref(&x1));
+    // The dependent waits for the survivor, and its success releases it.
+    let succ = rotate(&left);
+    let sv = view(&succ);
+    assert!(sv.task(&x2).is_none(), "the cancelled copy is left behind");
+    assert_eq!(
+        sv.task(&dep).unwrap().rules.depends_on,
+        std::slice::from_ref(&x1)
+    );
+    run(&mut left, &x1, 1, AttemptOutcome::Succeeded);
+    assert_eq!(pending(&left), [dep]);
+}
+
+/// A copy that started before the merge survives, whatever the ids; a task made after the key's
+/// task started, naming it, is no copy of it.
+#[test]
+fn a_started_copy_survives_and_a_task_made_after_a_start_is_no_copy() {
+    let doc = new_queue();
+    let mut left = fork(&doc, 2);
+    let mut right = fork(&doc, 3);
+    let x1 = submit(&mut left, "x1", 1, keyed("k"));
+    let x2 = submit(&mut right, "x2", 2, keyed("k"));
+    // x2 starts on the right.
+    let a = Assignment {
+        task: x2.clone(),
+        attempt: AttemptId {
+            n: 1,
+            claim: Claim::new(1, PeerId::new("r")),
+        },
+        worker: WorkerId::new(PeerId::new("w"), 0),
+        incarnation: 1,
+    };
+    queue::record_assignments(&mut right, std::slice::from_ref(&a), 5).unwrap();
+    queue::record_start(&mut right, &x2, &a.attempt, &a.worker, 1, 6).unwrap();
+    // Then a new task of the key is made there, knowing x2 started.
+    let x3 = submit(
+        &mut right,
+        "x3",
+        7,
+        Rules {
+            dedup_after: vec![x2.clone()],
+            ..keyed("k")
+        },
+    );
+    left.merge(&mut right).unwrap();
+    let v = view(&left);
+    assert_eq!(
+        v.task(&x1).unwrap().cancel_reason().unwrap(),
+        format!("duplicate of {x2}")
+    );
+    assert_eq!(v.task(&x2).unwrap().state(), TaskState::Running);
+    // x3 was made after x2 started: no copy of it. It is x1's copy (neither knew of the
+    // other), but x1 lost to x2, so x3 survives: the new run it asked for is kept.
+    assert_eq!(v.task(&x3).unwrap().duplicate_of, None);
+    assert_eq!(pending(&left), [x3]);
+}
+
+/// A bump written into a sealed document is carried into the successor, merged with the
+/// successor's.
+#[test]
+fn a_late_bump_is_carried_merged() {
+    let mut old = new_queue();
+    let a = submit(&mut old, "a", 1, keyed("k"));
+    bump(&mut old, &a, 5, 1);
+    let seal = old.get_heads();
+    let mut succ = rotate(&old);
+    assert_eq!(view(&succ).task(&a).unwrap().bumped_at(), 5);
+    let mut late = fork(&old, 2);
+    bump(&mut late, &a, 9, 0);
+    bump(&mut succ, &a, 7, 3);
+    let none = |_: &TaskId| false;
+    epoch::carry(&late, &seal, &mut succ, &none, None, usize::MAX).unwrap();
+    let v = view(&succ);
+    let e = v.task(&a).unwrap();
+    assert_eq!((e.bumped_at(), e.priority_now()), (9, 3));
+}
+
+/// An idempotency record names the task a key's first submit made; a rotation keeps those at
+/// most 24 hours old, and a carry keeps the earliest of two documents' records.
+#[test]
+fn idempotency_records_are_kept_a_day_and_carried_earliest_first() {
+    let mut old = new_queue();
+    let sub = |name: &str, key: &str| Submission {
+        id: id(name),
+        kind: "k".into(),
+        submitter: PeerId::new("s"),
+        submitted_at: 1,
+        priority: 0,
+        urgent: false,
+        max_attempts: None,
+        input: None,
+        rules: Rules {
+            idempotency_key: Some(key.into()),
+            ..Rules::default()
+        },
+    };
+    let day = queue::IDEMPOTENCY_KEEP_MS;
+    // Rotation at 1,000 ms (see `rotate`): a record from before a day ago is dropped.
+    queue::submit_all(&mut old, &[sub("old", "k-old")], &[], 0).unwrap();
+    queue::submit_all(&mut old, &[sub("new", "k-new")], &[], 999).unwrap();
+    assert_eq!(queue::idempotent_task(&old, "k-new"), Some(id("new")));
+    let seal = old.get_heads();
+    let mut succ = rotate(&old);
+    assert_eq!(queue::idempotent_task(&succ, "k-new"), Some(id("new")));
+    assert_eq!(
+        queue::idempotent_task(&succ, "k-old"),
+        Some(id("old")),
+        "within a day"
+    );
+    let mut late = fork(&old, 2);
+    queue::submit_all(&mut late, &[sub("late", "k-late")], &[], 500).unwrap();
+    queue::submit_all(&mut succ, &[sub("other", "k-late")], &[], 2_000).unwrap();
+    let none = |_: &TaskId| false;
+    epoch::carry(&late, &seal, &mut succ, &none, None, usize::MAX).unwrap();
+    assert_eq!(
+        queue::idempotent_task(&succ, "k-late"),
+        Some(id("late")),
+        "the earliest"
+    );
+    // A day later, a rotation leaves the old records behind.
+    let origin = QueueId::new("automerge:q0");
+    let sealer = Claim::new(2, PeerId::new("router"));
+    let mut next = Automerge::new();
+    epoch::build_successor(
+        &succ,
+        &view(&succ),
+        &mut next,
+        &Rotation {
+            origin: &origin,
+            prev: "automerge:q1",
+            successor: "automerge:q2",
+            epoch: 2,
+            claim: &sealer,
+            now_ms: 999 + day + 1,
+        },
+    )
+    .unwrap();
+    assert_eq!(queue::idempotent_task(&next, "k-new"), None);
+    assert_eq!(queue::idempotent_task(&next, "k-late"), None);
+}

@@ -481,23 +481,25 @@ fn a_pool_beat_that_lists_one_worker_a_thousand_times_gets_one_assignment() {
     assert_eq!(made[0].worker.index, 0);
 }
 
-/// The routing order against a reference model (a plain sorted list), across replicas.
+/// The routing order against a reference model (plain lists, sorted), across replicas.
 mod model {
     use std::collections::{BTreeMap, BTreeSet};
 
     use automerge::ActorId;
-    use piecework_queue_doc::{Rules, TaskState};
+    use piecework_queue_doc::{Bump, Rules, TaskState};
     use proptest::prelude::*;
 
     use super::*;
 
     const TAGS: [&str; 3] = ["a", "b", "c"];
+    const KEYS: [&str; 2] = ["k1", "k2"];
 
     #[derive(Clone, Debug)]
     enum Op {
-        /// On replica `r`: a task with `(priority, urgent, tags, dependencies)` (indexes into
-        /// `TAGS` and into the tasks submitted so far).
-        Submit(usize, i64, bool, Vec<usize>, Vec<usize>),
+        /// On replica `r`: a submit with `(priority, urgent, tags, dependencies, dedup key)`
+        /// (indexes into `TAGS`, the tasks submitted so far and `KEYS`). With a key that a
+        /// pending task of the replica's view holds, it bumps that task instead, as a node does.
+        Submit(usize, i64, bool, Vec<usize>, Vec<usize>, Option<usize>),
         /// On replica `r`: tag `TAGS[i]` gets a boost.
         Boost(usize, usize, i64),
         /// On replica `r`: a router assigns a task it sees routable, and it succeeds or fails.
@@ -509,14 +511,15 @@ mod model {
     fn op() -> impl Strategy<Value = Op> {
         let r = 0..3usize;
         prop_oneof![
-            4 => (
+            5 => (
                 r.clone(),
                 prop_oneof![(-5i64..=5), Just(99_999), Just(-99_999)],
                 proptest::bool::weighted(0.15),
                 proptest::collection::vec(0..TAGS.len(), 0..3),
                 proptest::collection::vec(0..64usize, 0..3),
+                proptest::option::weighted(0.4, 0..KEYS.len()),
             )
-                .prop_map(|(r, p, u, t, d)| Op::Submit(r, p, u, t, d)),
+                .prop_map(|(r, p, u, t, d, k)| Op::Submit(r, p, u, t, d, k)),
             2 => (r.clone(), 0..TAGS.len(), prop_oneof![Just(0i64), -2i64..=2, Just(1_000_000)])
                 .prop_map(|(r, t, b)| Op::Boost(r, t, b)),
             2 => (r.clone(), 0..64usize, proptest::bool::weighted(0.8))
@@ -534,8 +537,26 @@ mod model {
         urgent: bool,
         tags: BTreeSet<String>,
         deps: Vec<TaskId>,
+        key: Option<String>,
+        /// The tasks of its key the submitter saw when it made this one.
+        after: BTreeSet<TaskId>,
+        /// Merged bumps: (latest time, greatest priority, any urgent).
+        bump: Option<(u64, i64, bool)>,
+        started: bool,
         succeeded: bool,
         failed: bool,
+    }
+
+    impl M {
+        fn priority(&self) -> i64 {
+            self.bump.map_or(self.priority, |b| self.priority.max(b.1))
+        }
+        fn urgent(&self) -> bool {
+            self.urgent || self.bump.is_some_and(|b| b.2)
+        }
+        fn bumped(&self) -> u64 {
+            self.bump.map_or(0, |b| b.0)
+        }
     }
 
     struct Model {
@@ -546,15 +567,53 @@ mod model {
     }
 
     impl Model {
+        /// The copy a task is a duplicate of: its key's tasks taken started first, then by
+        /// id; each survives unless a surviving copy (neither made knowing of the other) came
+        /// before it.
+        fn duplicate_of(&self, id: &TaskId) -> Option<TaskId> {
+            let t = &self.tasks[id];
+            let key = t.key.as_ref()?;
+            let mut group: Vec<&M> = self
+                .tasks
+                .values()
+                .filter(|m| m.key.as_ref() == Some(key))
+                .collect();
+            group.sort_by_key(|m| (!m.started, m.id.clone()));
+            let mut survivors: Vec<&M> = vec![];
+            for m in group {
+                let beaten = survivors
+                    .iter()
+                    .find(|s| !s.after.contains(&m.id) && !m.after.contains(&s.id))
+                    .map(|s| s.id.clone());
+                if m.id == *id {
+                    return beaten.filter(|_| !m.started);
+                }
+                if beaten.is_none() || m.started {
+                    survivors.push(m);
+                }
+            }
+            None
+        }
+
+        /// A dependency stands for its survivor.
+        fn resolve(&self, id: &TaskId) -> TaskId {
+            self.duplicate_of(id).unwrap_or_else(|| id.clone())
+        }
+
         fn state(&self, id: &TaskId) -> TaskState {
             let t = &self.tasks[id];
             if t.succeeded {
                 return TaskState::Succeeded;
             }
-            let dep_ended = t
-                .deps
-                .iter()
-                .any(|d| matches!(self.state(d), TaskState::Failed | TaskState::Cancelled));
+            if self.duplicate_of(id).is_some() {
+                return TaskState::Cancelled;
+            }
+            let dep_ended = t.deps.iter().any(|d| {
+                matches!(
+                    self.state(&self.resolve(d)),
+                    TaskState::Failed | TaskState::Cancelled
+                )
+            });
             match (dep_ended, t.failed) {
                 (true, _) => TaskState::Cancelled,
                 (false, true) => TaskState::Failed,
@@ -563,7 +622,8 @@ mod model {
         }
 
         /// The pending tasks whose dependencies all succeeded, in the order the queue's rules
-        /// give, written out plainly: urgent, boost sum, priority, submit time, id.
+        /// give, written out plainly: urgent, boost sum, priority, bump (FIFO: bumped first,
+        /// latest first; LIFO: a bump is a push), submit time, id.
         fn routable(&self) -> Vec<TaskId> {
             let boost = |t: &M| -> i64 {
                 t.tags
@@ -575,16 +635,20 @@ mod model {
                 .tasks
                 .values()
                 .filter(|t| self.state(&t.id) == TaskState::Pending)
-                .filter(|t| t.deps.iter().all(|d| self.state(d) == TaskState::Succeeded))
+                .filter(|t| {
+                    t.deps
+                        .iter()
+                        .all(|d| self.state(&self.resolve(d)) == TaskState::Succeeded)
+                })
                 .collect();
             list.sort_by(|a, b| {
-                b.urgent
-                    .cmp(&a.urgent)
+                b.urgent()
+                    .cmp(&a.urgent())
                     .then(boost(b).cmp(&boost(a)))
-                    .then(b.priority.cmp(&a.priority))
+                    .then(b.priority().cmp(&a.priority()))
                     .then(match self.order {
-                        Order::Fifo => a.at.cmp(&b.at),
-                        Order::Lifo => b.at.cmp(&a.at),
+                        Order::Fifo => b.bumped().cmp(&a.bumped()).then(a.at.cmp(&b.at)),
+                        Order::Lifo => b.at.max(b.bumped()).cmp(&a.at.max(a.bumped())),
                     })
                     .then(a.id.cmp(&b.id))
             });
@@ -615,9 +679,10 @@ mod model {
     proptest! {
         #![proptest_config(piecework_proptest_config::config(64))]
 
-        /// Submits with tags, priorities, urgency and dependencies, boost changes, runs and
-        /// merges on three replicas: once merged, the view's pending tasks are the model's,
-        /// in its order, and one effective router hands them out (one at a time, each
+        /// Submits with tags, priorities, urgency, dependencies and dedup keys (a re-submit of
+        /// a key bumps its pending task, as a node does), boost changes, runs and merges on
+        /// three replicas: once merged, the view's pending tasks and every task's state are the
+        /// model's, and one effective router hands the tasks out (one at a time, each
         /// succeeding, which releases its dependents) in the model's order.
         #[test]
         fn the_routing_order_is_the_models(
@@ -639,8 +704,25 @@ mod model {
             for (i, op) in ops.into_iter().enumerate() {
                 let t = 1_000 + i as u64;
                 match op {
-                    Op::Submit(r, priority, urgent, tags, deps) => {
+                    Op::Submit(r, priority, urgent, tags, deps, key) => {
                         let view = QueueView::read(&docs[r]).unwrap();
+                        let key = key.map(|k| KEYS[k].to_owned());
+                        if let Some(target) = key.as_deref().and_then(|k| view.dedup_target(k)) {
+                            // A re-submit: the pending task is bumped.
+                            let b = Bump {
+                                t,
+                                p: target.priority_now().max(priority),
+                                u: target.urgent_now() || urgent,
+                            };
+                            let id = target.id.clone();
+                            queue::submit_and_bump(&mut docs[r], &[], &[(id.clone(), b)]).unwrap();
+                            let m = model.tasks.get_mut(&id).unwrap();
+                            m.bump = Some(match m.bump {
+                                Some((bt, bp, bu)) => (bt.max(b.t), bp.max(b.p), bu || b.u),
+                                None => (b.t, b.p, b.u),
+                            });
+                            continue;
+                        }
                         let id = TaskId::new(format!("automerge:t{i:03}"));
                         // Dependencies this replica knows (a submit names existing tasks).
                         let deps: Vec<TaskId> = deps
@@ -653,6 +735,10 @@ mod model {
                             .collect();
                         let tags: BTreeSet<String> =
                             tags.iter().map(|g| TAGS[*g].to_owned()).collect();
+                        let after: BTreeSet<TaskId> = key
+                            .as_deref()
+                            .map(|k| view.with_dedup_key(k).iter().map(|e| e.id.clone()).collect())
+                            .unwrap_or_default();
                         // Ties of submit time happen: two ops share one.
                         let at = t / 2;
                         queue::submit(&mut docs[r], &Submission {
@@ -667,12 +753,14 @@ mod model {
                             rules: Rules {
                                 tags: tags.iter().cloned().collect(),
                                 depends_on: deps.clone(),
+                                dedup_key: key.clone(),
+                                dedup_after: after.iter().cloned().collect(),
                                 ..Rules::default()
                             },
                         }).unwrap();
                         model.tasks.insert(id.clone(), M {
-                            id: id.clone(), at, priority, urgent, tags, deps,
-                            succeeded: false, failed: false,
+                            id: id.clone(), at, priority, urgent, tags, deps, key, after,
+                            bump: None, started: false, succeeded: false, failed: false,
                         });
                         ids.push(id);
                     }
@@ -688,6 +776,7 @@ mod model {
                         }
                         run(&mut docs[r], id, t, r, ok, t);
                         let m = model.tasks.get_mut(id).unwrap();
+                        m.started = true;
                         match ok {
                             true => m.succeeded = true,
                             false => m.failed = true,
@@ -705,12 +794,12 @@ mod model {
             }
             l.view();
             let view = QueueView::read(&l.doc).unwrap();
-            let want = model.routable();
-            let got: Vec<TaskId> = view.pending().iter().map(|t| t.id.clone()).collect();
-            prop_assert_eq!(&got, &want, "the view's order");
             for id in model.tasks.keys() {
                 prop_assert_eq!(view.tasks()[id].state(), model.state(id), "{}", id);
             }
+            let want = model.routable();
+            let got: Vec<TaskId> = view.pending().iter().map(|t| t.id.clone()).collect();
+            prop_assert_eq!(&got, &want, "the view's order");
             // One router hands them out, one at a time; each success may release dependents.
             let mut at = l.at + 100;
             let mut handed = vec![];
@@ -725,7 +814,9 @@ mod model {
                 prop_assert_eq!(Some(&a.task), want.first(), "after {:?}", handed);
                 handed.push(a.task.clone());
                 l.end(a, AttemptOutcome::Succeeded);
-                model.tasks.get_mut(&a.task).unwrap().succeeded = true;
+                let m = model.tasks.get_mut(&a.task).unwrap();
+                m.started = true;
+                m.succeeded = true;
                 at += 100;
             }
         }

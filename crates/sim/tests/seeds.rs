@@ -197,10 +197,12 @@ fn settings_seeds_pass_and_every_member_ends_with_the_same_settings() {
     }
 }
 
-/// The `scheduling` mix: tasks with priority tags, delays and dependencies, and boosts changed
-/// at run time, under the default faults. Every seed passes, invariants 12 (no dependent
-/// starts before its dependencies succeeded) and 13 (no assignment before a not-before time)
-/// included, and each situation happened.
+/// The `scheduling` mix: tasks with priority tags, delays, dependencies and dedup keys,
+/// idempotent retries, and boosts changed at run time, under the default faults. Every seed
+/// passes, invariants 12 (no dependent starts before its dependencies succeeded), 13 (no
+/// assignment before a not-before time), 14 (no two fresh pending copies of a dedup key in a
+/// view) and 15 (an idempotent retry answers the first task) included, and each situation
+/// happened.
 #[test]
 fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
     let faults = seeds(FaultMix::scheduling(), 11_000..11_000 + CI_SEEDS / 2);
@@ -211,6 +213,10 @@ fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
         "setting_boost",
         "dependent_started",
         "delayed_started",
+        "scheduling_dedup_key",
+        "dedup_bumped",
+        "dedup_copy_cancelled",
+        "idempotent_retry",
         "rotation",
     ] {
         assert!(

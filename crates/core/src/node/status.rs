@@ -304,7 +304,11 @@ impl Core {
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
         let entry = q.view.task(task);
         let (priority, urgent, max_attempts) = match (entry, &t.summary) {
-            (Some(e), _) => (Some(e.priority), Some(e.urgent), Some(e.max_attempts)),
+            (Some(e), _) => (
+                Some(e.priority_now()),
+                Some(e.urgent_now()),
+                Some(e.max_attempts),
+            ),
             (None, Some(s)) => (s.priority, s.urgent, s.max_attempts),
             (None, None) => (None, None, None),
         };
@@ -333,6 +337,7 @@ impl Core {
             max_attempts,
             tags: rules.tags,
             depends_on: rules.depends_on,
+            dedup_key: rules.dedup_key,
             not_before: (rules.not_before > 0).then_some(rules.not_before),
             effective_priority: None,
             blocked_on: None,

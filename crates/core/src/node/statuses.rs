@@ -74,11 +74,12 @@ pub(super) fn status_with_outputs(
             .as_deref()
             .and_then(|i| serde_json::from_str(i).ok())
             .unwrap_or(serde_json::Value::Null),
-        priority: Some(t.priority),
-        urgent: Some(t.urgent),
+        priority: Some(t.priority_now()),
+        urgent: Some(t.urgent_now()),
         max_attempts: Some(t.max_attempts),
         tags: t.rules.tags.clone(),
         depends_on: t.rules.depends_on.clone(),
+        dedup_key: t.rules.dedup_key.clone(),
         not_before: (t.rules.not_before > 0).then_some(t.rules.not_before),
         effective_priority: None,
         blocked_on: None,

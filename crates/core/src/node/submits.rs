@@ -75,6 +75,19 @@ impl Core {
                 piecework_queue_doc::MAX_DEPENDENCIES
             )));
         }
+        for (what, k) in [
+            ("dedup key", &req.dedup_key),
+            ("idempotency key", &req.idempotency_key),
+        ] {
+            if let Some(k) = k
+                && (k.is_empty() || k.len() > piecework_queue_doc::MAX_KEY_LEN)
+            {
+                return Err(SubmitError::Invalid(format!(
+                    "a {what} is 1 to {} bytes",
+                    piecework_queue_doc::MAX_KEY_LEN
+                )));
+            }
+        }
         if req.delay_ms.is_some() && req.not_before.is_some() {
             return Err(SubmitError::Invalid(
                 "give delay_ms or not_before, not both".into(),
@@ -84,6 +97,17 @@ impl Core {
             not_before_ms(t)?;
         }
         Ok(())
+    }
+
+    /// The task a submit with idempotency key `key` made, as the queue's current document or a
+    /// sealed one this node holds records it (a record written late into a sealed epoch is
+    /// there until carried).
+    fn idempotent_task(&self, queue: &QueueId, key: &str) -> Option<TaskId> {
+        let q = self.queues.get(queue)?;
+        std::iter::once(&q.doc)
+            .chain(q.sealed.keys())
+            .filter_map(|d| self.replica.get(d))
+            .find_map(|d| queue::idempotent_task(d, key))
     }
 
     /// The rules of a checked request submitted at `now_ms`: its tags, its not-before time,
@@ -104,6 +128,20 @@ impl Core {
             },
             depends_on: req.depends_on.clone(),
             outcomes: Default::default(),
+            dedup_key: req.dedup_key.clone(),
+            // The key's tasks this node sees (none pending, or the submit bumps one instead):
+            // the new task is no copy of them.
+            dedup_after: req
+                .dedup_key
+                .as_deref()
+                .map(|k| {
+                    view.with_dedup_key(k)
+                        .iter()
+                        .map(|t| t.id.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            idempotency_key: req.idempotency_key.clone(),
         };
         for d in &req.depends_on {
             if view.task(d).is_some() {
@@ -160,7 +198,14 @@ impl Core {
                 max: self.config.max_live,
             });
         }
-        let mut answers: Vec<Result<TaskId, String>> = Vec::with_capacity(reqs.len());
+        let mut answers: Vec<Result<(TaskId, bool), String>> = Vec::with_capacity(reqs.len());
+        // Dedup: bumps of pending tasks, and the keys this batch adds (a later entry with one
+        // is deduplicated into the earlier, raising its priority fields).
+        let mut bumps: Vec<(TaskId, piecework_queue_doc::Bump)> = Vec::new();
+        let mut batch_keys: BTreeMap<String, usize> = BTreeMap::new();
+        let mut batch_idem: BTreeMap<String, TaskId> = BTreeMap::new();
+        // Each idempotency key this change records, with the task its submit answered.
+        let mut idem: Vec<(String, TaskId)> = Vec::new();
         let mut submissions = Vec::with_capacity(reqs.len());
         let mut docs = Vec::with_capacity(reqs.len());
         let view = Arc::clone(&self.queues[&queue_id].view);
@@ -177,6 +222,45 @@ impl Core {
                     continue;
                 }
             };
+            if let Some(key) = &req.idempotency_key {
+                // A retry: the task the first submit of the key made (in this batch, or
+                // recorded in the queue document).
+                let earlier = batch_idem
+                    .get(key)
+                    .cloned()
+                    .or_else(|| self.idempotent_task(&queue_id, key));
+                if let Some(id) = earlier {
+                    answers.push(Ok((id, false)));
+                    continue;
+                }
+            }
+            if let Some(key) = &req.dedup_key {
+                let found = if let Some(&i) = batch_keys.get(key) {
+                    let s: &mut Submission = &mut submissions[i];
+                    s.priority = s.priority.max(req.priority);
+                    s.urgent |= req.urgent;
+                    Some(s.id.clone())
+                } else if let Some(t) = view.dedup_target(key) {
+                    let b = piecework_queue_doc::Bump {
+                        t: now.unix_ms,
+                        p: t.priority_now().max(req.priority),
+                        u: t.urgent_now() || req.urgent,
+                    };
+                    bumps.push((t.id.clone(), b));
+                    Some(t.id.clone())
+                } else {
+                    None
+                };
+                if let Some(id) = found {
+                    // A retry of this submit answers the task it was deduplicated into.
+                    if let Some(k) = &req.idempotency_key {
+                        batch_idem.insert(k.clone(), id.clone());
+                        idem.push((k.clone(), id.clone()));
+                    }
+                    answers.push(Ok((id, true)));
+                    continue;
+                }
+            }
             let text = serde_json::to_string(&req.input).unwrap_or_default();
             let inline = !text.is_empty() && text.len() <= self.config.inline_input_max;
             // Inline: the entry carries the input and there is no task document.
@@ -213,7 +297,14 @@ impl Core {
                 input: inline.then_some(text),
                 rules,
             });
-            answers.push(Ok(task_id));
+            if let Some(key) = &req.dedup_key {
+                batch_keys.insert(key.clone(), submissions.len() - 1);
+            }
+            if let Some(key) = &req.idempotency_key {
+                batch_idem.insert(key.clone(), task_id.clone());
+                idem.push((key.clone(), task_id.clone()));
+            }
+            answers.push(Ok((task_id, false)));
             if let Some(doc) = doc {
                 docs.push((tdoc, doc));
             }
@@ -238,7 +329,7 @@ impl Core {
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
-            queue::submit_many(d, &submissions)?;
+            queue::submit_keyed(d, &submissions, &bumps, &idem, now.unix_ms)?;
             Ok::<_, queue::SubmitError>(d.get_heads())
         });
         let queue_heads = match r {
@@ -257,7 +348,7 @@ impl Core {
             SubmitAnswer::Many(answers)
         } else {
             match answers.pop() {
-                Some(Ok(id)) => SubmitAnswer::One(id),
+                Some(Ok((id, dedup))) => SubmitAnswer::One(id, dedup),
                 _ => unreachable!("a single submit's refusal returned above"),
             }
         };
@@ -294,7 +385,7 @@ impl Core {
                 if let Some(e) = failing {
                     self.release_acking(now, &w);
                     let reply = match w.answer {
-                        SubmitAnswer::One(_) => Reply::Submitted(Err(SubmitError::NotDurable(e))),
+                        SubmitAnswer::One(..) => Reply::Submitted(Err(SubmitError::NotDurable(e))),
                         SubmitAnswer::Many(_) => {
                             Reply::SubmittedMany(Err(SubmitError::NotDurable(e)))
                         }
@@ -321,18 +412,20 @@ impl Core {
             }
             self.release_acking(now, &w);
             let reply = match w.answer {
-                SubmitAnswer::One(task_id) => Reply::Submitted(Ok(api::Submitted {
+                SubmitAnswer::One(task_id, deduplicated) => Reply::Submitted(Ok(api::Submitted {
                     task_id,
                     replicated: held,
+                    deduplicated,
                 })),
                 SubmitAnswer::Many(answers) => Reply::SubmittedMany(Ok(answers
                     .into_iter()
                     .enumerate()
                     .map(|(index, a)| match a {
-                        Ok(task_id) => api::BatchEntry::Submitted {
+                        Ok((task_id, deduplicated)) => api::BatchEntry::Submitted {
                             index,
                             task_id,
                             replicated: held,
+                            deduplicated,
                         },
                         Err(error) => api::BatchEntry::Refused { index, error },
                     })

@@ -111,7 +111,8 @@ pub(super) struct SubmitWait {
 
 #[derive(Debug)]
 pub(super) enum SubmitAnswer {
-    One(TaskId),
-    /// Per request entry: its task, or why it was refused.
-    Many(Vec<Result<TaskId, String>>),
+    /// The task, and whether the submit was deduplicated into it.
+    One(TaskId, bool),
+    /// Per request entry: its task and whether it was deduplicated, or why it was refused.
+    Many(Vec<Result<(TaskId, bool), String>>),
 }

@@ -81,6 +81,8 @@ impl World {
                 depends_on: Vec::new(),
                 delay_ms: None,
                 not_before: None,
+                dedup_key: None,
+                idempotency_key: None,
             })
             .collect();
         self.draw_rules(i, &queue, cmd, &mut tasks);
@@ -98,9 +100,20 @@ impl World {
         self.drive(i);
     }
 
-    pub(super) fn acknowledged(&mut self, i: usize, queue: &QueueId, task: TaskId) {
+    /// A submit was answered with `task`: one it made (invariant 8 then checks the node's
+    /// disk), or, `deduplicated`, an existing task that held its dedup key (made elsewhere,
+    /// perhaps: nothing of this submit is on the disk but the bump).
+    pub(super) fn acknowledged(
+        &mut self,
+        i: usize,
+        queue: &QueueId,
+        task: TaskId,
+        deduplicated: bool,
+    ) {
         self.trace(|| format!("node{i} acknowledged task {task}"));
-        self.an_acknowledged_submit_is_on_disk(i, queue, &task);
+        if !deduplicated {
+            self.an_acknowledged_submit_is_on_disk(i, queue, &task);
+        }
         self.submitted.insert(task, queue.clone());
     }
 

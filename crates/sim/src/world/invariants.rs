@@ -109,7 +109,7 @@ impl World {
     ) {
         self.no_worker_starts_below_the_greatest_claim_seen(i, queue, task, claim);
         let earlier = self.runs.get(task).cloned().unwrap_or_default();
-        self.a_dependent_starts_after_its_dependencies_succeeded(i, task);
+        self.a_dependent_starts_after_its_dependencies_succeeded(i, queue, task);
         self.a_task_runs_again_only_after_a_failure_or_a_crash(i, task, &earlier);
         self.no_two_runs_of_a_task_overlap(i, task, claim, &earlier);
         if tainted {
@@ -278,9 +278,21 @@ impl World {
         for (id, t) in view.tasks() {
             let s = t.state();
             let key = (i, id.clone());
-            if let Some(prev) = self.seen_states.get(&key) {
+            if let Some(prev) = self.seen_states.get(&key).copied() {
+                // The one reopening protocol.md allows: a dedup copy shown cancelled as a
+                // duplicate, whose start (made before the copies met) arrives, or whose
+                // survivor the document it is on no longer holds.
+                let reverted = prev == TaskState::Cancelled
+                    && !s.is_final()
+                    && t.duplicate_of.is_none()
+                    && self.sched_dup_cancelled(i, id);
+                if reverted {
+                    self.count("dedup_cancel_reverted");
+                    self.seen_states.insert(key, s);
+                    continue;
+                }
                 let regressed = (prev.is_final() && !s.is_final())
-                    || (*prev == TaskState::Succeeded && s != TaskState::Succeeded);
+                    || (prev == TaskState::Succeeded && s != TaskState::Succeeded);
                 if regressed {
                     bad.push(format!(
                         "node{i}: {id} went from {} to {}",
@@ -288,6 +300,9 @@ impl World {
                         s.as_str()
                     ));
                 }
+            }
+            if t.duplicate_of.is_some() {
+                self.note_dup_cancelled(i, id);
             }
             if s.is_final() || !self.seen_states.contains_key(&key) {
                 self.seen_states.insert(key, s);
@@ -304,7 +319,9 @@ impl World {
         for (id, t) in view.tasks() {
             if t.state().is_final() && !self.ever_final.contains(id) {
                 self.ever_final.insert(id.clone());
-                if t.state() == TaskState::Cancelled {
+                if t.duplicate_of.is_some() {
+                    self.count("dedup_copy_cancelled");
+                } else if t.state() == TaskState::Cancelled {
                     self.count("cancelled_by_dependency");
                 }
             }
@@ -617,6 +634,11 @@ impl World {
     /// whose document no longer carries the task, and some node saw it final (a rotation
     /// leaves only final tasks behind).
     pub(super) fn lost(&self) -> usize {
+        self.lost_tasks().len()
+    }
+
+    /// The acknowledged tasks without an outcome on some member (see [`World::lost`]).
+    pub(super) fn lost_tasks(&self) -> Vec<TaskId> {
         // Per queue: its members and the newest epoch any of them is on.
         let mut per_queue: BTreeMap<&QueueId, (Vec<usize>, Option<Epoch>)> = BTreeMap::new();
         for queue in self.submitted.values() {
@@ -658,7 +680,8 @@ impl World {
                     }
                 })
             })
-            .count()
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// The settle limit passed: invariants 3 and 1 failed (3 for each queue without a single
@@ -682,6 +705,36 @@ impl World {
             for line in lines {
                 self.trace(|| line);
             }
+            // The tasks still open, as each member's view shows them.
+            let open: Vec<String> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| Some((i, n.core.view(&q)?)))
+                .flat_map(|(i, v)| {
+                    v.tasks()
+                        .values()
+                        .filter(|t| !t.state().is_final())
+                        .map(|t| {
+                            format!(
+                                "open on node{i}: {} {} waiting on {:?} not before {} key {:?} dup {:?}",
+                                t.id,
+                                t.state().as_str(),
+                                t.waiting_on().collect::<Vec<_>>(),
+                                t.rules.not_before,
+                                t.rules.dedup_key,
+                                t.duplicate_of
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for line in open {
+                self.trace(|| line);
+            }
+        }
+        for t in self.lost_tasks() {
+            self.trace(|| format!("lost {t}"));
         }
         let mut routers = vec![];
         for q in 0..self.members.len() {

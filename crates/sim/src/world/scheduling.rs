@@ -39,6 +39,15 @@ pub(super) struct Scheduling {
     asked: BTreeMap<TaskId, Asked>,
     /// Submits in flight: what each entry of the command asked.
     pending: BTreeMap<(usize, CommandId), Vec<Asked>>,
+    /// Single submits in flight with an idempotency key: the request, to send again once
+    /// answered.
+    idempotent: BTreeMap<(usize, CommandId), SubmitTask>,
+    /// Retries in flight, sent to the node that took the first submit: the task it answered.
+    retries: BTreeMap<(usize, CommandId), TaskId>,
+    /// Idempotency keys drawn so far.
+    keys: u64,
+    /// (node, task): the node's view showed the task cancelled as a dedup duplicate.
+    dup_cancelled: std::collections::BTreeSet<(usize, TaskId)>,
 }
 
 impl World {
@@ -89,9 +98,18 @@ impl World {
                     task.delay_ms = Some(delay);
                 }
             }
+            if self.rng.random_bool(share * 0.5) {
+                task.dedup_key = Some(format!("d{}", self.rng.random_range(0..5)));
+                self.count("scheduling_dedup_key");
+            }
             asked.push(a);
         }
         self.sched.pending.insert((i, cmd), asked);
+        if tasks.len() == 1 && self.rng.random_bool(0.2) {
+            self.sched.keys += 1;
+            tasks[0].idempotency_key = Some(format!("idem-{}", self.sched.keys));
+            self.sched.idempotent.insert((i, cmd), tasks[0].clone());
+        }
         if self.rng.random_bool(0.15) {
             let tag = TAGS[self.rng.random_range(0..TAGS.len())];
             let boost = self.rng.random_range(-2..=2i64);
@@ -108,14 +126,34 @@ impl World {
         }
     }
 
-    /// Entry `index` of submit `cmd` on node `i` was acknowledged as `task`.
+    /// Entry `index` of submit `cmd` on node `i` was acknowledged as `task` (`deduplicated`:
+    /// an existing task that held the entry's dedup key). A single submit with an idempotency
+    /// key is sent again to the same node, as a client that lost the answer would.
     pub(super) fn note_acknowledged(
         &mut self,
         i: usize,
         cmd: CommandId,
         index: usize,
         task: &TaskId,
+        deduplicated: bool,
     ) {
+        if let Some(req) = self.sched.idempotent.remove(&(i, cmd)) {
+            let queue = self.nodes[i].submits.get(&cmd).map(|(q, _)| q.clone());
+            if let Some(queue) = queue {
+                let retry = self.command_id(i);
+                self.count("idempotent_retry");
+                self.sched.retries.insert((i, retry), task.clone());
+                let t = self.time(i);
+                self.nodes[i]
+                    .core
+                    .handle_command(t, retry, Command::Submit { queue, task: req });
+                self.drive(i);
+            }
+        }
+        if deduplicated {
+            self.count("dedup_bumped");
+            return;
+        }
         let asked = self
             .sched
             .pending
@@ -127,9 +165,71 @@ impl World {
         }
     }
 
+    /// Node `i`'s view shows `task` cancelled as a dedup duplicate.
+    pub(super) fn note_dup_cancelled(&mut self, i: usize, task: &TaskId) {
+        self.sched.dup_cancelled.insert((i, task.clone()));
+    }
+
+    /// Whether node `i`'s view showed `task` cancelled as a dedup duplicate.
+    pub(super) fn sched_dup_cancelled(&self, i: usize, task: &TaskId) -> bool {
+        self.sched.dup_cancelled.contains(&(i, task.clone()))
+    }
+
     /// Submit `cmd` on node `i` was answered.
     pub(super) fn forget_submit(&mut self, i: usize, cmd: CommandId) {
         self.sched.pending.remove(&(i, cmd));
+        self.sched.idempotent.remove(&(i, cmd));
+    }
+
+    /// Whether `cmd` on node `i` is an idempotent retry; if it is, checks its answer
+    /// (invariant 15: a retry on the node that took the first submit returns that submit's
+    /// task).
+    pub(super) fn retry_answered(
+        &mut self,
+        i: usize,
+        cmd: CommandId,
+        answer: Option<&TaskId>,
+    ) -> bool {
+        let Some(first) = self.sched.retries.remove(&(i, cmd)) else {
+            return false;
+        };
+        if let Some(t) = answer
+            && *t != first
+        {
+            self.violate(
+                15,
+                format!("node{i} answered a retry of {first}'s idempotency key with {t}"),
+            );
+        }
+        true
+    }
+
+    /// Invariant 14: no view shows two pending tasks that never started with one dedup key
+    /// (copies reduce to one survivor; a task made knowing of another only after it started).
+    pub(super) fn no_two_fresh_pending_tasks_share_a_dedup_key(
+        &mut self,
+        i: usize,
+        view: &piecework_queue_doc::QueueView,
+    ) {
+        if self.config.mix.scheduling <= 0.0 {
+            return;
+        }
+        let mut seen: BTreeMap<&str, &TaskId> = BTreeMap::new();
+        let mut clash = None;
+        for t in view.tasks().values() {
+            let fresh = t.state() == piecework_queue_doc::TaskState::Pending && !t.ever_started();
+            if let (true, Some(k)) = (fresh, t.rules.dedup_key.as_deref())
+                && let Some(other) = seen.insert(k, &t.id)
+            {
+                clash = Some((k.to_owned(), other.clone(), t.id.clone()));
+            }
+        }
+        if let Some((k, a, b)) = clash {
+            self.violate(
+                14,
+                format!("node{i}'s view has {a} and {b} pending with dedup key {k}"),
+            );
+        }
     }
 
     /// Invariant 12: node `i` starts `task` only after a run of each of its dependencies
@@ -137,20 +237,28 @@ impl World {
     pub(super) fn a_dependent_starts_after_its_dependencies_succeeded(
         &mut self,
         i: usize,
+        queue: &QueueId,
         task: &TaskId,
     ) {
         let Some(asked) = self.sched.asked.get(task) else {
             return;
         };
+        // A dependency on a dedup duplicate stands for its survivor (as the starting node's
+        // view derives it from the copies it holds).
+        let view = self.nodes[i].core.view(queue).cloned();
+        let succeeded = |t: &TaskId| {
+            self.runs.get(t).is_some_and(|runs| {
+                runs.iter().any(|r| {
+                    r.end == Some(End::Succeeded) && r.end_us.is_some_and(|e| e <= self.now_us)
+                })
+            })
+        };
         let missing: Vec<TaskId> = asked
             .deps
             .iter()
             .filter(|d| {
-                !self.runs.get(*d).is_some_and(|runs| {
-                    runs.iter().any(|r| {
-                        r.end == Some(End::Succeeded) && r.end_us.is_some_and(|e| e <= self.now_us)
-                    })
-                })
+                let survivor = view.as_ref().map_or((*d).clone(), |v| v.survivor(d));
+                !succeeded(d) && !succeeded(&survivor)
             })
             .cloned()
             .collect();

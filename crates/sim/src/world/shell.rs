@@ -292,15 +292,22 @@ impl World {
     fn reply(&mut self, i: usize, cmd: CommandId, reply: Reply) {
         match reply {
             Reply::Submitted(r) => {
-                let Some((queue, _)) = self.nodes[i].submits.remove(&cmd) else {
+                if self.retry_answered(i, cmd, r.as_ref().ok().map(|s| &s.task_id)) {
+                    return;
+                }
+                let Some((queue, _)) = self.nodes[i].submits.get(&cmd).cloned() else {
                     return;
                 };
                 match r {
                     Ok(s) => {
-                        self.note_acknowledged(i, cmd, 0, &s.task_id);
-                        self.acknowledged(i, &queue, s.task_id)
+                        self.note_acknowledged(i, cmd, 0, &s.task_id, s.deduplicated);
+                        self.nodes[i].submits.remove(&cmd);
+                        self.acknowledged(i, &queue, s.task_id, s.deduplicated)
                     }
-                    Err(e) => self.submit_refused(i, 1, &e.to_string()),
+                    Err(e) => {
+                        self.nodes[i].submits.remove(&cmd);
+                        self.submit_refused(i, 1, &e.to_string())
+                    }
                 }
                 self.forget_submit(i, cmd);
             }
@@ -313,9 +320,14 @@ impl World {
                         self.count("batch_submit");
                         for e in entries {
                             match e {
-                                BatchEntry::Submitted { task_id, index, .. } => {
-                                    self.note_acknowledged(i, cmd, index, &task_id);
-                                    self.acknowledged(i, &queue, task_id)
+                                BatchEntry::Submitted {
+                                    task_id,
+                                    index,
+                                    deduplicated,
+                                    ..
+                                } => {
+                                    self.note_acknowledged(i, cmd, index, &task_id, deduplicated);
+                                    self.acknowledged(i, &queue, task_id, deduplicated)
                                 }
                                 BatchEntry::Refused { error, .. } => {
                                     self.submit_refused(i, 1, &error)
@@ -489,6 +501,7 @@ impl World {
         self.input_situations(i, view);
         self.no_outcome_regresses(i, view);
         self.remember_final_tasks(view);
+        self.no_two_fresh_pending_tasks_share_a_dedup_key(i, view);
         self.superseded_attempt_held(i, view);
         self.assignments_keep_the_rate_interval(i, queue, view);
         self.judge_hostile_writes(i, queue, view);

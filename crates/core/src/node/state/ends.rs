@@ -83,6 +83,8 @@ mod tests {
             input: (input > 0).then(|| "x".repeat(input)),
             rules: Default::default(),
             dependencies: Default::default(),
+            bump: None,
+            duplicate_of: None,
         };
         TaskEnd::new(Arc::new(entry), Vec::new())
     }
