@@ -190,6 +190,24 @@ impl Client {
             .await
     }
 
+    /// A page of a queue's tasks (by id, after `cursor`), optionally in one state.
+    pub async fn list_tasks(
+        &self,
+        queue: &QueueId,
+        state: Option<&str>,
+        limit: usize,
+        cursor: Option<&TaskId>,
+    ) -> anyhow::Result<api::TaskList> {
+        let mut path = format!("/v1/queues/{queue}/tasks?limit={limit}");
+        if let Some(s) = state {
+            path.push_str(&format!("&state={s}"));
+        }
+        if let Some(c) = cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        self.get(&path, Duration::from_secs(15)).await
+    }
+
     /// Waits until the task is final, up to `timeout` (in rounds of at most a minute).
     pub async fn wait(&self, id: &TaskId, timeout: Duration) -> anyhow::Result<api::TaskStatus> {
         let deadline = tokio::time::Instant::now() + timeout;

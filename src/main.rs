@@ -318,6 +318,21 @@ enum TaskCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The tasks of a queue this node knows, by id: live ones, and those that ended lately.
+    List {
+        /// The queue's id.
+        queue_id: String,
+        /// Only tasks in this state (pending, blocked, assigned, running, input_unavailable,
+        /// succeeded, failed, cancelled).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many (all pages when absent).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Print JSON (one array).
+        #[arg(long)]
+        json: bool,
+    },
     /// A task's state, attempts and result.
     Status {
         /// The task's id (automerge:…).
@@ -615,6 +630,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     print_task(&status, json)?;
                     if status.state == TaskState::Failed {
                         bail!("task failed");
+                    }
+                    Ok(())
+                }
+                TaskCommand::List {
+                    queue_id,
+                    state,
+                    limit,
+                    json,
+                } => {
+                    let queue = QueueId::new(queue_id);
+                    let mut all: Vec<serde_json::Value> = Vec::new();
+                    let mut cursor: Option<TaskId> = None;
+                    loop {
+                        let want = limit.map_or(500, |l| l.saturating_sub(all.len()).min(500));
+                        if want == 0 {
+                            break;
+                        }
+                        let page = client
+                            .list_tasks(&queue, state.as_deref(), want, cursor.as_ref())
+                            .await?;
+                        all.extend(page.tasks);
+                        match page.next_cursor {
+                            Some(c) => cursor = Some(c),
+                            None => break,
+                        }
+                    }
+                    if json {
+                        return print_json(&all);
+                    }
+                    for t in &all {
+                        let field = |k: &str| t[k].as_str().unwrap_or("-").to_owned();
+                        println!("{}\t{}\t{}", field("id"), field("state"), field("kind"));
                     }
                     Ok(())
                 }

@@ -212,4 +212,25 @@ async fn scheduling_flags_order_hold_back_and_dedup_tasks_from_the_cli() {
     assert_eq!(d["blocked_on"]["reason"], "not_before", "{d:#}");
     let human = cli(&a, &["task", "status", &delayed]);
     assert!(human.contains("blocked on"), "{human}");
+    // The listing: by state, and all of them across pages of one.
+    let blocked = cli(&a, &["task", "list", &queue, "--state", "blocked"]);
+    assert_eq!(blocked, format!("{delayed}\tblocked\tnoop"), "{blocked}");
+    let all = json(&cli(&a, &["task", "list", &queue, "--json"]));
+    assert_eq!(all.as_array().map(Vec::len), Some(6), "{all:#}");
+    let client = Client::new(&a.http).unwrap();
+    let id = QueueId::new(queue.clone());
+    let mut cursor = None;
+    let mut paged = 0;
+    loop {
+        let page = client
+            .list_tasks(&id, None, 1, cursor.as_ref())
+            .await
+            .unwrap();
+        paged += page.tasks.len();
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(paged, 6, "pages of one");
 }

@@ -566,6 +566,22 @@ fn steps() -> Vec<Step> {
             .post("/v1/queues/<queue:configured>/tasks")
             .json(json!({ "kind": "noop", "dedup_key": "k".repeat(257) }))
             .into(),
+        // GET /v1/queues/{id}/tasks
+        case(
+            "list_running",
+            "a queue's running tasks: the `block` task, without its runs",
+        )
+        .get("/v1/queues/<queue:main>/tasks?state=running")
+        .into(),
+        case("list_cancelled_none", "a state no task of the queue is in")
+            .get("/v1/queues/<queue:configured>/tasks?state=cancelled&limit=10")
+            .into(),
+        case("list_bad_state", "a state that does not exist")
+            .get("/v1/queues/<queue:configured>/tasks?state=sleeping")
+            .into(),
+        case("list_unknown_queue", "a queue this node has not joined")
+            .get("/v1/queues/<unknown-id>/tasks")
+            .into(),
         case(
             "queue_status_with_boosts",
             "the queue with a boost, its tasks pending and blocked",

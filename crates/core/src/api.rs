@@ -170,6 +170,18 @@ pub struct QueueStatus {
     pub boosts: std::collections::BTreeMap<String, i64>,
 }
 
+/// The most tasks one page of a listing holds; larger limits are clamped.
+pub const MAX_LIST: usize = 500;
+
+/// `GET /v1/queues/{id}/tasks`: a page of a queue's tasks, by id.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TaskList {
+    /// Each task's status without its runs.
+    pub tasks: Vec<serde_json::Value>,
+    /// Pass as `cursor` for the next page; null on the last.
+    pub next_cursor: Option<TaskId>,
+}
+
 /// `PUT /v1/queues/{id}/boosts/{tag}`: a tag's boost.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -400,6 +400,17 @@ pub enum Command {
         /// The fields to set.
         patch: piecework_queue_doc::ConfigPatch,
     },
+    /// A page of a queue's tasks, by id: [`Reply::Tasks`].
+    ListTasks {
+        /// The queue.
+        queue: QueueId,
+        /// Only tasks in this state (`blocked` as the status shows it).
+        state: Option<piecework_queue_doc::TaskState>,
+        /// At most this many (clamped to [`api::MAX_LIST`]).
+        limit: usize,
+        /// Only ids after this one (the previous page's `next_cursor`).
+        cursor: Option<TaskId>,
+    },
     /// Set (or, with 0, remove) the boost of a priority tag: [`Reply::Configured`].
     SetBoost {
         /// The queue.
@@ -464,6 +475,8 @@ pub enum Reply {
     Paused(Result<api::QueueStatus, api::QueueError>),
     /// To [`Command::SetConfig`] and [`Command::SetBoost`]: the queue's status once written.
     Configured(Result<api::QueueStatus, api::QueueError>),
+    /// To [`Command::ListTasks`].
+    Tasks(Result<api::TaskList, api::QueueError>),
     /// To [`Command::Submit`].
     Submitted(Result<api::Submitted, api::SubmitError>),
     /// To [`Command::SubmitMany`]: one entry per task, in order, unless the whole batch was

@@ -131,7 +131,7 @@ pub fn router(node: NodeHandle) -> Router {
             "/v1/queues/{id}/boosts/{tag}",
             put(set_boost).delete(delete_boost),
         )
-        .route("/v1/queues/{id}/tasks", post(submit))
+        .route("/v1/queues/{id}/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task_status))
         .route("/v1/tasks/{id}/wait", get(wait_task))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -210,6 +210,41 @@ async fn set_config(
 ) -> Result<Json<api::QueueStatus>, ApiError> {
     let Json(patch) = body?;
     Ok(Json(node.set_config(&QueueId::new(id), patch).await?))
+}
+
+/// `GET /v1/queues/{id}/tasks`'s query.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn list_tasks(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<api::TaskList>, ApiError> {
+    let Query(q) = query?;
+    let state = match q.state.as_deref() {
+        None => None,
+        Some(s) => Some(piecework_queue_doc::TaskState::parse(s).ok_or_else(|| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "unknown state {s:?}: one of pending, blocked, assigned, running, \
+                     input_unavailable, succeeded, failed, cancelled"
+                ),
+            )
+        })?),
+    };
+    let limit = q.limit.unwrap_or(100).min(api::MAX_LIST);
+    let cursor = q.cursor.map(piecework_queue_doc::TaskId::new);
+    Ok(Json(
+        node.list_tasks(&QueueId::new(id), state, limit, cursor)
+            .await?,
+    ))
 }
 
 async fn set_boost(

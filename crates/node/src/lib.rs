@@ -580,6 +580,26 @@ impl NodeHandle {
         }
     }
 
+    /// A page of a queue's tasks, by id (see [`Command::ListTasks`]).
+    pub async fn list_tasks(
+        &self,
+        queue: &QueueId,
+        state: Option<piecework_queue_doc::TaskState>,
+        limit: usize,
+        cursor: Option<piecework_queue_doc::TaskId>,
+    ) -> Result<api::TaskList, QueueError> {
+        let command = Command::ListTasks {
+            queue: queue.clone(),
+            state,
+            limit,
+            cursor,
+        };
+        match self.ask(command).await {
+            Some(Reply::Tasks(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
     /// Sets the boost of priority tag `tag` in a queue, for every member (0 removes it).
     /// Returns the queue's status.
     pub async fn set_boost(

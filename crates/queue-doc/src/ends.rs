@@ -40,6 +40,11 @@ impl TaskEnd {
         &self.entry
     }
 
+    /// The task's entry, shared.
+    pub fn shared_entry(&self) -> Arc<TaskEntry> {
+        Arc::clone(&self.entry)
+    }
+
     /// About how many bytes it keeps in memory (the entry counted whole, though the view may
     /// share it).
     pub fn bytes(&self) -> usize {

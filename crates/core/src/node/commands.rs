@@ -11,6 +11,7 @@ impl Core {
                 Command::CreateQueue { .. } => Some(Reply::Created(Err(QueueError::Stopped))),
                 Command::JoinQueue { .. } => Some(Reply::Joined(Err(QueueError::Stopped))),
                 Command::SetPaused { .. } => Some(Reply::Paused(Err(QueueError::Stopped))),
+                Command::ListTasks { .. } => Some(Reply::Tasks(Err(QueueError::Stopped))),
                 Command::SetConfig { .. } | Command::SetBoost { .. } => {
                     Some(Reply::Configured(Err(QueueError::Stopped)))
                 }
@@ -77,6 +78,15 @@ impl Core {
                         .map_err(QueueError::from)
                 });
                 self.replies.push_back((cmd, Reply::Configured(r)));
+            }
+            Command::ListTasks {
+                queue,
+                state,
+                limit,
+                cursor,
+            } => {
+                let r = self.list_tasks(now, &queue, state, limit, cursor);
+                self.replies.push_back((cmd, Reply::Tasks(r)));
             }
             Command::SetBoost { queue, tag, boost } => {
                 let r = self.write_setting(now, &queue, |d| {
@@ -183,6 +193,65 @@ impl Core {
         self.refresh(now, id);
         self.queue_status(id)
             .ok_or_else(|| QueueError::NotJoined(id.clone()))
+    }
+
+    /// A page of a queue's tasks, by id: those its current document indexes (live, and final
+    /// until a rotation leaves them behind), then those that ended lately on this node and
+    /// left it (its recent ends). Each entry is the task's status from the queue document
+    /// (a task with a document of its own shows no input or result here), without runs.
+    pub(super) fn list_tasks(
+        &self,
+        now: Time,
+        id: &QueueId,
+        state: Option<TaskState>,
+        limit: usize,
+        cursor: Option<TaskId>,
+    ) -> Result<api::TaskList, QueueError> {
+        let q = self
+            .queues
+            .get(id)
+            .ok_or_else(|| QueueError::NotJoined(id.clone()))?;
+        let limit = limit.clamp(1, api::MAX_LIST);
+        let doc = self.replica.get(&q.doc);
+        let mut entries: BTreeMap<TaskId, std::sync::Arc<TaskEntry>> = BTreeMap::new();
+        let after = |t: &TaskId| cursor.as_ref().is_none_or(|c| t > c);
+        for (tid, t) in q.view.tasks() {
+            if after(tid) {
+                entries.insert(tid.clone(), std::sync::Arc::clone(t));
+            }
+        }
+        for end in self.ends.of_queue(id) {
+            let tid = &end.entry().id;
+            if after(tid) && !entries.contains_key(tid) {
+                entries.insert(tid.clone(), end.shared_entry());
+            }
+        }
+        let mut tasks = Vec::new();
+        let mut next_cursor = None;
+        for (tid, t) in entries {
+            let outputs = match (t.input.is_some() && t.state().is_final(), doc) {
+                (true, Some(d)) => piecework_queue_doc::read_outputs(d, &tid),
+                _ => Vec::new(),
+            };
+            let s = self.annotate(status_with_outputs(id, &t, &outputs), now.unix_ms);
+            if state.is_some_and(|want| want != s.state) {
+                continue;
+            }
+            if tasks.len() == limit {
+                break;
+            }
+            next_cursor = Some(tid.clone());
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("runs");
+            }
+            tasks.push(v);
+        }
+        // A full page may have more after it; a short one is the last.
+        if tasks.len() < limit {
+            next_cursor = None;
+        }
+        Ok(api::TaskList { tasks, next_cursor })
     }
 
     /// The status of a joined queue, from this node's view.

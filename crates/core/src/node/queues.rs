@@ -266,7 +266,8 @@ impl Core {
                 }
             }
             if final_now {
-                self.ends.record(TaskEnd::new(Arc::clone(t), outputs));
+                self.ends
+                    .record_of(Some(id), TaskEnd::new(Arc::clone(t), outputs));
             }
             if t.input.is_some() {
                 continue;
@@ -360,7 +361,8 @@ impl Core {
             });
             let found = found.map(|(entry, outputs)| {
                 let status = status_with_outputs(id, &entry, &outputs);
-                self.ends.record(TaskEnd::new(Arc::new(entry), outputs));
+                self.ends
+                    .record_of(Some(id), TaskEnd::new(Arc::new(entry), outputs));
                 status
             });
             match found.map(|status| serde_json::to_vec(&status)) {

@@ -351,6 +351,7 @@ impl World {
             Reply::Created(_)
             | Reply::Paused(_)
             | Reply::Configured(_)
+            | Reply::Tasks(_)
             | Reply::Task(_)
             | Reply::Status(_)
             | Reply::Document(_) => {}

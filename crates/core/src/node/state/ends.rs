@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use piecework_queue_doc::TaskId;
 use piecework_queue_doc::epoch::TaskEnd;
+use piecework_queue_doc::{QueueId, TaskId};
 
 /// Tasks whose ends are kept: about as many as a queue document holds live at once, several
 /// times over.
@@ -26,6 +26,8 @@ pub(in crate::node) const RECENT_ENDS_BYTES: usize = 32 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub(in crate::node) struct Ends {
     ends: BTreeMap<TaskId, TaskEnd>,
+    /// The queue of each kept end (a listing of a queue's tasks shows them).
+    queues: BTreeMap<TaskId, QueueId>,
     /// `ends`' keys, oldest first.
     order: VecDeque<TaskId>,
     bytes: usize,
@@ -34,12 +36,21 @@ pub(in crate::node) struct Ends {
 impl Ends {
     /// Keeps a task's end (replacing any kept of it), forgetting the oldest beyond the
     /// bounds. Costs no read of any document: the entry is the view's.
+    #[cfg(test)]
     pub(in crate::node) fn record(&mut self, end: TaskEnd) {
+        self.record_of(None, end);
+    }
+
+    /// [`Ends::record`], remembering the task's queue.
+    pub(in crate::node) fn record_of(&mut self, queue: Option<&QueueId>, end: TaskEnd) {
         let size = end.bytes();
         if size > RECENT_ENDS_BYTES {
             return;
         }
         let task = end.entry().id.clone();
+        if let Some(q) = queue {
+            self.queues.insert(task.clone(), q.clone());
+        }
         match self.ends.insert(task.clone(), end) {
             Some(old) => self.bytes -= old.bytes(),
             None => self.order.push_back(task),
@@ -52,12 +63,24 @@ impl Ends {
             if let Some(r) = self.ends.remove(&t) {
                 self.bytes -= r.bytes();
             }
+            self.queues.remove(&t);
         }
     }
 
     /// The end kept of `task`, if any.
     pub(in crate::node) fn get(&self, task: &TaskId) -> Option<&TaskEnd> {
         self.ends.get(task)
+    }
+
+    /// The ends kept of `queue`'s tasks: O(ends kept).
+    pub(in crate::node) fn of_queue<'a>(
+        &'a self,
+        queue: &'a QueueId,
+    ) -> impl Iterator<Item = &'a TaskEnd> + 'a {
+        self.queues
+            .iter()
+            .filter(move |(_, q)| *q == queue)
+            .filter_map(|(t, _)| self.ends.get(t))
     }
 }
 
