@@ -31,6 +31,8 @@
 //!         depends_on: Vec::new(),
 //!         delay_ms: None,
 //!         not_before: None,
+//!         dedup_key: None,
+//!         idempotency_key: None,
 //!     })
 //!     .await?;
 //! let status = node.handle().wait_task(&submitted.task_id, std::time::Duration::from_secs(30)).await?;

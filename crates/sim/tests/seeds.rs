@@ -124,12 +124,13 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
 /// must be found (`piecework-sim --seeds 1000 --json` reports `fetch_timeout` per seed).
 #[test]
 fn a_fetch_that_times_out_is_exercised() {
-    let r = run(797, &Config::default());
+    // Seed 797 until the queue document's first change held the dedup and idempotency maps.
+    let r = run(938, &Config::default());
     assert!(r.passed(), "{}", describe(&r));
     let fired = r.faults.get("fetch_timeout").copied().unwrap_or(0);
     assert!(
         fired > 0,
-        "seed 797 no longer times a fetch out: {:?}",
+        "seed 938 no longer times a fetch out: {:?}",
         r.faults
     );
 }
@@ -338,7 +339,9 @@ fn a_core_that_does_not_fence_its_starts_is_caught() {
         broken_core_fencing: true,
         ..Config::default()
     };
-    caught_fencing(1, &config);
+    // Seed 1 until the queue document's first change held the dedup and idempotency maps,
+    // which moved its schedule off a fenced start (the first of seeds 200-899 that fails).
+    caught_fencing(257, &config);
 }
 
 /// A node that does not fence at all (neither its pool nor its core): caught at seed 1 (the
@@ -351,7 +354,9 @@ fn a_node_that_does_not_fence_is_caught() {
         broken_core_fencing: true,
         ..Config::default()
     };
-    caught_fencing(1, &config);
+    // Seed 1 until the queue document's first change held the dedup and idempotency maps,
+    // which moved its schedule off a fenced start.
+    caught_fencing(16, &config);
 }
 
 /// Seed `seed` of a broken protocol fails, as a fencing violation (invariant 4).
@@ -422,14 +427,18 @@ mod regressions {
     /// Found at seed 2269; that seed's schedule moved (no double seal any more): seed 2001
     /// was the first of the same shape that reaches the situation, and seed 2003 is since
     /// claims were chained.
+    ///
+    /// Re-pinned from seed 2003 to 2005: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 2003's schedule off this situation.
     #[test]
-    fn seed_2003_partitions_a_member_behind_a_deleted_epoch_moves_on() {
+    fn seed_2005_partitions_a_member_behind_a_deleted_epoch_moves_on() {
         let config = Config {
             mix: FaultMix::partitions(),
             keep_sealed_epochs: 2,
             ..Config::default()
         };
-        let r = passes_config(2003, &config);
+        let r = passes_config(2005, &config);
         shows(&r, &["double_seal_followed", "epoch_evicted"]);
     }
 
@@ -445,9 +454,13 @@ mod regressions {
     /// Found at seed 11; that seed's schedule moved (the pool's three checks switched off
     /// no longer fail it; seed 1 of the same mix fails on invariants 5 and 7 with them
     /// off): seed 1 is the first of the same shape that reaches the situation.
+    ///
+    /// Re-pinned from seed 1 to 3: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 1's schedule off this situation.
     #[test]
-    fn seed_1_crashes_a_restarted_pool_never_runs_a_superseded_attempt() {
-        let r = passes_with(1, FaultMix::crashes());
+    fn seed_3_crashes_a_restarted_pool_never_runs_a_superseded_attempt() {
+        let r = passes_with(3, FaultMix::crashes());
         shows(&r, &["superseded_attempt_held", "long_downtime"]);
     }
 
@@ -459,9 +472,13 @@ mod regressions {
     ///
     /// Found at seed 395; that seed's schedule moved (no write kept by a crash any more):
     /// seed 1011 is the first of the same shape that reaches the situation.
+    ///
+    /// Re-pinned from seed 1011 to 1025: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 1011's schedule off this situation.
     #[test]
-    fn seed_1011_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
-        let r = passes_with(1011, FaultMix::crashes());
+    fn seed_1025_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
+        let r = passes_with(1025, FaultMix::crashes());
         shows(&r, &["unacknowledged_write_kept"]);
     }
 
@@ -475,9 +492,13 @@ mod regressions {
     /// Found at seed 865; its schedule moved when claims were chained (then seed 802), and
     /// again with the byzantine, sync and disk work merged: seed 818 is the first from 800
     /// that aborts a run.
+    ///
+    /// Re-pinned from seed 818 to 826: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 818's schedule off this situation.
     #[test]
-    fn seed_818_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
-        let r = passes_config(818, &Config::swarm(818));
+    fn seed_826_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
+        let r = passes_config(826, &Config::swarm(826));
         shows(&r, &["run_aborted"]);
     }
 
@@ -485,9 +506,13 @@ mod regressions {
     /// run was still going while the router, now effective everywhere, assigned another task:
     /// two runs under one claim with a concurrency limit of 1 (invariant 6). Routers now count
     /// runs that outlived their task's outcome against the limit while their pool is alive.
+    ///
+    /// Re-pinned from seed 25 to 35: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 25's schedule off this situation.
     #[test]
-    fn seed_25_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
-        let r = passes(25);
+    fn seed_35_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
+        let r = passes(35);
         shows(&r, &["partition", "refused_final"]);
     }
 
@@ -500,9 +525,13 @@ mod regressions {
     /// Found at seed 7743; that seed's schedule moved (no refusal of a finished task's
     /// assignment any more): seed 3 was the first of the same shape that reaches the
     /// situation, and seed 10 is since claims were chained.
+    ///
+    /// Re-pinned from seed 10 to 13: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 10's schedule off this situation.
     #[test]
-    fn seed_10_an_assignment_of_a_finished_task_is_refused() {
-        let r = passes(10);
+    fn seed_13_an_assignment_of_a_finished_task_is_refused() {
+        let r = passes(13);
         shows(&r, &["refused_final"]);
     }
 
@@ -516,13 +545,17 @@ mod regressions {
     ///
     /// Found at seed 212; its schedule moved when claims were chained: seed 203 is the first
     /// from 200 of the same shape.
+    ///
+    /// Re-pinned from seed 203 to 204: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 203's schedule off this situation.
     #[test]
-    fn seed_203_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
+    fn seed_204_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
         let config = Config {
             nodes: 7,
             ..Config::default()
         };
-        let r = passes_config(203, &config);
+        let r = passes_config(204, &config);
         shows(&r, &["partition", "fenced"]);
     }
 
@@ -564,9 +597,13 @@ mod regressions {
     /// Found at seed 2; that seed's schedule moved (no double seal any more): seed 16 was
     /// the first of the same shape that reaches the situation, and seed 1 is since claims
     /// were chained.
+    ///
+    /// Re-pinned from seed 1 to 3: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 1's schedule off this situation.
     #[test]
-    fn seed_1_a_double_seal_converges_on_one_branch() {
-        let r = passes(1);
+    fn seed_3_a_double_seal_converges_on_one_branch() {
+        let r = passes(3);
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -588,9 +625,13 @@ mod regressions {
     ///
     /// Found at seed 24; its schedule moved when claims were chained: seed 1 is the first of
     /// the same shape.
+    ///
+    /// Re-pinned from seed 1 to 16: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 1's schedule off this situation.
     #[test]
-    fn seed_1_a_start_is_fenced_where_it_is_written() {
-        let r = passes(1);
+    fn seed_16_a_start_is_fenced_where_it_is_written() {
+        let r = passes(16);
         shows(&r, &["fenced", "double_seal_followed"]);
     }
 
@@ -640,9 +681,13 @@ mod regressions {
     /// three tasks that had ended in epoch 1. A carry now waits for every document of the
     /// chain with its content, and a document no member had is asked for again when a peer
     /// connects. Found once pending tasks' documents left memory (timings moved).
+    ///
+    /// Re-pinned from seed 133 to 140: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 133's schedule off this situation.
     #[test]
-    fn seed_133_a_carry_waits_for_an_empty_chain_document() {
-        let r = passes(133);
+    fn seed_140_a_carry_waits_for_an_empty_chain_document() {
+        let r = passes(140);
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 
@@ -709,9 +754,13 @@ mod regressions {
     ///
     /// Found at seed 2116; that seed's schedule moved (no double seal any more): seed 2003
     /// is the first of the same shape that reaches the situation.
+    ///
+    /// Re-pinned from seed 2003 to 2005: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 2003's schedule off this situation.
     #[test]
-    fn seed_2003_partitions_a_switch_carries_the_retired_document_its_target_continues() {
-        let r = passes_with(2003, FaultMix::partitions());
+    fn seed_2005_partitions_a_switch_carries_the_retired_document_its_target_continues() {
+        let r = passes_with(2005, FaultMix::partitions());
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 
@@ -722,9 +771,13 @@ mod regressions {
     ///
     /// Found at seed 2093; that seed's schedule moved (no overlap excused by a loss any
     /// more): seed 2005 is the first of the same shape that reaches the situation.
+    ///
+    /// Re-pinned from seed 2005 to 2012: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 2005's schedule off this situation.
     #[test]
-    fn seed_2005_partitions_a_loss_explains_overlaps_until_the_next_heartbeat() {
-        let r = passes_with(2005, FaultMix::partitions());
+    fn seed_2012_partitions_a_loss_explains_overlaps_until_the_next_heartbeat() {
+        let r = passes_with(2012, FaultMix::partitions());
         shows(&r, &["overlap_explained_by_loss"]);
     }
 
@@ -801,9 +854,13 @@ mod regressions {
     /// winner's documents since the fork were deleted everywhere. Its carry waited for them
     /// forever: 4 tasks lost. A losing branch now carries with its predecessor and the
     /// winner's covers.
+    ///
+    /// Re-pinned from seed 3008 to 3010: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 3008's schedule off this situation.
     #[test]
-    fn seed_3008_partitions_at_7_a_losing_branch_carries_after_the_chain_was_deleted() {
-        let r = passes_at_7_deleting(3008, FaultMix::partitions());
+    fn seed_3010_partitions_at_7_a_losing_branch_carries_after_the_chain_was_deleted() {
+        let r = passes_at_7_deleting(3010, FaultMix::partitions());
         shows(
             &r,
             &["double_seal_followed", "successor_merge", "epoch_evicted"],
@@ -860,9 +917,13 @@ mod regressions {
     ///
     /// Found at seed 5013; its schedule moved when claims were chained: seed 5000 is the
     /// first from 5000 of the same shape.
+    ///
+    /// Re-pinned from seed 5000 to 5001: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 5000's schedule off this situation.
     #[test]
-    fn seed_5000_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
-        let r = passes_at_7(5000, FaultMix::partitions(), None);
+    fn seed_5001_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
+        let r = passes_at_7(5001, FaultMix::partitions(), None);
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -883,9 +944,13 @@ mod regressions {
 
     /// A crash loses a write in flight, unacknowledged (the path behind invariant 8): the
     /// default mix's CI seeds showed it until claims were chained; seed 272 is the first to.
+    ///
+    /// Re-pinned from seed 272 to 319: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 272's schedule off this situation.
     #[test]
-    fn seed_272_a_crash_loses_an_unacknowledged_write() {
-        let r = passes(272);
+    fn seed_319_a_crash_loses_an_unacknowledged_write() {
+        let r = passes(319);
         shows(&r, &["unacknowledged_write_lost"]);
     }
 
@@ -898,10 +963,14 @@ mod regressions {
     /// assignment node2@3 made was refused `fenced`, for good: the queue stopped routing (two
     /// tasks pending for 300 virtual seconds; invariant 1). Fences are now per chain: a
     /// sideways move starts the node's fence again from the view of the document it moves to.
+    ///
+    /// Re-pinned from seed 20034 to 20038: the maps a queue document holds from its first
+    /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
+    /// 20034's schedule off this situation.
     #[test]
-    fn seed_20034_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
+    fn seed_20038_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
         let r = passes_config(
-            20_034,
+            20038,
             &Config {
                 mix: FaultMix::partitions(),
                 ..Config::default()
