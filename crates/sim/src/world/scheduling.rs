@@ -243,9 +243,22 @@ impl World {
         let Some(asked) = self.sched.asked.get(task) else {
             return;
         };
-        // A dependency on a dedup duplicate stands for its survivor (as the starting node's
-        // view derives it from the copies it holds).
+        // A dependency on a dedup duplicate stands for its survivor: as the starting node's
+        // view derives it from the copies it holds, or, once a rotation left the duplicate
+        // behind, as the dependent's entry names it (a rotation rewrites the dependency).
         let view = self.nodes[i].core.view(queue).cloned();
+        let rewritten: Vec<TaskId> = view
+            .as_ref()
+            .and_then(|v| v.task(task))
+            .map(|e| {
+                e.rules
+                    .depends_on
+                    .iter()
+                    .filter(|d| !asked.deps.contains(d))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
         let succeeded = |t: &TaskId| {
             self.runs.get(t).is_some_and(|runs| {
                 runs.iter().any(|r| {
@@ -258,7 +271,7 @@ impl World {
             .iter()
             .filter(|d| {
                 let survivor = view.as_ref().map_or((*d).clone(), |v| v.survivor(d));
-                !succeeded(d) && !succeeded(&survivor)
+                !succeeded(d) && !succeeded(&survivor) && !rewritten.iter().any(&succeeded)
             })
             .cloned()
             .collect();
@@ -266,9 +279,15 @@ impl World {
             self.count("dependent_started");
         }
         if let Some(d) = missing.first() {
+            let entry = view.as_ref().and_then(|v| v.task(task)).map(|e| {
+                format!(
+                    "depends on {:?}, outcomes known {:?}",
+                    e.rules.depends_on, e.dependencies
+                )
+            });
             self.violate(
                 12,
-                format!("node{i} starts {task} before its dependency {d} succeeded"),
+                format!("node{i} starts {task} before its dependency {d} succeeded ({entry:?})"),
             );
         }
     }
