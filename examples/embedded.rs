@@ -68,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         };
         ids.push(via.submit(&queue, req).await?.task_id);
     }

@@ -120,6 +120,7 @@ impl Kind {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         }
     }
 }

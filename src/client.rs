@@ -159,6 +159,44 @@ impl Client {
         self.parse(resp).await
     }
 
+    /// The node's resources.
+    pub async fn resources(&self) -> anyhow::Result<api::Resources> {
+        self.get("/v1/resources", Duration::from_secs(15)).await
+    }
+
+    /// Holds a resource on the node.
+    pub async fn add_resource(&self, name: &str) -> anyhow::Result<api::Resources> {
+        let url = format!("{}/v1/resources/{name}", self.base);
+        let resp = self
+            .http
+            .put(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    /// Withdraws a resource from the node, for `restore_after` or for good.
+    pub async fn withdraw_resource(
+        &self,
+        name: &str,
+        restore_after: Option<Duration>,
+    ) -> anyhow::Result<api::Resources> {
+        let mut url = format!("{}/v1/resources/{name}", self.base);
+        if let Some(d) = restore_after {
+            url.push_str(&format!("?restore_after_ms={}", d.as_millis()));
+        }
+        let resp = self
+            .http
+            .delete(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
     /// Joins a queue.
     pub async fn join_queue(&self, id: &QueueId) -> anyhow::Result<api::QueueStatus> {
         self.post(&format!("/v1/queues/{id}/join"), &serde_json::json!({}))

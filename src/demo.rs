@@ -243,6 +243,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         };
         submits.push(async move { h.submit(&q, req).await });
         if submits.len() >= 32

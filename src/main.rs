@@ -27,6 +27,36 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+enum ResourceCommand {
+    /// The resources this node holds, and those withdrawn with when each comes back.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hold a resource from now on (again, if it was withdrawn).
+    Add {
+        /// Its name (1 to 64 ASCII letters, digits, `_`, `-`, `.`, `:`).
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a resource up: tasks that require it are routed elsewhere, or wait.
+    Withdraw {
+        /// Its name.
+        name: String,
+        /// Hold it again by itself after this long (humantime: `30s`, `5m`); without it, for
+        /// good (until `resource add`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        restore_after: Option<std::time::Duration>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
     /// Run a peer: join the network, serve queues, run tasks.
     Node {
@@ -65,6 +95,11 @@ enum Command {
         /// queue's covers reach (256) needs a member that kept the documents between.
         #[arg(long)]
         keep_sealed_epochs: Option<usize>,
+        /// A resource this node holds from the start (repeatable): tasks that require it
+        /// (`task submit --requires`) are routed only to nodes that hold it. Change them at run
+        /// time with `piecework resource`.
+        #[arg(long = "resource", value_name = "NAME")]
+        resource: Vec<String>,
         /// On SIGTERM or Ctrl-C, how long (in seconds) the tasks running here may go on
         /// before they are recorded interrupted and run again elsewhere. The node stops
         /// taking work and hands its router role over at once, then exits 0 once every change
@@ -85,6 +120,11 @@ enum Command {
     Task {
         #[command(subcommand)]
         command: TaskCommand,
+    },
+    /// This node's resources: list them, hold one, or withdraw one for a while.
+    Resource {
+        #[command(subcommand)]
+        command: ResourceCommand,
     },
     /// This node: its queues (router, term, task counts) and workers.
     Status {
@@ -272,7 +312,7 @@ enum TaskCommand {
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
         /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
         /// answered with its task id or its error; the valid lines are submitted either way.
-        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before", "dedup_key", "idempotency_key"])]
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before", "dedup_key", "idempotency_key", "requires"])]
         file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
@@ -308,6 +348,9 @@ enum TaskCommand {
         /// made instead of adding one (kept at least 24 hours).
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// A resource a node must hold to run the task (repeatable; `node --resource`).
+        #[arg(long = "requires", value_name = "RESOURCE")]
+        requires: Vec<String>,
         /// Wait for the outcome and print it.
         #[arg(long)]
         wait: bool,
@@ -380,6 +423,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_live,
             keep_task_docs,
             keep_sealed_epochs,
+            resource,
             stop_grace,
             fault_panic_after_ms,
         } => {
@@ -393,6 +437,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 max_live,
                 keep_task_docs,
                 keep_sealed_epochs,
+                resources: resource,
                 stop_grace: Duration::from_secs_f64(stop_grace),
                 fault_panic_after: fault_panic_after_ms.map(Duration::from_millis),
             };
@@ -588,6 +633,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     not_before,
                     dedup_key,
                     idempotency_key,
+                    requires,
                     wait,
                     timeout,
                     json,
@@ -610,6 +656,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         not_before,
                         dedup_key,
                         idempotency_key,
+                        requires,
                     };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();
@@ -670,6 +717,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     print_task(&status, json)
                 }
             }
+        }
+        Command::Resource { command } => {
+            let client = Client::new(&cli.node)?;
+            let (r, json) = match command {
+                ResourceCommand::List { json } => (client.resources().await?, json),
+                ResourceCommand::Add { name, json } => (client.add_resource(&name).await?, json),
+                ResourceCommand::Withdraw {
+                    name,
+                    restore_after,
+                    json,
+                } => (client.withdraw_resource(&name, restore_after).await?, json),
+            };
+            if json {
+                return print_json(&r);
+            }
+            if r.resources.is_empty() {
+                println!("no resources");
+            }
+            for res in &r.resources {
+                match res.restore_at {
+                    Some(at) => println!(
+                        "{}: withdrawn, back at {}",
+                        res.name,
+                        humantime::format_rfc3339_millis(
+                            std::time::UNIX_EPOCH + Duration::from_millis(at)
+                        )
+                    ),
+                    None => println!("{}: held", res.name),
+                }
+            }
+            Ok(())
         }
         Command::Status { json } => {
             let client = Client::new(&cli.node)?;
@@ -739,6 +817,9 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
         let d: Vec<&str> = s.depends_on.iter().map(|t| t.as_str()).collect();
         println!("  depends on {}", d.join(", "));
     }
+    if !s.requires.is_empty() {
+        println!("  requires {}", s.requires.join(", "));
+    }
     if let Some(b) = &s.blocked_on {
         println!(
             "  blocked on {}",
@@ -765,6 +846,7 @@ struct Tuning {
     max_live: Option<usize>,
     keep_task_docs: Option<usize>,
     keep_sealed_epochs: Option<usize>,
+    resources: Vec<String>,
     stop_grace: Duration,
     fault_panic_after: Option<Duration>,
 }
@@ -804,6 +886,7 @@ async fn run_node(
         max_live,
         keep_task_docs,
         keep_sealed_epochs,
+        resources,
         stop_grace,
         fault_panic_after,
     } = tuning;
@@ -836,6 +919,15 @@ async fn run_node(
     }
     config.keep_task_docs = keep_task_docs.unwrap_or(config.keep_task_docs);
     config.keep_sealed_epochs = keep_sealed_epochs.unwrap_or(config.keep_sealed_epochs);
+    if let Some(r) = resources
+        .iter()
+        .find(|r| !piecework::queue_doc::valid_tag(r))
+    {
+        bail!(
+            "--resource {r:?} is not a valid name: 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'"
+        );
+    }
+    config.resources = resources;
     let listener = tokio::net::TcpListener::bind(http)
         .await
         .with_context(|| format!("cannot listen for the HTTP API on {http}"))?;

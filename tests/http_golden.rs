@@ -588,6 +588,79 @@ fn steps() -> Vec<Step> {
         )
         .get("/v1/queues/<queue:configured>")
         .into(),
+        // GET /v1/resources, PUT and DELETE /v1/resources/{name}
+        case("resources_none", "a node started without resources")
+            .get("/v1/resources")
+            .into(),
+        case("resource_add", "holding a resource from now on")
+            .put("/v1/resources/net")
+            .into(),
+        case(
+            "resource_add_bad_name",
+            "a name with a character names may not hold",
+        )
+        .put("/v1/resources/no%20spaces")
+        .into(),
+        case(
+            "resource_withdraw_for_a_while",
+            "withdrawing it for an hour: held again by itself then",
+        )
+        .delete("/v1/resources/net?restore_after_ms=3600000")
+        .into(),
+        case(
+            "resource_withdraw_unknown",
+            "a resource this node does not hold",
+        )
+        .delete("/v1/resources/gpu")
+        .into(),
+        case(
+            "resource_withdraw_bad_query",
+            "a restore time that is not a number",
+        )
+        .delete("/v1/resources/net?restore_after_ms=soon")
+        .into(),
+        case(
+            "resource_withdraw_for_good",
+            "withdrawing it until it is added again",
+        )
+        .delete("/v1/resources/net")
+        .into(),
+        // Kinds and resources on a submit, and tasks no pool can run.
+        case(
+            "submit_requires",
+            "a task that requires a resource no pool holds",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "requires": ["gpu"] }))
+        .capture("task_id", "<task:needs-gpu>")
+        .into(),
+        case(
+            "submit_unknown_kind",
+            "a task of a kind no pool has a handler for",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "nobody-runs-this" }))
+        .capture("task_id", "<task:other-kind>")
+        .into(),
+        case(
+            "submit_bad_resource",
+            "a required resource with a character names may not hold",
+        )
+        .post("/v1/queues/<queue:configured>/tasks")
+        .json(json!({ "kind": "noop", "requires": ["no spaces"] }))
+        .into(),
+        case(
+            "task_blocked_on_resource",
+            "no live pool holds the resource: blocked, naming it",
+        )
+        .get("/v1/tasks/<task:needs-gpu>")
+        .into(),
+        case(
+            "task_blocked_on_kind",
+            "no live pool runs the kind: blocked, naming it",
+        )
+        .get("/v1/tasks/<task:other-kind>")
+        .into(),
     ]
 }
 

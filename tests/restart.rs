@@ -431,6 +431,7 @@ async fn every_task_acknowledged_just_before_a_sigkill_is_on_disk() {
         not_before: None,
         dedup_key: None,
         idempotency_key: None,
+        requires: Vec::new(),
     };
     let mut acked: Vec<TaskId> = Vec::new();
     for round in 0..3 {

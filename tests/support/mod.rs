@@ -307,6 +307,7 @@ pub async fn submit_kind(
         not_before: None,
         dedup_key: None,
         idempotency_key: None,
+        requires: Vec::new(),
     };
     node.client()
         .submit(queue, &req)

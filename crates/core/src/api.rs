@@ -65,6 +65,9 @@ pub struct SubmitTask {
     /// the first one made, whatever its state, for at least 24 hours.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Resources a pool must hold to be assigned the task (names like tags).
+    #[serde(default)]
+    pub requires: Vec<String>,
 }
 
 impl SubmitTask {
@@ -82,6 +85,7 @@ impl SubmitTask {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         }
     }
 }
@@ -206,6 +210,55 @@ pub enum BlockedOn {
     },
     /// The queue is paused.
     Paused,
+    /// No live pool this node hears from has a handler for its kind.
+    Kind {
+        /// The kind.
+        kind: String,
+    },
+    /// No live pool with a handler for its kind holds every resource it requires.
+    Resource {
+        /// The resources missing (those no such pool holds, or all it requires if each is
+        /// held by some pool but none holds them all).
+        resources: Vec<String>,
+    },
+}
+
+/// `GET /v1/resources`: the resources this node's pool holds or has withdrawn for a while.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// By name.
+    pub resources: Vec<Resource>,
+}
+
+/// One resource of this node's pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resource {
+    /// Its name.
+    pub name: String,
+    /// Held now (advertised in the pool's heartbeats).
+    pub held: bool,
+    /// Withdrawn: held again by itself at this time (unix ms, this node's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_at: Option<u64>,
+}
+
+/// A change to this node's resources failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    /// Not a valid resource name.
+    #[error(
+        "invalid resource name {0:?}: names are 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'"
+    )]
+    InvalidName(String),
+    /// Withdrawing a resource this node neither holds nor restores later.
+    #[error("this node does not hold resource {0:?}")]
+    NotHeld(String),
+    /// The node is stopping.
+    #[error("the node is stopping")]
+    Stopped,
+    /// The node's shell is gone, for this reason.
+    #[error("the node has stopped: {0}")]
+    Ended(String),
 }
 
 /// One of this node's workers.
@@ -279,6 +332,9 @@ pub struct TaskStatus {
     /// Its dedup key, if it has one.
     #[serde(default)]
     pub dedup_key: Option<String>,
+    /// The resources a pool must hold to run it.
+    #[serde(default)]
+    pub requires: Vec<String>,
     /// Not routed before this time (unix ms), if it has one.
     #[serde(default)]
     pub not_before: Option<u64>,

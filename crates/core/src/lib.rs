@@ -212,6 +212,12 @@ pub struct Config {
     /// higher peer id of the pair (`None`: `piecework_replica::RELAY_AFTER` and
     /// `RELAY_AFTER_HIGHER`). The simulator varies it to explore other timings.
     pub relay_waits: Option<(Duration, Duration)>,
+    /// The handler kinds this node runs: its pool's heartbeats name them, so routers assign
+    /// it only tasks of these kinds, and it refuses others. `None`: not reported (routers
+    /// take the pool to run any kind).
+    pub kinds: Option<Vec<String>>,
+    /// The resources this node's pool holds at start (`piecework node --resource`).
+    pub resources: Vec<String>,
 }
 
 /// The default `Config::keep_task_docs`: as many as the store's archive keeps statuses of
@@ -290,7 +296,17 @@ impl Config {
             retired: Vec::new(),
             resume: Vec::new(),
             relay_waits: None,
+            kinds: None,
+            resources: Vec::new(),
         }
+    }
+
+    /// The same settings, reporting the handler `kinds` this node runs and holding
+    /// `resources` from the start (see `Config::kinds`).
+    pub fn with_capabilities(mut self, kinds: Option<Vec<String>>, resources: Vec<String>) -> Self {
+        self.kinds = kinds;
+        self.resources = resources;
+        self
     }
 
     /// The same settings, with the replica's relay waits (see `Config::relay_waits`).
@@ -451,6 +467,21 @@ pub enum Command {
         /// The queue.
         queue: QueueId,
     },
+    /// This node's resources: [`Reply::Resources`].
+    Resources,
+    /// Hold a resource from now on (again, if it was withdrawn): [`Reply::Resources`].
+    AddResource {
+        /// Its name (like a tag).
+        name: String,
+    },
+    /// Give a resource up: for `restore_after`, after which it is held again by itself, or
+    /// for good: [`Reply::Resources`].
+    WithdrawResource {
+        /// Its name.
+        name: String,
+        /// When it comes back by itself, if it does.
+        restore_after: Option<Duration>,
+    },
     /// Stop for a planned restart or shutdown: [`Reply::Stopped`] once done. At once the
     /// pool starts nothing new (assignments are refused, its heartbeats say it is stopping),
     /// every router stops claiming and routing, and an active one hands its role to a member
@@ -490,6 +521,8 @@ pub enum Reply {
     Document(Result<(u64, Vec<u8>), api::QueueError>),
     /// To [`Command::Stop`].
     Stopped(api::StopReport),
+    /// To [`Command::Resources`], [`Command::AddResource`] and [`Command::WithdrawResource`].
+    Resources(Result<api::Resources, api::ResourceError>),
 }
 
 /// What [`Command::Status`] reports.

@@ -104,6 +104,8 @@ fn write_seed_corpus() {
             ],
             epoch: Some(latest.clone()),
             draining,
+            kinds: None,
+            resources: Vec::new(),
         })
     };
     for (name, w) in [
@@ -256,6 +258,8 @@ fn wire() -> impl Strategy<Value = Wire> {
                 workers,
                 epoch,
                 draining,
+                kinds: None,
+                resources: Vec::new(),
             })
         });
     prop_oneof![router, pool]

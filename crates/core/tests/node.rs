@@ -272,6 +272,7 @@ fn noop_submit(q: &QueueId) -> Command {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         },
     }
 }
@@ -710,6 +711,8 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         workers: vec![],
         epoch: None,
         draining: false,
+        kinds: None,
+        resources: Vec::new(),
     });
     one.core
         .handle_gossip(one.now, &topic, &stranger, &pool_beat.encode());
@@ -931,6 +934,7 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         },
     });
     assert_eq!(
@@ -1028,6 +1032,7 @@ fn submit_padded(one: &mut One, q: &QueueId, i: usize) -> CommandId {
             not_before: None,
             dedup_key: None,
             idempotency_key: None,
+            requires: Vec::new(),
         },
     })
 }
@@ -1306,6 +1311,7 @@ fn a_full_queue_refuses_submits_until_tasks_finish() {
         not_before: None,
         dedup_key: None,
         idempotency_key: None,
+        requires: Vec::new(),
     };
     let batch = one.command(Command::SubmitMany {
         queue: q.clone(),
@@ -2561,6 +2567,7 @@ fn a_member_back_after_rotations_answers_for_every_task_that_finished_while_it_w
                     not_before: None,
                     dedup_key: None,
                     idempotency_key: None,
+                    requires: Vec::new(),
                 },
             }),
             _ => a.submit(&q),
@@ -2685,6 +2692,7 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
                 not_before: None,
                 dedup_key: None,
                 idempotency_key: None,
+                requires: Vec::new(),
             })
             .collect(),
     });

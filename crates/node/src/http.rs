@@ -117,9 +117,27 @@ impl From<TaskError> for ApiError {
     }
 }
 
+impl From<api::ResourceError> for ApiError {
+    fn from(e: api::ResourceError) -> Self {
+        let code = match e {
+            api::ResourceError::InvalidName(_) => StatusCode::BAD_REQUEST,
+            api::ResourceError::NotHeld(_) => StatusCode::NOT_FOUND,
+            api::ResourceError::Stopped | api::ResourceError::Ended(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
 /// The API's routes over `node`.
 pub fn router(node: NodeHandle) -> Router {
     Router::new()
+        .route("/v1/resources", get(resources))
+        .route(
+            "/v1/resources/{name}",
+            put(add_resource).delete(withdraw_resource),
+        )
         .route("/v1/status", get(status))
         .route("/v1/queues", post(create_queue))
         .route("/v1/queues/{id}", get(queue_status))
@@ -263,6 +281,33 @@ async fn delete_boost(
     Path((id, tag)): Path<(String, String)>,
 ) -> Result<Json<api::QueueStatus>, ApiError> {
     Ok(Json(node.set_boost(&QueueId::new(id), &tag, 0).await?))
+}
+
+async fn resources(State(node): State<NodeHandle>) -> Json<api::Resources> {
+    Json(node.resources().await)
+}
+
+async fn add_resource(
+    State(node): State<NodeHandle>,
+    Path(name): Path<String>,
+) -> Result<Json<api::Resources>, ApiError> {
+    Ok(Json(node.add_resource(&name).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WithdrawQuery {
+    restore_after_ms: Option<u64>,
+}
+
+async fn withdraw_resource(
+    State(node): State<NodeHandle>,
+    Path(name): Path<String>,
+    query: Result<Query<WithdrawQuery>, QueryRejection>,
+) -> Result<Json<api::Resources>, ApiError> {
+    let Query(q) = query?;
+    let restore_after = q.restore_after_ms.map(Duration::from_millis);
+    Ok(Json(node.withdraw_resource(&name, restore_after).await?))
 }
 
 async fn submit(

@@ -21,19 +21,10 @@
 //! let queue = node.handle().create_queue("emails", None).await?;
 //! let submitted = node
 //!     .handle()
-//!     .submit(&queue, piecework_node::api::SubmitTask {
-//!         kind: "echo".into(),
-//!         input: serde_json::json!({"to": "ada@example.org"}),
-//!         priority: 0,
-//!         urgent: false,
-//!         max_attempts: None,
-//!         tags: Vec::new(),
-//!         depends_on: Vec::new(),
-//!         delay_ms: None,
-//!         not_before: None,
-//!         dedup_key: None,
-//!         idempotency_key: None,
-//!     })
+//!     .submit(
+//!         &queue,
+//!         piecework_node::api::SubmitTask::new("echo", serde_json::json!({"to": "ada@example.org"})),
+//!     )
 //!     .await?;
 //! let status = node.handle().wait_task(&submitted.task_id, std::time::Duration::from_secs(30)).await?;
 //! # Ok(()) }
@@ -113,6 +104,9 @@ pub struct Config {
     /// Sealed epoch documents kept on disk once out of memory
     /// (`piecework_core::Config::keep_sealed_epochs`, [`KEEP_SEALED_EPOCHS`] by default).
     pub keep_sealed_epochs: usize,
+    /// The resources this node's pool holds from the start (`piecework node --resource`);
+    /// tasks that require one are routed only to pools that hold it.
+    pub resources: Vec<String>,
 }
 
 impl Config {
@@ -132,6 +126,7 @@ impl Config {
             max_live: None,
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
+            resources: Vec::new(),
         }
     }
 }
@@ -368,7 +363,11 @@ impl Node {
         core_config = core_config
             .with_disk_retention(config.keep_task_docs, config.keep_sealed_epochs)
             .with_retired(retired)
-            .with_resume(resume);
+            .with_resume(resume)
+            .with_capabilities(
+                Some(shared.registry.kinds().map(str::to_owned).collect()),
+                config.resources.clone(),
+            );
         let core = piecework_core::Core::new(core_config, t0);
         let shell = shell::Shell::new(shared.clone(), core);
         let running = tokio::spawn(tracing::Instrument::instrument(
@@ -618,6 +617,43 @@ impl NodeHandle {
         match self.ask(command).await {
             Some(Reply::Configured(r)) => r,
             _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// This node's resources, held and withdrawn.
+    pub async fn resources(&self) -> api::Resources {
+        match self.ask(Command::Resources).await {
+            Some(Reply::Resources(Ok(r))) => r,
+            _ => api::Resources::default(),
+        }
+    }
+
+    /// Holds `name` from now on (again, if it was withdrawn): this node's pool advertises it
+    /// in its heartbeats, and routers assign it tasks that require it. Returns the resources.
+    pub async fn add_resource(&self, name: &str) -> Result<api::Resources, api::ResourceError> {
+        let command = Command::AddResource {
+            name: name.to_owned(),
+        };
+        match self.ask(command).await {
+            Some(Reply::Resources(r)) => r,
+            _ => Err(api::ResourceError::Ended(self.ended())),
+        }
+    }
+
+    /// Gives `name` up: for `restore_after`, after which this node holds it again by itself,
+    /// or for good with `None`. Returns the resources.
+    pub async fn withdraw_resource(
+        &self,
+        name: &str,
+        restore_after: Option<Duration>,
+    ) -> Result<api::Resources, api::ResourceError> {
+        let command = Command::WithdrawResource {
+            name: name.to_owned(),
+            restore_after,
+        };
+        match self.ask(command).await {
+            Some(Reply::Resources(r)) => r,
+            _ => Err(api::ResourceError::Ended(self.ended())),
         }
     }
 

@@ -29,6 +29,7 @@ fn task(n: u32) -> api::SubmitTask {
         not_before: None,
         dedup_key: None,
         idempotency_key: None,
+        requires: Vec::new(),
     }
 }
 

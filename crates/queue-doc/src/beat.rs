@@ -69,6 +69,26 @@ pub struct PoolBeat {
     /// The pool's node is stopping: it starts nothing new, and routers assign it nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// The handler kinds the pool runs; `None` (a pool from before kinds were reported): any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Vec<String>>,
+    /// The resources the pool holds now (a withdrawn one is left out until it is restored).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<String>,
+}
+
+/// The most handler kinds a reader keeps of one pool heartbeat.
+pub const MAX_POOL_KINDS: usize = 256;
+/// The most resources a reader keeps of one pool heartbeat.
+pub const MAX_POOL_RESOURCES: usize = 256;
+
+/// What a pool lacks to be assigned a task.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Lack {
+    /// It has no handler for the task's kind.
+    Kind(String),
+    /// It does not hold these of the task's required resources.
+    Resources(Vec<String>),
 }
 
 impl PoolBeat {
@@ -88,9 +108,33 @@ impl PoolBeat {
             }
         }
         workers.sort_by_key(|w| w.index);
+        let bounded = |v: &Vec<String>, max: usize| {
+            let mut v: Vec<String> = v.iter().take(max).cloned().collect();
+            v.sort();
+            v.dedup();
+            v
+        };
         PoolBeat {
             workers,
+            kinds: self.kinds.as_ref().map(|k| bounded(k, MAX_POOL_KINDS)),
+            resources: bounded(&self.resources, MAX_POOL_RESOURCES),
             ..self.clone()
         }
+    }
+
+    /// What this pool lacks to run a task of `kind` that requires `requires`, if anything
+    /// (the kind first). Expects a [`PoolBeat::normalized`] beat (sorted lists).
+    pub fn lacks(&self, kind: &str, requires: &[String]) -> Option<Lack> {
+        if let Some(kinds) = &self.kinds
+            && kinds.binary_search_by(|k| k.as_str().cmp(kind)).is_err()
+        {
+            return Some(Lack::Kind(kind.to_owned()));
+        }
+        let missing: Vec<String> = requires
+            .iter()
+            .filter(|r| self.resources.binary_search(r).is_err())
+            .cloned()
+            .collect();
+        (!missing.is_empty()).then_some(Lack::Resources(missing))
     }
 }

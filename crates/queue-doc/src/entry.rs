@@ -238,6 +238,10 @@ pub struct Rules {
     /// submits"). At most [`MAX_KEY_LEN`] bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Resources a pool must hold to be assigned the task (names like tags: see
+    /// [`valid_tag`]). Sorted, without repeats; readers keep at most [`MAX_TAGS`] valid ones.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requires: Vec<String>,
 }
 
 /// The longest dedup or idempotency key, in bytes.
@@ -282,6 +286,10 @@ impl Rules {
         self.tags.sort();
         self.tags.dedup();
         self.tags.truncate(MAX_TAGS);
+        self.requires.retain(|t| valid_tag(t));
+        self.requires.sort();
+        self.requires.dedup();
+        self.requires.truncate(MAX_TAGS);
         let mut seen = std::collections::BTreeSet::new();
         self.depends_on
             .retain(|d| d != task && seen.insert(d.clone()));

@@ -98,7 +98,10 @@ mod successor;
 pub mod task;
 mod view;
 
-pub use beat::{MAX_POOL_WORKERS, PoolBeat, RouterBeat, RunningReport, WorkerReport};
+pub use beat::{
+    Lack, MAX_POOL_KINDS, MAX_POOL_RESOURCES, MAX_POOL_WORKERS, PoolBeat, RouterBeat,
+    RunningReport, WorkerReport,
+};
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, Order, QueueConfig};
 pub use entry::{
@@ -110,4 +113,4 @@ pub use packed::Output;
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;
 pub use settings::{ConfigPatch, SetBoostError, SetConfigError};
-pub use view::{Member, QueueView, StateCounts};
+pub use view::{Member, Need, QueueView, StateCounts};

@@ -138,6 +138,27 @@ fn effective_priority(t: &TaskEntry, boosts: &BTreeMap<String, i64>) -> i64 {
         .saturating_add(t.priority_now())
 }
 
+/// What a pool must have to be assigned a task: a handler for its kind, and its required
+/// resources. Pending tasks are indexed by it, so that a router skips a whole class no idle
+/// pool can run instead of visiting its tasks one by one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Need {
+    /// The handler kind.
+    pub kind: String,
+    /// The required resources (sorted, unique).
+    pub requires: Vec<String>,
+}
+
+impl Need {
+    /// A task's need.
+    pub fn of(t: &TaskEntry) -> Need {
+        Need {
+            kind: t.kind.clone(),
+            requires: t.rules.requires.clone(),
+        }
+    }
+}
+
 /// The view's indexes over its tasks. Every field is a function of the tasks and the order;
 /// [`TaskIndex::add`] and [`TaskIndex::remove`] keep it so one task at a time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -147,6 +168,8 @@ struct TaskIndex {
     boosts: BTreeMap<String, i64>,
     /// Pending tasks in routing order (their dependencies met, with no delay).
     routable: OrdSet<RouteKey>,
+    /// `routable` again, by what a pool needs to run each.
+    needs: OrdMap<Need, OrdSet<RouteKey>>,
     /// Of `routable`, the tasks with each tag (a boost change re-keys them).
     tagged: OrdMap<String, OrdSet<TaskId>>,
     /// Pending tasks whose dependencies are met, with a delay: by not-before, then id.
@@ -208,8 +231,12 @@ impl TaskIndex {
                 }
             }
             TaskState::Pending => {
-                self.routable
-                    .insert(RouteKey::of(t, self.order, &self.boosts));
+                let key = RouteKey::of(t, self.order, &self.boosts);
+                self.needs
+                    .entry(Need::of(t))
+                    .or_default()
+                    .insert(key.clone());
+                self.routable.insert(key);
                 for tag in &t.rules.tags {
                     self.tagged
                         .entry(tag.clone())
@@ -262,8 +289,15 @@ impl TaskIndex {
                 self.retrying.remove(&t.id);
             }
             TaskState::Pending => {
-                self.routable
-                    .remove(&RouteKey::of(t, self.order, &self.boosts));
+                let key = RouteKey::of(t, self.order, &self.boosts);
+                let need = Need::of(t);
+                if let Some(set) = self.needs.get_mut(&need) {
+                    set.remove(&key);
+                    if set.is_empty() {
+                        self.needs.remove(&need);
+                    }
+                }
+                self.routable.remove(&key);
                 for tag in &t.rules.tags {
                     if let Some(set) = self.tagged.get_mut(tag) {
                         set.remove(&t.id);
@@ -612,20 +646,35 @@ impl QueueView {
         if self.index.order == order {
             return;
         }
-        self.index.order = order;
-        let pending: Vec<RouteKey> = self
+        let pending: Vec<Arc<TaskEntry>> = self
             .index
             .routable
             .iter()
-            .filter_map(|k| self.task(&k.id))
-            .map(|t| RouteKey::of(t, order, &self.index.boosts))
+            .filter_map(|k| self.tasks.get(&k.id).cloned())
             .collect();
-        self.index.routable = pending.into_iter().collect();
+        for t in &pending {
+            self.index.remove(t);
+        }
+        self.index.order = order;
+        for t in &pending {
+            self.index.add(t);
+        }
     }
 
     /// Pending tasks in routing order, lazily: taking the first k costs O(k log n).
     pub fn routable(&self) -> impl Iterator<Item = &TaskEntry> + '_ {
         self.index.routable.iter().filter_map(|k| self.task(&k.id))
+    }
+
+    /// What pools need to run the routable tasks: one entry per class, with its tasks in
+    /// routing order, lazily (see [`Need`]).
+    pub fn routable_by_need(
+        &self,
+    ) -> impl Iterator<Item = (&Need, impl Iterator<Item = &TaskEntry> + '_)> + '_ {
+        self.index
+            .needs
+            .iter()
+            .map(|(need, keys)| (need, keys.iter().filter_map(|k| self.task(&k.id))))
     }
 
     /// Pending tasks whose dependencies are met and that wait for a not-before time, by that

@@ -59,8 +59,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Assignment, AttemptId, Claim, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
-    TaskId,
+    Assignment, AttemptId, Claim, Lack, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
+    TaskEntry, TaskId,
 };
 
 /// Something the driver must do for the router.
@@ -640,6 +640,54 @@ impl Router {
             // The latest heard; on a tie the smaller id (the map is ordered by id).
             .max_by(|(pa, a), (pb, b)| a.heard_at.cmp(&b.heard_at).then(pb.cmp(pa)))
             .map(|(p, _)| p.clone())
+    }
+
+    /// What keeps every live pool this router hears from running `task`, if no such pool can
+    /// (live: heard within three pool-heartbeat intervals, a member, not stopping): no pool
+    /// has a handler for its kind, or none with one holds every resource it requires (then
+    /// the resources no pool with the kind holds, or all of them if each is held by some such
+    /// pool but none holds them all).
+    pub fn lack(&self, now: Instant, task: &TaskEntry) -> Option<Lack> {
+        let view = self.view.as_ref()?;
+        let c = &view.config;
+        let fresh = ms(c.pool_heartbeat_ms.saturating_mul(3).min(c.lease_ms));
+        let live: Vec<&PoolBeat> = self
+            .pools
+            .iter()
+            .filter(|(peer, p)| {
+                now.saturating_duration_since(p.heard_at) <= fresh
+                    && view.members.contains_key(*peer)
+                    && !p.beat.draining
+            })
+            .map(|(_, p)| &p.beat)
+            .collect();
+        let requires = &task.rules.requires;
+        let lacks: Vec<Option<Lack>> = live.iter().map(|b| b.lacks(&task.kind, requires)).collect();
+        if lacks.iter().any(Option::is_none) {
+            return None;
+        }
+        let with_kind: Vec<&&PoolBeat> = live
+            .iter()
+            .zip(&lacks)
+            .filter(|(_, l)| !matches!(l, Some(Lack::Kind(_))))
+            .map(|(b, _)| b)
+            .collect();
+        if with_kind.is_empty() {
+            return Some(Lack::Kind(task.kind.clone()));
+        }
+        let mut missing: Vec<String> = requires
+            .iter()
+            .filter(|r| {
+                !with_kind
+                    .iter()
+                    .any(|b| b.resources.binary_search(r).is_ok())
+            })
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            missing = requires.clone();
+        }
+        Some(Lack::Resources(missing))
     }
 
     fn step_down(&mut self, now: Instant, claim: Claim, by: Claim) {

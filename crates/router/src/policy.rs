@@ -214,11 +214,8 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     }
     *input.attempt_seen = seen;
 
-    // Candidates in routing order: the lease-expired tasks merged into the pending index,
-    // taken lazily so that a plan visits only as many pending tasks as it can assign (plus
-    // those still waiting out a retry delay).
-    // Tasks with a not-before time: those due by this router's wall clock join the expired
-    // ones; the first not yet due sets a timer.
+    // Tasks with a not-before time: those due by this router's wall clock join the
+    // lease-expired ones; the first not yet due sets a timer.
     if let Some(wall) = input.wall_ms {
         for (at, t) in view.timed() {
             plan.visited += 1;
@@ -232,69 +229,152 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
             }
         }
     }
-    expired.sort_by(|a, b| view.route_cmp(a, b));
-    let mut expired = expired.into_iter().peekable();
-    let visited = std::cell::Cell::new(0usize);
-    let mut pending = view
-        .routable()
-        .inspect(|_| visited.set(visited.get() + 1))
-        .filter(|t| !waiting.contains(&t.id))
-        .peekable();
-    let mut candidates = std::iter::from_fn(|| {
-        let take_expired = match (expired.peek(), pending.peek()) {
-            (Some(a), Some(b)) => view.route_cmp(a, b).is_le(),
-            (Some(_), None) => true,
-            (None, _) => false,
-        };
-        match take_expired {
-            true => expired.next(),
-            false => pending.next(),
-        }
-    })
-    .peekable();
-    if candidates.peek().is_some() {
-        let mut budget = usize::MAX;
-        if c.concurrency > 0 {
-            budget = budget.min(c.concurrency.saturating_sub(active) as usize);
-        }
-        if c.rate_interval_ms > 0 {
-            let interval = Duration::from_millis(c.rate_interval_ms);
-            match input.last_assign.filter(|t| now < later(*t, interval)) {
-                Some(last) => {
-                    plan.next_check = earliest(plan.next_check, later(last, interval));
-                    budget = 0;
-                }
-                None => budget = budget.min(1),
+    if expired.is_empty() && view.routable().next().is_none() {
+        return plan;
+    }
+    let mut budget = usize::MAX;
+    if c.concurrency > 0 {
+        budget = budget.min(c.concurrency.saturating_sub(active) as usize);
+    }
+    if c.rate_interval_ms > 0 {
+        let interval = Duration::from_millis(c.rate_interval_ms);
+        match input.last_assign.filter(|t| now < later(*t, interval)) {
+            Some(last) => {
+                plan.next_check = earliest(plan.next_check, later(last, interval));
+                budget = 0;
             }
+            None => budget = budget.min(1),
         }
-        if budget > 0 {
-            let workers = idle_workers(input, view, fresh);
-            plan.visited += workers.len();
-            let numbered = candidates
-                .by_ref()
-                .filter_map(|t| Some((t, t.last_n().checked_add(1)?)));
-            for ((task, n), (worker, incarnation)) in numbered.zip(workers).take(budget) {
+    }
+    if budget == 0 {
+        return plan;
+    }
+    let mut workers = idle_workers(input, view, fresh);
+    plan.visited += workers.len();
+    expired.sort_by(|a, b| view.route_cmp(a, b));
+    assign(
+        &mut plan,
+        input.me,
+        view,
+        &waiting,
+        expired,
+        &mut workers,
+        budget,
+    );
+    plan
+}
+
+/// A task at the head of one stream of candidates, ordered for a min-heap by the routing
+/// order.
+struct Head<'a> {
+    view: &'a QueueView,
+    task: &'a TaskEntry,
+    /// The stream it came from: 0 for the lease-expired and due timed tasks, `1 + i` for the
+    /// `i`-th class of routable tasks.
+    stream: usize,
+}
+
+impl PartialEq for Head<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+impl Eq for Head<'_> {}
+impl PartialOrd for Head<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: `BinaryHeap` pops its greatest, the routing order's first.
+        self.view
+            .route_cmp(other.task, self.task)
+            .then(other.stream.cmp(&self.stream))
+    }
+}
+
+/// Hands out up to `budget` tasks to `workers` in routing order: the lease-expired and due
+/// timed tasks (`expired`, sorted) merged with the routable ones. Routable tasks come by class
+/// ([`Need`]: kind and required resources), and only the classes some idle worker's pool can
+/// run are read at all; each task goes to the first idle worker (index-first across pools)
+/// whose pool has its kind and every resource it requires. A class that no worker left can
+/// run is dropped, so a plan visits the tasks it assigns, plus one per class.
+fn assign<'a>(
+    plan: &mut Plan,
+    me: &Claim,
+    view: &'a QueueView,
+    waiting: &HashSet<&TaskId>,
+    expired: Vec<&'a TaskEntry>,
+    workers: &mut Vec<(WorkerId, u64, &PoolBeat)>,
+    budget: usize,
+) {
+    let can_run = |beat: &PoolBeat, t: &TaskEntry| beat.lacks(&t.kind, &t.rules.requires).is_none();
+    let visited = std::cell::Cell::new(0usize);
+    let mut streams: Vec<Box<dyn Iterator<Item = &'a TaskEntry> + '_>> =
+        vec![Box::new(expired.into_iter())];
+    for (need, tasks) in view.routable_by_need() {
+        let runnable = workers
+            .iter()
+            .any(|(_, _, b)| b.lacks(&need.kind, &need.requires).is_none());
+        if runnable {
+            let visited = &visited;
+            streams.push(Box::new(
+                tasks
+                    .inspect(move |_| visited.set(visited.get() + 1))
+                    .filter(|t| !waiting.contains(&t.id)),
+            ));
+        }
+    }
+    let mut heads = std::collections::BinaryHeap::new();
+    for (stream, tasks) in streams.iter_mut().enumerate() {
+        if let Some(task) = tasks.next() {
+            heads.push(Head { view, task, stream });
+        }
+    }
+    let mut given = 0usize;
+    while given < budget && !workers.is_empty() {
+        let Some(Head { task, stream, .. }) = heads.pop() else {
+            break;
+        };
+        let worker = workers.iter().position(|(_, _, b)| can_run(b, task));
+        let next_n = task.last_n().checked_add(1);
+        match (worker, next_n) {
+            // No worker left can run this class: drop it (a lease-expired or due task is
+            // skipped alone).
+            (None, _) if stream > 0 => continue,
+            (Some(i), Some(n)) => {
+                let (worker, incarnation, _) = workers.remove(i);
                 plan.assignments.push(Assignment {
                     task: task.id.clone(),
                     attempt: AttemptId {
                         n,
-                        claim: input.me.clone(),
+                        claim: me.clone(),
                     },
                     worker,
                     incarnation,
                 });
+                given += 1;
             }
+            _ => {}
+        }
+        if let Some(task) = streams[stream].next() {
+            heads.push(Head { view, task, stream });
         }
     }
-    drop(candidates);
+    drop(heads);
+    drop(streams);
     plan.visited += visited.get();
-    plan
 }
 
-/// Idle workers, each with the incarnation of its pool's heartbeat.
-fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<(WorkerId, u64)> {
+/// Idle workers, each with the incarnation of its pool's heartbeat, and that heartbeat.
+fn idle_workers<'a>(
+    input: &Input<'a>,
+    view: &QueueView,
+    fresh: Duration,
+) -> Vec<(WorkerId, u64, &'a PoolBeat)> {
     let open = view.open_attempts();
-    let mut idle: Vec<(WorkerId, u64)> = Vec::new();
+    let mut idle: Vec<(WorkerId, u64, &PoolBeat)> = Vec::new();
     for (peer, (heard_at, beat)) in input.pools {
         if input.now.saturating_duration_since(*heard_at) > fresh
             || !view.members.contains_key(peer)
@@ -317,10 +397,10 @@ fn idle_workers(input: &Input<'_>, view: &QueueView, fresh: Duration) -> Vec<(Wo
                         .is_none_or(|a| a.is_open())
             });
             if !busy {
-                idle.push((id, beat.incarnation));
+                idle.push((id, beat.incarnation, beat));
             }
         }
     }
-    idle.sort_by(|(a, _), (b, _)| a.index.cmp(&b.index).then(a.peer.cmp(&b.peer)));
+    idle.sort_by(|(a, ..), (b, ..)| a.index.cmp(&b.index).then(a.peer.cmp(&b.peer)));
     idle
 }

@@ -39,6 +39,12 @@ struct Lone {
     /// Every assignment made, in order.
     assigned: Vec<Assignment>,
     next_task: u64,
+    /// The kinds the pool's heartbeats report (`None`: any).
+    kinds: Option<Vec<String>>,
+    /// The resources the pool's heartbeats report.
+    resources: Vec<String>,
+    /// The kind of the tasks [`Lone::submit_with`] submits.
+    kind: String,
 }
 
 impl Lone {
@@ -72,6 +78,9 @@ impl Lone {
             running: Default::default(),
             assigned: vec![],
             next_task: 0,
+            kinds: None,
+            resources: Vec::new(),
+            kind: "k".into(),
         };
         l.view();
         // No router is named: it claims at once, rechecks a settle later, and routes a pool
@@ -106,7 +115,7 @@ impl Lone {
             &mut self.doc,
             &Submission {
                 id: id.clone(),
-                kind: "k".into(),
+                kind: self.kind.clone(),
                 submitter: router_peer(),
                 submitted_at: at,
                 priority,
@@ -156,6 +165,8 @@ impl Lone {
             workers,
             epoch: None,
             draining: false,
+            kinds: self.kinds.clone(),
+            resources: self.resources.clone(),
         };
         self.router.handle_pool_beat(now, &beat);
         self.router.handle_timeout(now);
@@ -821,4 +832,47 @@ mod model {
             }
         }
     }
+}
+
+/// A task goes only to a pool whose heartbeat names its kind and every resource it requires;
+/// tasks no pool can run wait (the router says what they lack) without holding back the
+/// tasks behind them, and are routed once a heartbeat brings what they need.
+#[test]
+fn tasks_go_only_to_pools_with_their_kind_and_resources() {
+    let mut l = Lone::new(QueueConfig::default());
+    l.kinds = Some(vec!["a".into()]);
+    l.resources = vec!["net".into()];
+    let requiring = |r: &[&str]| piecework_queue_doc::Rules {
+        requires: r.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    l.kind = "b".into();
+    let other_kind = l.submit(0, true, 1);
+    l.kind = "a".into();
+    let needs_gpu = l.submit_with(0, true, 2, requiring(&["gpu", "net"]));
+    let needs_net = l.submit_with(0, false, 3, requiring(&["net"]));
+    let plain = l.submit(0, false, 4);
+    let first: Vec<TaskId> = l.to(200).into_iter().map(|a| a.task).collect();
+    assert_eq!(first, vec![needs_net.clone(), plain.clone()]);
+    let now = l.t0 + ms(l.at);
+    let lack = |l: &Lone, id: &TaskId| {
+        let view = l.router.view().unwrap().clone();
+        l.router.lack(now, view.task(id).unwrap())
+    };
+    assert_eq!(
+        lack(&l, &other_kind),
+        Some(piecework_queue_doc::Lack::Kind("b".into()))
+    );
+    assert_eq!(
+        lack(&l, &needs_gpu),
+        Some(piecework_queue_doc::Lack::Resources(vec!["gpu".into()]))
+    );
+    assert_eq!(lack(&l, &plain), None);
+    assert!(l.to(300).is_empty(), "nothing else can run here");
+    // The pool gains the resource: its next heartbeat brings the task its worker.
+    l.resources.push("gpu".into());
+    l.resources.sort();
+    let next: Vec<TaskId> = l.to(400).into_iter().map(|a| a.task).collect();
+    assert_eq!(next, vec![needs_gpu]);
+    assert!(l.to(500).is_empty(), "no pool runs kind b");
 }

@@ -96,6 +96,8 @@ impl Peer {
                 .collect(),
             epoch: None,
             draining: false,
+            kinds: None,
+            resources: Vec::new(),
         }
     }
 

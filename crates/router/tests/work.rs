@@ -45,6 +45,8 @@ struct Node {
     now: Instant,
     beats: u64,
     next: u64,
+    /// The kinds this node's pool reports (`None`: any).
+    kinds: Option<Vec<String>>,
 }
 
 impl Node {
@@ -70,6 +72,7 @@ impl Node {
             now,
             beats: 0,
             next: 0,
+            kinds: None,
         }
     }
 
@@ -95,6 +98,8 @@ impl Node {
                 .collect(),
             epoch: None,
             draining: false,
+            kinds: self.kinds.clone(),
+            resources: Vec::new(),
         };
         self.router.handle_pool_beat(self.now, &beat);
         self.router.handle_timeout(self.now);
@@ -240,4 +245,50 @@ fn tasks_waiting_on_dependencies_or_a_time_cost_a_plan_nothing() {
         "three idle workers beside the anchor's: {small:?}"
     );
     assert_eq!(small, large, "1k vs 100k blocked tasks");
+}
+
+/// What a plan visits with `unrunnable` pending tasks of a kind no pool runs and as many that
+/// require a resource no pool holds, beside ten routable ones: (visits, assignments).
+fn costs_unrunnable(unrunnable: u64) -> (usize, usize) {
+    let mut n = Node::new();
+    n.kinds = Some(vec!["k".into()]);
+    n.activate();
+    for i in 0..unrunnable {
+        let entry = |kind: &str, requires: Vec<String>| Submission {
+            id: TaskId::new(format!("automerge:unrunnable{i:08}{kind}")),
+            kind: kind.into(),
+            submitter: me(),
+            // Before the routable ones, so a kind-blind plan would visit them first.
+            submitted_at: 0,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: None,
+            rules: piecework_queue_doc::Rules {
+                requires,
+                ..Default::default()
+            },
+        };
+        queue::submit_many(
+            &mut n.doc,
+            &[entry("other", vec![]), entry("k", vec!["gpu".into()])],
+        )
+        .unwrap();
+    }
+    n.next = 1;
+    n.fill(10, false);
+    n.refresh();
+    let assigned = n.step(100);
+    (n.router.plan_visits(), assigned)
+}
+
+#[test]
+fn tasks_no_pool_can_run_cost_a_plan_nothing() {
+    let small = costs_unrunnable(1_000);
+    let large = costs_unrunnable(100_000);
+    assert_eq!(
+        small.1, 4,
+        "the four idle workers get routable tasks: {small:?}"
+    );
+    assert_eq!(small, large, "1k vs 100k unrunnable tasks");
 }

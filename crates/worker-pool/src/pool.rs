@@ -1,7 +1,7 @@
 //! The pool state machine: which assignments to start, refuse or mark interrupted, and the
 //! pool's heartbeat. Pure: time comes in as `now`, effects go out as [`Action`]s.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,6 +92,12 @@ pub struct Pool {
     counter: u64,
     /// The node is stopping ([`Pool::drain`]): nothing new starts.
     draining: bool,
+    /// The handler kinds the pool runs ([`Pool::set_kinds`]); `None`: any (not reported).
+    kinds: Option<BTreeSet<String>>,
+    /// The resources the pool holds ([`Pool::add_resource`]).
+    held: BTreeSet<String>,
+    /// Resources withdrawn for a while, with when each is held again.
+    withdrawn: BTreeMap<String, Instant>,
     actions: VecDeque<Action>,
     /// A deliberately broken pool that starts fenced assignments, for the simulator's test
     /// that it catches a broken protocol. Exists only with the `broken` feature.
@@ -127,6 +133,9 @@ impl Pool {
             next_beat: now,
             counter: 0,
             draining: false,
+            kinds: None,
+            held: BTreeSet::new(),
+            withdrawn: BTreeMap::new(),
             actions: VecDeque::new(),
             #[cfg(feature = "broken")]
             skip_fencing: false,
@@ -142,6 +151,49 @@ impl Pool {
     /// [`Config::heartbeat`]), so a zero interval cannot busy-loop the pool or flood gossip.
     pub fn set_heartbeat(&mut self, every: Duration) {
         self.config.heartbeat = clamp_heartbeat(every);
+    }
+
+    /// The handler kinds this pool runs: its heartbeats say so (routers assign it only tasks
+    /// of these kinds), and it refuses an assignment of another kind. Until this is called a
+    /// pool reports no kinds, and routers take it to run any.
+    pub fn set_kinds(&mut self, kinds: impl IntoIterator<Item = String>) {
+        self.kinds = Some(kinds.into_iter().collect());
+    }
+
+    /// The pool holds `resource` from `now` on (again, if it was withdrawn): it beats at once.
+    pub fn add_resource(&mut self, resource: String, now: Instant) {
+        self.withdrawn.remove(&resource);
+        self.held.insert(resource);
+        self.next_beat = now;
+    }
+
+    /// The pool gives `resource` up at `now`: for `restore_after`, after which it holds it
+    /// again by itself, or for good with `None`. It beats at once, and refuses assignments
+    /// that require the resource meanwhile. Returns whether it held or was waiting to restore
+    /// the resource.
+    pub fn withdraw_resource(
+        &mut self,
+        resource: &str,
+        now: Instant,
+        restore_after: Option<Duration>,
+    ) -> bool {
+        let known = self.held.remove(resource) | self.withdrawn.remove(resource).is_some();
+        if let Some(d) = restore_after {
+            self.withdrawn
+                .insert(resource.to_owned(), now.checked_add(d).unwrap_or(now));
+        }
+        self.next_beat = now;
+        known || restore_after.is_some()
+    }
+
+    /// The resources the pool holds, and those withdrawn with when each is restored.
+    pub fn resources(&self) -> (&BTreeSet<String>, &BTreeMap<String, Instant>) {
+        (&self.held, &self.withdrawn)
+    }
+
+    /// The handler kinds the pool reports, if set ([`Pool::set_kinds`]).
+    pub fn kinds(&self) -> Option<&BTreeSet<String>> {
+        self.kinds.as_ref()
     }
 
     /// What each worker is running.
@@ -294,6 +346,8 @@ impl Pool {
                     ),
                     None,
                 )
+            } else if let Some(lack) = self.lacks(task) {
+                finish(AttemptOutcome::Refused, lack, None)
             } else if self.draining {
                 finish(
                     AttemptOutcome::Refused,
@@ -334,6 +388,21 @@ impl Pool {
             self.answered.insert(key);
             self.actions.push_back(action);
         }
+    }
+
+    /// Why this pool cannot run `task`: no handler for its kind, or a required resource it
+    /// does not hold (withdrawn since the heartbeat the assignment was based on).
+    fn lacks(&self, task: &TaskEntry) -> Option<String> {
+        if let Some(kinds) = &self.kinds
+            && !kinds.contains(&task.kind)
+        {
+            return Some(format!("no handler for kind {:?} on this node", task.kind));
+        }
+        task.rules
+            .requires
+            .iter()
+            .find(|r| !self.held.contains(*r))
+            .map(|r| format!("resource {r:?} is not held on this node"))
     }
 
     /// Another run of `task` that starting `attempt` would duplicate: one of this pool's workers
@@ -432,6 +501,17 @@ impl Pool {
 
     /// A deadline from [`Pool::poll_timeout`] passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .withdrawn
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(r, _)| r.clone())
+            .collect();
+        for r in due {
+            self.withdrawn.remove(&r);
+            self.held.insert(r);
+            self.next_beat = now;
+        }
         if now >= self.next_beat {
             self.counter += 1;
             let workers = self
@@ -452,6 +532,8 @@ impl Pool {
                 workers,
                 epoch: None,
                 draining: self.draining,
+                kinds: self.kinds.as_ref().map(|k| k.iter().cloned().collect()),
+                resources: self.held.iter().cloned().collect(),
             }));
             // The heartbeat is clamped (a minute at most): the sum fits.
             self.next_beat = now.checked_add(self.config.heartbeat).unwrap_or(now);
@@ -465,7 +547,9 @@ impl Pool {
 
     /// When [`Pool::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Instant {
-        self.next_beat
+        self.withdrawn
+            .values()
+            .fold(self.next_beat, |t, at| t.min(*at))
     }
 }
 

@@ -719,3 +719,91 @@ fn a_draining_pool_refuses_new_work_and_interrupts_what_outlives_the_grace() {
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks()[&running].state(), TaskState::Pending);
 }
+
+/// The pool's heartbeat of `f` at `at` ms after its start.
+fn beat_at(f: &mut Fixture, at: u64) -> piecework_queue_doc::PoolBeat {
+    f.pool.handle_timeout(f.t0 + Duration::from_millis(at));
+    let beats: Vec<_> = f
+        .apply()
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Beat(b) => Some(b),
+            _ => None,
+        })
+        .collect();
+    beats.last().cloned().expect("the pool beat")
+}
+
+/// A pool's heartbeats name its kinds and the resources it holds; a withdrawn resource leaves
+/// them at once and comes back by itself at its restore time; and an assignment of a kind the
+/// pool has no handler for, or that requires a resource it does not hold (a router's stale
+/// heartbeat), is refused (which burns no attempt) instead of run.
+#[test]
+fn heartbeats_carry_kinds_and_resources_and_the_pool_refuses_what_it_lacks() {
+    let mut f = Fixture::new(2, 1);
+    f.pool.set_kinds(["k".to_owned()]);
+    f.pool.add_resource("net".into(), f.t0);
+    let b = beat_at(&mut f, 0);
+    assert_eq!(b.kinds, Some(vec!["k".to_owned()]));
+    assert_eq!(b.resources, vec!["net".to_owned()]);
+    assert!(f.pool.withdraw_resource(
+        "net",
+        f.t0 + Duration::from_millis(100),
+        Some(Duration::from_secs(5))
+    ));
+    assert!(!f.pool.withdraw_resource("gpu", f.t0, None), "not held");
+    let b = beat_at(&mut f, 100);
+    assert!(b.resources.is_empty(), "withdrawn: {b:?}");
+    assert_eq!(
+        f.pool.poll_timeout(),
+        f.t0 + Duration::from_millis(600),
+        "the next beat comes before the restore"
+    );
+
+    // A task that requires the withdrawn resource, and one of another kind.
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let needs_net = TaskId::new("automerge:needs-net");
+    let other = TaskId::new("automerge:other-kind");
+    for (id, kind, requires) in [
+        (&needs_net, "k", vec!["net".to_owned()]),
+        (&other, "x", vec![]),
+    ] {
+        queue::submit(
+            &mut f.doc,
+            &Submission {
+                id: id.clone(),
+                kind: kind.into(),
+                submitter: me(),
+                submitted_at: 1,
+                priority: 0,
+                urgent: false,
+                max_attempts: None,
+                input: None,
+                rules: piecework_queue_doc::Rules {
+                    requires,
+                    ..Default::default()
+                },
+            },
+        )
+        .unwrap();
+    }
+    f.assign(&needs_net, &router(1, "r"), 0);
+    f.assign(&other, &router(1, "r"), 1);
+    let actions = f.step();
+    assert_eq!(starts(&actions), 0);
+    let mut why = refusals(&actions);
+    why.sort();
+    assert_eq!(
+        why,
+        vec![
+            "no handler for kind \"x\" on this node".to_owned(),
+            "resource \"net\" is not held on this node".to_owned(),
+        ]
+    );
+
+    // Restored at 5.1 s: the heartbeat then holds it again, and the task starts.
+    let b = beat_at(&mut f, 5_100);
+    assert_eq!(b.resources, vec!["net".to_owned()]);
+    f.assign(&needs_net, &router(1, "r"), 0);
+    assert_eq!(starts(&f.step()), 1);
+}

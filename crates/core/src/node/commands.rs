@@ -17,6 +17,9 @@ impl Core {
                 }
                 Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
+                Command::AddResource { .. } | Command::WithdrawResource { .. } => {
+                    Some(Reply::Resources(Err(api::ResourceError::Stopped)))
+                }
                 _ => None,
             };
             if let Some(r) = refused {
@@ -93,6 +96,30 @@ impl Core {
                     queue::set_boost(d, &tag, boost, now.unix_ms).map_err(QueueError::from)
                 });
                 self.replies.push_back((cmd, Reply::Configured(r)));
+            }
+            Command::Resources => {
+                let r = self.resources(now);
+                self.replies.push_back((cmd, Reply::Resources(Ok(r))));
+            }
+            Command::AddResource { name } => {
+                let r = match piecework_queue_doc::valid_tag(&name) {
+                    true => {
+                        self.pool.add_resource(name, now.mono);
+                        Ok(self.resources(now))
+                    }
+                    false => Err(api::ResourceError::InvalidName(name)),
+                };
+                self.replies.push_back((cmd, Reply::Resources(r)));
+            }
+            Command::WithdrawResource {
+                name,
+                restore_after,
+            } => {
+                let r = match self.pool.withdraw_resource(&name, now.mono, restore_after) {
+                    true => Ok(self.resources(now)),
+                    false => Err(api::ResourceError::NotHeld(name)),
+                };
+                self.replies.push_back((cmd, Reply::Resources(r)));
             }
             Command::Stop { grace } => self.stop(now, cmd, grace),
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
@@ -233,7 +260,7 @@ impl Core {
                 (true, Some(d)) => piecework_queue_doc::read_outputs(d, &tid),
                 _ => Vec::new(),
             };
-            let s = self.annotate(status_with_outputs(id, &t, &outputs), now.unix_ms);
+            let s = self.annotate(status_with_outputs(id, &t, &outputs), now);
             if state.is_some_and(|want| want != s.state) {
                 continue;
             }
@@ -305,5 +332,31 @@ impl Core {
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect(),
         }
+    }
+
+    /// This node's resources, held and withdrawn, by name.
+    fn resources(&self, now: Time) -> api::Resources {
+        let (held, withdrawn) = self.pool.resources();
+        let mut resources: Vec<api::Resource> = held
+            .iter()
+            .map(|name| api::Resource {
+                name: name.clone(),
+                held: true,
+                restore_at: None,
+            })
+            .chain(withdrawn.iter().map(|(name, at)| {
+                let wait = at.saturating_duration_since(now.mono).as_millis();
+                api::Resource {
+                    name: name.clone(),
+                    held: false,
+                    restore_at: Some(
+                        now.unix_ms
+                            .saturating_add(u64::try_from(wait).unwrap_or(u64::MAX)),
+                    ),
+                }
+            }))
+            .collect();
+        resources.sort_by(|a, b| a.name.cmp(&b.name));
+        api::Resources { resources }
     }
 }

@@ -142,7 +142,7 @@ impl Core {
         if let Some((lower, higher)) = config.relay_waits {
             replica.set_relay_waits(lower, higher);
         }
-        let pool = Pool::new(
+        let mut pool = Pool::new(
             PoolConfig {
                 peer: config.peer.clone(),
                 workers: config.workers,
@@ -151,6 +151,16 @@ impl Core {
             },
             now.mono,
         );
+        if let Some(kinds) = &config.kinds {
+            pool.set_kinds(kinds.iter().cloned());
+        }
+        for r in config
+            .resources
+            .iter()
+            .filter(|r| piecework_queue_doc::valid_tag(r))
+        {
+            pool.add_resource(r.clone(), now.mono);
+        }
         Core {
             config,
             retention,

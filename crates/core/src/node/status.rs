@@ -338,6 +338,7 @@ impl Core {
             tags: rules.tags,
             depends_on: rules.depends_on,
             dedup_key: rules.dedup_key,
+            requires: rules.requires,
             not_before: (rules.not_before > 0).then_some(rules.not_before),
             effective_priority: None,
             blocked_on: None,
@@ -350,7 +351,7 @@ impl Core {
 
     /// Adds to a task's status what its queue's current view says of it as of `now_ms`: its
     /// effective priority, and why it cannot be routed now (its state then shows `blocked`).
-    pub(super) fn annotate(&self, mut s: api::TaskStatus, now_ms: u64) -> api::TaskStatus {
+    pub(super) fn annotate(&self, mut s: api::TaskStatus, now: Time) -> api::TaskStatus {
         let Some(q) = self.queues.get(&s.queue) else {
             return s;
         };
@@ -359,7 +360,14 @@ impl Core {
         };
         s.effective_priority = Some(q.view.effective_priority(t));
         if s.state == TaskState::Pending {
-            s.blocked_on = blocked_on(&q.view, t, now_ms);
+            s.blocked_on = blocked_on(&q.view, t, now.unix_ms).or_else(|| {
+                q.router.lack(now.mono, t).map(|l| match l {
+                    piecework_queue_doc::Lack::Kind(kind) => api::BlockedOn::Kind { kind },
+                    piecework_queue_doc::Lack::Resources(resources) => {
+                        api::BlockedOn::Resource { resources }
+                    }
+                })
+            });
             if s.blocked_on.is_some() {
                 s.state = TaskState::Blocked;
             }
@@ -374,7 +382,7 @@ impl Core {
         task: TaskId,
         wait_until: Option<Instant>,
     ) {
-        let status = self.status_of(&task).map(|s| self.annotate(s, now.unix_ms));
+        let status = self.status_of(&task).map(|s| self.annotate(s, now));
         match (status, wait_until) {
             (Ok(s), Some(until)) if !is_done(&s) && now.mono < until => {
                 let wait = until.saturating_duration_since(now.mono);
@@ -430,10 +438,7 @@ impl Core {
                 );
                 continue;
             }
-            match self
-                .status_of(&w.task)
-                .map(|s| self.annotate(s, now.unix_ms))
-            {
+            match self.status_of(&w.task).map(|s| self.annotate(s, now)) {
                 Ok(s) if !is_done(&s) => self.lookup.wait_on_task(w),
                 r => self.replies.push_back((w.cmd, Reply::Task(Box::new(r)))),
             }

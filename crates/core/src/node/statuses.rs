@@ -80,6 +80,7 @@ pub(super) fn status_with_outputs(
         tags: t.rules.tags.clone(),
         depends_on: t.rules.depends_on.clone(),
         dedup_key: t.rules.dedup_key.clone(),
+        requires: t.rules.requires.clone(),
         not_before: (t.rules.not_before > 0).then_some(t.rules.not_before),
         effective_priority: None,
         blocked_on: None,

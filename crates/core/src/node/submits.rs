@@ -69,6 +69,22 @@ impl Core {
                 piecework_queue_doc::MAX_TAGS
             )));
         }
+        if let Some(r) = req
+            .requires
+            .iter()
+            .find(|r| !piecework_queue_doc::valid_tag(r))
+        {
+            return Err(SubmitError::Invalid(format!(
+                "invalid resource {r:?} in requires: names are 1 to {} ASCII letters, digits, '_', '-', '.' or ':'",
+                piecework_queue_doc::MAX_TAG_LEN
+            )));
+        }
+        if req.requires.len() > piecework_queue_doc::MAX_TAGS {
+            return Err(SubmitError::Invalid(format!(
+                "a task requires at most {} resources",
+                piecework_queue_doc::MAX_TAGS
+            )));
+        }
         if req.depends_on.len() > piecework_queue_doc::MAX_DEPENDENCIES {
             return Err(SubmitError::Invalid(format!(
                 "a task depends on at most {} tasks",
@@ -142,6 +158,12 @@ impl Core {
                 })
                 .unwrap_or_default(),
             idempotency_key: req.idempotency_key.clone(),
+            requires: {
+                let mut r = req.requires.clone();
+                r.sort();
+                r.dedup();
+                r
+            },
         };
         for d in &req.depends_on {
             if view.task(d).is_some() {

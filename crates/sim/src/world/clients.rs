@@ -83,6 +83,7 @@ impl World {
                 not_before: None,
                 dedup_key: None,
                 idempotency_key: None,
+                requires: Vec::new(),
             })
             .collect();
         self.draw_rules(i, &queue, cmd, &mut tasks);

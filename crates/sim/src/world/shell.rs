@@ -354,7 +354,8 @@ impl World {
             | Reply::Tasks(_)
             | Reply::Task(_)
             | Reply::Status(_)
-            | Reply::Document(_) => {}
+            | Reply::Document(_)
+            | Reply::Resources(_) => {}
             Reply::Stopped(report) => {
                 if self.nodes[i].stopping != Some(cmd) {
                     return;
