@@ -202,8 +202,10 @@ fn settings_seeds_pass_and_every_member_ends_with_the_same_settings() {
 /// idempotent retries, and boosts changed at run time, under the default faults. Every seed
 /// passes, invariants 12 (no dependent starts before its dependencies succeeded), 13 (no
 /// assignment before a not-before time), 14 (no two fresh pending copies of a dedup key in a
-/// view) and 15 (an idempotent retry answers the first task) included, and each situation
-/// happened.
+/// view), 15 (an idempotent retry answers the first task) and 16 (a run starts only on a node
+/// with its kind and required resources, and no router assigns a task to a pool that never
+/// had them) included, and each situation happened: tasks of a kind only some nodes run, tasks
+/// that require a resource, withdrawn for a while now and then.
 #[test]
 fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
     let faults = seeds(FaultMix::scheduling(), 11_000..11_000 + CI_SEEDS / 2);
@@ -218,6 +220,9 @@ fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
         "dedup_bumped",
         "dedup_copy_cancelled",
         "idempotent_retry",
+        "rare_kind_started",
+        "requiring_started",
+        "resource_withdrawn",
         "rotation",
     ] {
         assert!(

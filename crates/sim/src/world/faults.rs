@@ -372,6 +372,10 @@ impl World {
         .with_epoch_retain(EPOCH_RETAIN)
         .with_disk_retention(KEEP_TASK_DOCS, self.config.keep_sealed_epochs)
         .with_relay_waits(relay_waits(&self.config))
+        .with_capabilities(
+            super::scheduling::kinds_of(&self.config, i),
+            super::scheduling::resources_of(&self.config, i),
+        )
         .with_retired(self.nodes[i].disk.retired.clone())
         .with_resume(
             self.nodes[i]
@@ -381,6 +385,8 @@ impl World {
                 .map(|(q, d)| (q.clone(), d.clone()))
                 .collect(),
         );
+        // A start holds the configured resources again: withdrawals lived in the last one.
+        self.sched.withdrawn.remove(&i);
         let n = &mut self.nodes[i];
         n.incarnation = inc;
         n.up = true;

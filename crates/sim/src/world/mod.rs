@@ -310,7 +310,11 @@ impl World {
                     .with_catch_ups(catch_ups(i))
                     .with_epoch_retain(EPOCH_RETAIN)
                     .with_disk_retention(KEEP_TASK_DOCS, config.keep_sealed_epochs)
-                    .with_relay_waits(relay_waits(config)),
+                    .with_relay_waits(relay_waits(config))
+                    .with_capabilities(
+                        scheduling::kinds_of(config, i),
+                        scheduling::resources_of(config, i),
+                    ),
                 t,
             );
             nodes.push(Node {

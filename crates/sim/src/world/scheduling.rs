@@ -24,12 +24,44 @@ use super::{End, World};
 /// The tags the workload uses.
 const TAGS: [&str; 3] = ["a", "b", "c"];
 
+/// The kind every node runs.
+const KIND: &str = "sim";
+/// The kind only the even-numbered nodes run (in the `scheduling` mix).
+const RARE_KIND: &str = "sim-even";
+/// The resource the nodes whose index is not a multiple of three hold (in the `scheduling`
+/// mix), each withdrawing it for a while now and then.
+const RESOURCE: &str = "r1";
+
+/// The kinds node `i` reports: every node [`KIND`], the even ones [`RARE_KIND`] too; `None`
+/// (not reported) outside the `scheduling` mix.
+pub(super) fn kinds_of(config: &crate::Config, i: usize) -> Option<Vec<String>> {
+    (config.mix.scheduling > 0.0).then(|| {
+        let mut k = vec![KIND.to_owned()];
+        if i.is_multiple_of(2) {
+            k.push(RARE_KIND.to_owned());
+        }
+        k
+    })
+}
+
+/// The resources node `i` holds at each start.
+pub(super) fn resources_of(config: &crate::Config, i: usize) -> Vec<String> {
+    match config.mix.scheduling > 0.0 && !i.is_multiple_of(3) {
+        true => vec![RESOURCE.to_owned()],
+        false => vec![],
+    }
+}
+
 /// What the client asked of one task.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Asked {
     deps: Vec<TaskId>,
     /// Unix ms, by the submitting node's clock; 0: none.
     not_before: u64,
+    /// Its kind is [`RARE_KIND`].
+    rare_kind: bool,
+    /// It requires [`RESOURCE`].
+    requires: bool,
 }
 
 /// The workload's records.
@@ -48,6 +80,11 @@ pub(super) struct Scheduling {
     keys: u64,
     /// (node, task): the node's view showed the task cancelled as a dedup duplicate.
     dup_cancelled: std::collections::BTreeSet<(usize, TaskId)>,
+    /// Nodes that withdrew [`RESOURCE`] in their current start, with when (on the node's
+    /// monotonic clock) it is theirs again.
+    pub(super) withdrawn: BTreeMap<usize, std::time::Instant>,
+    /// Attempts seen refused for a resource the pool did not hold (counted once each).
+    resource_refusals: std::collections::BTreeSet<(TaskId, AttemptId)>,
 }
 
 impl World {
@@ -102,7 +139,30 @@ impl World {
                 task.dedup_key = Some(format!("d{}", self.rng.random_range(0..5)));
                 self.count("scheduling_dedup_key");
             }
+            if self.rng.random_bool(share * 0.2) {
+                task.kind = RARE_KIND.to_owned();
+                a.rare_kind = true;
+                self.count("scheduling_rare_kind");
+            }
+            if self.rng.random_bool(share * 0.2) {
+                task.requires.push(RESOURCE.to_owned());
+                a.requires = true;
+                self.count("scheduling_requires");
+            }
             asked.push(a);
+        }
+        if !i.is_multiple_of(3) && self.rng.random_bool(0.1) {
+            let restore = std::time::Duration::from_millis(self.rng.random_range(200..=2_000));
+            self.count("resource_withdrawn");
+            self.trace(|| format!("node{i} withdraws {RESOURCE} for {restore:?}"));
+            self.sched.withdrawn.insert(i, t.mono + restore);
+            self.send(
+                i,
+                Command::WithdrawResource {
+                    name: RESOURCE.to_owned(),
+                    restore_after: Some(restore),
+                },
+            );
         }
         self.sched.pending.insert((i, cmd), asked);
         if tasks.len() == 1 && self.rng.random_bool(0.2) {
@@ -160,7 +220,9 @@ impl World {
             .get(&(i, cmd))
             .and_then(|a| a.get(index))
             .cloned();
-        if let Some(a) = asked.filter(|a| !a.deps.is_empty() || a.not_before > 0) {
+        if let Some(a) =
+            asked.filter(|a| !a.deps.is_empty() || a.not_before > 0 || a.rare_kind || a.requires)
+        {
             self.sched.asked.insert(task.clone(), a);
         }
     }
@@ -289,6 +351,89 @@ impl World {
                 12,
                 format!("node{i} starts {task} before its dependency {d} succeeded ({entry:?})"),
             );
+        }
+    }
+
+    /// Invariant 16, at a start: node `i` has a handler for the task's kind and holds every
+    /// resource it requires, as the workload configured and changed them (a withdrawn
+    /// resource is the node's again at its restore time, by the node's clock).
+    pub(super) fn a_run_starts_only_where_its_kind_and_resources_are(
+        &mut self,
+        i: usize,
+        task: &TaskId,
+    ) {
+        let Some(asked) = self.sched.asked.get(task).cloned() else {
+            return;
+        };
+        if asked.rare_kind {
+            self.count("rare_kind_started");
+            if !i.is_multiple_of(2) {
+                self.violate(
+                    16,
+                    format!("node{i} starts {task}, of a kind it has no handler for"),
+                );
+            }
+        }
+        if asked.requires {
+            self.count("requiring_started");
+            let now = self.time(i).mono;
+            let withdrawn = self.sched.withdrawn.get(&i).is_some_and(|at| now < *at);
+            if i.is_multiple_of(3) || withdrawn {
+                self.violate(
+                    16,
+                    format!(
+                        "node{i} starts {task}, which requires {RESOURCE}, while it does not hold it (withdrawn: {withdrawn})"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Invariant 16, in every view: no router assigned a task to a pool whose heartbeats
+    /// never named its kind or a resource it requires. Kinds never change, so a refusal for
+    /// the kind is always such an assignment; a pool refuses for a resource only when it
+    /// withdrew it after the heartbeat the router went by (counted), never on a node that
+    /// never held it.
+    pub(super) fn no_assignment_to_a_pool_that_lacked_it(
+        &mut self,
+        view: &piecework_queue_doc::QueueView,
+    ) {
+        let mut bad = None;
+        let mut refused = vec![];
+        for t in view.tasks().values() {
+            for a in &t.attempts {
+                let Some(error) = a.finished.as_ref().and_then(|f| f.error.as_deref()) else {
+                    continue;
+                };
+                let node: Option<usize> = a
+                    .worker
+                    .peer
+                    .as_str()
+                    .strip_prefix("node")
+                    .and_then(|n| n.parse().ok());
+                if error.starts_with("no handler for kind") {
+                    bad = Some(format!(
+                        "{} {} was assigned to {}: {error}",
+                        t.id, a.id, a.worker
+                    ));
+                } else if error.starts_with("resource ") {
+                    if node.is_some_and(|n| n.is_multiple_of(3)) {
+                        bad = Some(format!(
+                            "{} {} was assigned to {}, which never held it: {error}",
+                            t.id, a.id, a.worker
+                        ));
+                    }
+                    refused.push((t.id.clone(), a.id.clone()));
+                }
+            }
+        }
+        for r in refused {
+            if self.sched.resource_refusals.insert(r) {
+                self.count("resource_refused_after_withdrawal");
+            }
+        }
+        if let Some(b) = bad {
+            self.violate(16, b);
         }
     }
 

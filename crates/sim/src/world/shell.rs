@@ -183,6 +183,7 @@ impl World {
                 let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);
                 let tainted = self.cut_from_its_router_since(i, &claim, assigned_us);
                 self.check_start(i, &req.queue, &req.task, &claim, tainted);
+                self.a_run_starts_only_where_its_kind_and_resources_are(i, &req.task);
                 self.no_task_is_assigned_before_its_not_before(
                     i,
                     &req.queue,
@@ -504,6 +505,9 @@ impl World {
         self.no_outcome_regresses(i, view);
         self.remember_final_tasks(view);
         self.no_two_fresh_pending_tasks_share_a_dedup_key(i, view);
+        if self.config.mix.scheduling > 0.0 {
+            self.no_assignment_to_a_pool_that_lacked_it(view);
+        }
         self.superseded_attempt_held(i, view);
         self.assignments_keep_the_rate_interval(i, queue, view);
         self.judge_hostile_writes(i, queue, view);
