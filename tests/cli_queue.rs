@@ -1,4 +1,5 @@
-//! `piecework queue create` with configuration flags, `queue status`, `queue pause` and
+//! `piecework queue create` with configuration flags, `resource list|add|withdraw` and
+//! `node --resource`, `queue status`, `queue pause` and
 //! `queue resume`, `queue config --set` and `task submit --max-attempts`, against node
 //! processes: a queue paused through
 //! one node is resumed through the other, and a configuration change made through one shows
@@ -233,4 +234,85 @@ async fn scheduling_flags_order_hold_back_and_dedup_tasks_from_the_cli() {
         }
     }
     assert_eq!(paged, 6, "pages of one");
+}
+
+/// Kinds and resources from the CLI, across two node processes: `b` starts with
+/// `--resource online`; a task that requires it runs on `b` only; a task that requires a
+/// resource nobody holds shows `blocked_on` it until `resource add` on `a`, then runs there; a
+/// withdrawal with a restore time lists its `restore_at`; and a task of a kind no node runs
+/// shows `blocked_on` its kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resources_route_tasks_and_change_at_run_time_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_node(&dir.path().join("a"), None);
+    let mut opts = support::NodeOptions::loopback(&dir.path().join("b"));
+    opts.bootstrap = vec![a.listen.clone()];
+    opts.extra = vec!["--resource".into(), "online".into()];
+    let b = support::spawn(&opts);
+    let queue = cli(&a, &["queue", "create", "resourced"]);
+    cli(&b, &["queue", "join", &queue]);
+    let b_peer = json(&cli(&b, &["status", "--json"]))["peer_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let listed = json(&cli(&b, &["resource", "list", "--json"]));
+    assert_eq!(listed["resources"][0]["name"], "online", "{listed:#}");
+    assert_eq!(listed["resources"][0]["held"], true, "{listed:#}");
+
+    let submit = |extra: &[&str]| {
+        let mut args = vec!["task", "submit", queue.as_str(), "--kind", "noop"];
+        args.extend_from_slice(extra);
+        cli(&a, &args)
+    };
+    let online = submit(&["--requires", "online"]);
+    let gpu = submit(&["--requires", "gpu"]);
+    let all = [a.http.clone(), b.http.clone()];
+    let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(&online)).await;
+    assert_eq!(s.state, TaskState::Succeeded, "{s:#?}");
+    assert_eq!(
+        s.runs[0].worker.peer.as_str(),
+        b_peer,
+        "ran where the resource is"
+    );
+    let status = |t: &str| json(&cli(&a, &["task", "status", t, "--json"]));
+    let g = status(&gpu);
+    assert_eq!(g["state"], "blocked", "{g:#}");
+    assert_eq!(g["blocked_on"]["reason"], "resource", "{g:#}");
+    assert_eq!(g["blocked_on"]["resources"][0], "gpu", "{g:#}");
+    assert_eq!(g["requires"][0], "gpu", "{g:#}");
+
+    let added = json(&cli(&a, &["resource", "add", "gpu", "--json"]));
+    assert_eq!(added["resources"][0]["name"], "gpu", "{added:#}");
+    let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(&gpu)).await;
+    assert_eq!(s.state, TaskState::Succeeded, "{s:#?}");
+
+    let withdrawn = json(&cli(
+        &b,
+        &[
+            "resource",
+            "withdraw",
+            "online",
+            "--restore-after",
+            "1h",
+            "--json",
+        ],
+    ));
+    assert_eq!(withdrawn["resources"][0]["held"], false, "{withdrawn:#}");
+    assert!(
+        withdrawn["resources"][0]["restore_at"].is_u64(),
+        "{withdrawn:#}"
+    );
+    let human = cli(&b, &["resource", "list"]);
+    assert!(human.starts_with("online: withdrawn, back at "), "{human}");
+
+    let other = cli(
+        &a,
+        &["task", "submit", &queue, "--kind", "nobody-runs-this"],
+    );
+    let o = status(&other);
+    assert_eq!(o["state"], "blocked", "{o:#}");
+    assert_eq!(
+        o["blocked_on"],
+        serde_json::json!({"reason": "kind", "kind": "nobody-runs-this"})
+    );
 }
