@@ -8,6 +8,10 @@
 //!   ([`QueueView::timed`]; the clock is the one the router was told last, advanced by its
 //!   monotonic clock). Due tasks are sorted into the order each plan: a plan costs the due
 //!   timed tasks not yet assigned, plus the first one not due.
+//! - A task goes only to an idle worker whose pool's heartbeat names its kind and every resource
+//!   it requires ([`PoolBeat::lacks`]). Routable tasks are read by class (kind and required
+//!   resources, [`QueueView::routable_by_need`]), only the classes some idle worker can run, so
+//!   tasks no pool can run cost a plan nothing and hold back nothing behind them.
 //! - A task whose open attempts are all on pools silent for `lease` is routed again.
 //! - A task that failed waits `retry_delay(failures)`, measured on this router's clock from
 //!   when it first saw the failure. A task whose last attempt was refused (by a fenced, busy

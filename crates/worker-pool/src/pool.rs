@@ -243,6 +243,9 @@ impl Pool {
     /// - it is the task's current attempt (no attempt with a greater number exists),
     /// - its router's claim is not below the effective router (from the view: heartbeats
     ///   raise no fence),
+    /// - the pool has a handler for its kind and holds every resource it requires
+    ///   ([`Pool::set_kinds`], [`Pool::add_resource`]: the router may have gone by an earlier
+    ///   heartbeat),
     /// - this node is not stopping ([`Pool::drain`]),
     /// - no other attempt of the task is running: none open and started with the same or a
     ///   greater number, and none on this pool (an open, started attempt with a smaller number
