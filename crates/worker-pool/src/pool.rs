@@ -170,7 +170,8 @@ impl Pool {
     /// The pool gives `resource` up at `now`: for `restore_after`, after which it holds it
     /// again by itself, or for good with `None`. It beats at once, and refuses assignments
     /// that require the resource meanwhile. Returns whether it held or was waiting to restore
-    /// the resource.
+    /// the resource; if it was neither, nothing changes (a withdrawal never makes the pool hold
+    /// a resource it did not have).
     pub fn withdraw_resource(
         &mut self,
         resource: &str,
@@ -178,12 +179,15 @@ impl Pool {
         restore_after: Option<Duration>,
     ) -> bool {
         let known = self.held.remove(resource) | self.withdrawn.remove(resource).is_some();
+        if !known {
+            return false;
+        }
         if let Some(d) = restore_after {
             self.withdrawn
                 .insert(resource.to_owned(), now.checked_add(d).unwrap_or(now));
         }
         self.next_beat = now;
-        known || restore_after.is_some()
+        true
     }
 
     /// The resources the pool holds, and those withdrawn with when each is restored.

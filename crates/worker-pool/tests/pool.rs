@@ -752,6 +752,11 @@ fn heartbeats_carry_kinds_and_resources_and_the_pool_refuses_what_it_lacks() {
         Some(Duration::from_secs(5))
     ));
     assert!(!f.pool.withdraw_resource("gpu", f.t0, None), "not held");
+    assert!(
+        !f.pool
+            .withdraw_resource("gpu", f.t0, Some(Duration::from_millis(1))),
+        "a withdrawal of a resource the pool never held restores nothing later"
+    );
     let b = beat_at(&mut f, 100);
     assert!(b.resources.is_empty(), "withdrawn: {b:?}");
     assert_eq!(
