@@ -139,6 +139,48 @@ impl Client {
         self.parse(resp).await
     }
 
+    /// Writes a queue's schedule `name`: its schedules once written.
+    pub async fn put_schedule(
+        &self,
+        id: &QueueId,
+        name: &str,
+        schedule: &api::PutSchedule,
+    ) -> anyhow::Result<api::ScheduleStatus> {
+        let resp = self
+            .http
+            .put(format!("{}/v1/queues/{id}/schedules/{name}", self.base))
+            .timeout(Duration::from_secs(30))
+            .json(schedule)
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    /// Deletes a queue's schedule `name`: the schedules left.
+    pub async fn delete_schedule(&self, id: &QueueId, name: &str) -> anyhow::Result<api::Schedules> {
+        let resp = self
+            .http
+            .delete(format!("{}/v1/queues/{id}/schedules/{name}", self.base))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    /// A queue's schedules.
+    pub async fn schedules(&self, id: &QueueId) -> anyhow::Result<api::Schedules> {
+        let resp = self
+            .http
+            .get(format!("{}/v1/queues/{id}/schedules", self.base))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
     /// Sets (0: removes) a priority tag's boost.
     pub async fn set_boost(
         &self,

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod schedules_cli;
+
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use piecework::client::Client;
@@ -285,6 +287,27 @@ enum QueueCommand {
         #[arg(allow_hyphen_values = true)]
         boost: i64,
         /// Print JSON (the queue's status).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a named schedule (new, or a new version of it): the queue's active router
+    /// submits its task at every slot, with dedup key schedule/<name>/<slot>.
+    Schedule(schedules_cli::ScheduleArgs),
+    /// List a queue's schedules: last slot fired, next fire time, missed slots.
+    Schedules {
+        /// The queue's id.
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a schedule.
+    Unschedule {
+        /// The queue's id.
+        queue_id: String,
+        /// The schedule's name.
+        name: String,
+        /// Print JSON (the schedules left).
         #[arg(long)]
         json: bool,
     },
@@ -599,6 +622,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     Ok(())
                 }
+                QueueCommand::Schedule(args) => schedules_cli::schedule(&client, args).await,
+                QueueCommand::Schedules { queue_id, json } => {
+                    schedules_cli::list(&client, queue_id, json).await
+                }
+                QueueCommand::Unschedule {
+                    queue_id,
+                    name,
+                    json,
+                } => schedules_cli::delete(&client, queue_id, name, json).await,
                 QueueCommand::Join { queue_id, json } => {
                     let q = client.join_queue(&QueueId::new(queue_id)).await?;
                     if json {

@@ -459,6 +459,69 @@ fn steps() -> Vec<Step> {
         case("boost_delete", "removing a tag's boost")
             .delete("/v1/queues/<queue:configured>/boosts/bulk")
             .into(),
+        // PUT, GET and DELETE /v1/queues/{id}/schedules[/{name}] (slots a year apart: none
+        // falls due while the test runs).
+        case("schedule_put_every", "a schedule that fires every 365 days")
+            .put("/v1/queues/<queue:configured>/schedules/yearly")
+            .json(json!({
+                "every_ms": 31_536_000_000u64,
+                "task": { "kind": "noop", "input": { "n": 1 }, "tags": ["vip"] }
+            }))
+            .into(),
+        case("schedule_put_cron", "a paused cron schedule, in UTC")
+            .put("/v1/queues/<queue:configured>/schedules/new-year")
+            .json(json!({ "cron": "0 0 1 1 *", "task": { "kind": "noop" }, "paused": true }))
+            .into(),
+        case("schedule_bad_cron", "a cron expression that does not parse")
+            .put("/v1/queues/<queue:configured>/schedules/bad")
+            .json(json!({ "cron": "61 * * * *", "task": { "kind": "noop" } }))
+            .into(),
+        case("schedule_both_timings", "every_ms and cron at once")
+            .put("/v1/queues/<queue:configured>/schedules/bad")
+            .json(json!({ "every_ms": 1000, "cron": "* * * * *", "task": { "kind": "noop" } }))
+            .into(),
+        case("schedule_no_timing", "neither every_ms nor cron")
+            .put("/v1/queues/<queue:configured>/schedules/bad")
+            .json(json!({ "task": { "kind": "noop" } }))
+            .into(),
+        case("schedule_interval_too_short", "every_ms below 100")
+            .put("/v1/queues/<queue:configured>/schedules/bad")
+            .json(json!({ "every_ms": 99, "task": { "kind": "noop" } }))
+            .into(),
+        case(
+            "schedule_task_with_dependency",
+            "a template that depends on a task",
+        )
+        .put("/v1/queues/<queue:configured>/schedules/bad")
+        .json(json!({ "every_ms": 1000, "task": { "kind": "noop", "depends_on": ["automerge:x"] } }))
+        .into(),
+        case("schedule_bad_task", "a template with a priority out of range")
+            .put("/v1/queues/<queue:configured>/schedules/bad")
+            .json(json!({ "every_ms": 1000, "task": { "kind": "noop", "priority": 100000 } }))
+            .into(),
+        case("schedule_bad_name", "a name with a character names may not hold")
+            .put("/v1/queues/<queue:configured>/schedules/a%20b")
+            .json(json!({ "every_ms": 1000, "task": { "kind": "noop" } }))
+            .into(),
+        case("schedule_unknown_queue", "a queue this node has not joined")
+            .put("/v1/queues/<unknown-id>/schedules/yearly")
+            .json(json!({ "every_ms": 1000, "task": { "kind": "noop" } }))
+            .into(),
+        case("schedules_list", "the queue's schedules")
+            .get("/v1/queues/<queue:configured>/schedules")
+            .into(),
+        case("schedule_get", "one schedule")
+            .get("/v1/queues/<queue:configured>/schedules/yearly")
+            .into(),
+        case("schedule_get_unknown", "a schedule the queue does not have")
+            .get("/v1/queues/<queue:configured>/schedules/nope")
+            .into(),
+        case("schedule_delete", "deleting a schedule: the ones left")
+            .delete("/v1/queues/<queue:configured>/schedules/new-year")
+            .into(),
+        case("schedule_delete_unknown", "deleting it again")
+            .delete("/v1/queues/<queue:configured>/schedules/new-year")
+            .into(),
         // The scheduling fields of a submit (the node's one worker is held by the `block`
         // task, so these stay pending or blocked).
         case("submit_tagged", "a task with priority tags")

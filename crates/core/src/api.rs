@@ -71,6 +71,11 @@ pub struct SubmitTask {
 }
 
 impl SubmitTask {
+    /// A schedule's task template, as its record holds it.
+    pub fn from_template(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
     /// A submit of `kind` with `input` and every other field at its default.
     pub fn new(kind: impl Into<String>, input: serde_json::Value) -> Self {
         SubmitTask {
@@ -172,6 +177,82 @@ pub struct QueueStatus {
     /// The boost of each priority tag that has one.
     #[serde(default)]
     pub boosts: std::collections::BTreeMap<String, i64>,
+    /// The queue's schedules, by name.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleStatus>,
+}
+
+/// `PUT /v1/queues/{id}/schedules/{name}`: a named schedule that submits `task` at every slot,
+/// given as `every_ms` or `cron` (not both).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutSchedule {
+    /// Every this many ms (at least 100), at the multiples of the interval since the unix
+    /// epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    /// A cron expression, in UTC: 5 fields (minute first), or 6 with seconds first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// The task each slot submits: a submit body, without `depends_on`, `not_before`,
+    /// `dedup_key` or `idempotency_key` (a slot's dedup key is `schedule/<name>/<slot>`).
+    pub task: SubmitTask,
+    /// Paused: its slots pass without firing.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// A schedule, as this node's view of the queue shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ScheduleStatus {
+    /// Its name.
+    pub name: String,
+    /// Its interval, for an interval schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    /// Its cron expression, for a cron schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// The task each slot submits.
+    pub task: serde_json::Value,
+    /// Paused.
+    pub paused: bool,
+    /// The last slot fired (unix ms); null until one is.
+    pub last_slot: Option<u64>,
+    /// When the next slot falls due (unix ms); null while paused.
+    pub next_fire_at: Option<u64>,
+    /// Slots skipped because they were more than one interval late (nobody fired them).
+    pub missed: u64,
+    /// When the schedule was last written (unix ms).
+    pub updated_at: u64,
+}
+
+impl ScheduleStatus {
+    /// The status of schedule `name` as a view reads it.
+    pub fn of(name: &str, s: &piecework_queue_doc::Schedule) -> Self {
+        let (every_ms, cron) = match &s.every {
+            piecework_queue_doc::Every::Ms(ms) => (Some(*ms), None),
+            piecework_queue_doc::Every::Cron(c) => (None, Some(c.clone())),
+        };
+        ScheduleStatus {
+            name: name.to_owned(),
+            every_ms,
+            cron,
+            task: serde_json::from_str(&s.template).unwrap_or(serde_json::Value::Null),
+            paused: s.paused,
+            last_slot: (s.slot.l > 0).then_some(s.slot.l),
+            next_fire_at: s.next_fire_at(),
+            missed: s.slot.m,
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+/// `GET /v1/queues/{id}/schedules`: a queue's schedules, by name.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Schedules {
+    /// Each schedule.
+    pub schedules: Vec<ScheduleStatus>,
 }
 
 /// The most tasks one page of a listing holds; larger limits are clamped.
@@ -400,6 +481,12 @@ pub enum QueueError {
     /// A boost's tag or value is invalid; nothing was written.
     #[error("{0}")]
     InvalidBoost(String),
+    /// A schedule's name, timing or task is invalid; nothing was written.
+    #[error("{0}")]
+    InvalidSchedule(String),
+    /// The queue has no schedule of that name.
+    #[error("queue {0} has no schedule named {1:?}")]
+    UnknownSchedule(QueueId, String),
     /// Too many requests are waiting on this node.
     #[error("the node is busy: {0} requests are waiting already")]
     Busy(usize),

@@ -436,6 +436,27 @@ pub enum Command {
         /// The boost, in `[-1000000, 1000000]`.
         boost: i64,
     },
+    /// Write a named schedule (new, or a new version of it): [`Reply::Schedules`].
+    PutSchedule {
+        /// The queue.
+        queue: QueueId,
+        /// The schedule's name (like a tag).
+        name: String,
+        /// Its timing and task.
+        schedule: api::PutSchedule,
+    },
+    /// Delete a schedule: [`Reply::Schedules`] (those left).
+    DeleteSchedule {
+        /// The queue.
+        queue: QueueId,
+        /// The schedule's name.
+        name: String,
+    },
+    /// A queue's schedules: [`Reply::Schedules`].
+    Schedules {
+        /// The queue.
+        queue: QueueId,
+    },
     /// Submit a task: [`Reply::Submitted`].
     Submit {
         /// The queue.
@@ -506,6 +527,9 @@ pub enum Reply {
     Paused(Result<api::QueueStatus, api::QueueError>),
     /// To [`Command::SetConfig`] and [`Command::SetBoost`]: the queue's status once written.
     Configured(Result<api::QueueStatus, api::QueueError>),
+    /// To [`Command::PutSchedule`], [`Command::DeleteSchedule`] and [`Command::Schedules`]:
+    /// the queue's schedules once written.
+    Schedules(Result<api::Schedules, api::QueueError>),
     /// To [`Command::ListTasks`].
     Tasks(Result<api::TaskList, api::QueueError>),
     /// To [`Command::Submit`].

@@ -69,8 +69,11 @@ impl From<QueueError> for ApiError {
             QueueError::BadId(_)
             | QueueError::Create(_)
             | QueueError::InvalidConfig(_)
-            | QueueError::InvalidBoost(_) => StatusCode::BAD_REQUEST,
-            QueueError::NotFound(_) | QueueError::NotJoined(_) => StatusCode::NOT_FOUND,
+            | QueueError::InvalidBoost(_)
+            | QueueError::InvalidSchedule(_) => StatusCode::BAD_REQUEST,
+            QueueError::NotFound(_) | QueueError::NotJoined(_) | QueueError::UnknownSchedule(..) => {
+                StatusCode::NOT_FOUND
+            }
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
             // Busy or stopping: a client may try again (here later, or another node).
@@ -148,6 +151,11 @@ pub fn router(node: NodeHandle) -> Router {
         .route(
             "/v1/queues/{id}/boosts/{tag}",
             put(set_boost).delete(delete_boost),
+        )
+        .route("/v1/queues/{id}/schedules", get(schedules))
+        .route(
+            "/v1/queues/{id}/schedules/{name}",
+            get(schedule).put(put_schedule).delete(delete_schedule),
         )
         .route("/v1/queues/{id}/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task_status))
@@ -281,6 +289,48 @@ async fn delete_boost(
     Path((id, tag)): Path<(String, String)>,
 ) -> Result<Json<api::QueueStatus>, ApiError> {
     Ok(Json(node.set_boost(&QueueId::new(id), &tag, 0).await?))
+}
+
+async fn schedules(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::Schedules>, ApiError> {
+    Ok(Json(node.schedules(&QueueId::new(id)).await?))
+}
+
+/// The schedule named `name` among `all`, or a 404.
+fn named(id: String, name: String, all: api::Schedules) -> Result<api::ScheduleStatus, ApiError> {
+    all.schedules
+        .into_iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| QueueError::UnknownSchedule(QueueId::new(id), name).into())
+}
+
+async fn schedule(
+    State(node): State<NodeHandle>,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Json<api::ScheduleStatus>, ApiError> {
+    let all = node.schedules(&QueueId::new(id.clone())).await?;
+    Ok(Json(named(id, name, all)?))
+}
+
+async fn put_schedule(
+    State(node): State<NodeHandle>,
+    Path((id, name)): Path<(String, String)>,
+    body: Result<Json<api::PutSchedule>, JsonRejection>,
+) -> Result<Json<api::ScheduleStatus>, ApiError> {
+    let Json(b) = body?;
+    let all = node.put_schedule(&QueueId::new(id.clone()), &name, b).await?;
+    Ok(Json(named(id, name, all)?))
+}
+
+async fn delete_schedule(
+    State(node): State<NodeHandle>,
+    Path((id, name)): Path<(String, String)>,
+) -> Result<Json<api::Schedules>, ApiError> {
+    Ok(Json(
+        node.delete_schedule(&QueueId::new(id), &name).await?,
+    ))
 }
 
 async fn resources(State(node): State<NodeHandle>) -> Json<api::Resources> {

@@ -620,6 +620,50 @@ impl NodeHandle {
         }
     }
 
+    /// Writes schedule `name` of a queue (new, or a new version of it), for every member: the
+    /// queue's active router submits its task at every slot. Returns the queue's schedules.
+    pub async fn put_schedule(
+        &self,
+        queue: &QueueId,
+        name: &str,
+        schedule: api::PutSchedule,
+    ) -> Result<api::Schedules, QueueError> {
+        self.schedules_reply(Command::PutSchedule {
+            queue: queue.clone(),
+            name: name.to_owned(),
+            schedule,
+        })
+        .await
+    }
+
+    /// Deletes schedule `name` of a queue. Returns the schedules left.
+    pub async fn delete_schedule(
+        &self,
+        queue: &QueueId,
+        name: &str,
+    ) -> Result<api::Schedules, QueueError> {
+        self.schedules_reply(Command::DeleteSchedule {
+            queue: queue.clone(),
+            name: name.to_owned(),
+        })
+        .await
+    }
+
+    /// A queue's schedules, as this node's view shows them.
+    pub async fn schedules(&self, queue: &QueueId) -> Result<api::Schedules, QueueError> {
+        self.schedules_reply(Command::Schedules {
+            queue: queue.clone(),
+        })
+        .await
+    }
+
+    async fn schedules_reply(&self, command: Command) -> Result<api::Schedules, QueueError> {
+        match self.ask(command).await {
+            Some(Reply::Schedules(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
     /// This node's resources, held and withdrawn.
     pub async fn resources(&self) -> api::Resources {
         match self.ask(Command::Resources).await {

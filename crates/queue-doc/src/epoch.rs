@@ -407,6 +407,7 @@ pub fn build_successor(
         write_covers(tx, &covers)?;
         let config = write_config(tx, &view.config)?;
         settings::copy_times(old, tx, &config)?;
+        crate::schedule::copy_schedules(old, tx)?;
         let members = tx.put_object(ROOT, keys::MEMBERS, ObjType::Map)?;
         for (peer, m) in &view.members {
             write_member(tx, &members, peer, &m.addrs, r.now_ms)?;
@@ -891,6 +892,7 @@ pub fn carry_covering(
         }
         if settings_touched {
             out.writes += settings::carry_settings(from, tx)?;
+            out.writes += crate::schedule::carry_schedules(from, tx)?;
         }
         let mut targets = Vec::new();
         for name in CARRIED {

@@ -93,6 +93,7 @@ mod keys;
 mod packed;
 pub mod queue;
 mod read;
+pub mod schedule;
 mod settings;
 mod successor;
 pub mod task;
@@ -112,5 +113,6 @@ pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, 
 pub use packed::Output;
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;
+pub use schedule::{Every, Firing, Schedule, ScheduleError};
 pub use settings::{ConfigPatch, SetBoostError, SetConfigError};
 pub use view::{Member, Need, QueueView, StateCounts};

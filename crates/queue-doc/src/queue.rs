@@ -334,6 +334,7 @@ pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(
     })
 }
 
+pub use crate::schedule::{delete_schedule, put_schedule};
 pub use crate::settings::{set_boost, set_config, set_paused};
 
 /// Indexes a task in the queue. The queue's `max_attempts` applies unless the submission says
@@ -392,7 +393,20 @@ pub fn submit_keyed(
     keys: &[(String, TaskId)],
     now_ms: u64,
 ) -> Result<(), SubmitError> {
-    if subs.is_empty() && bumps.is_empty() {
+    submit_fired(doc, subs, bumps, keys, &[], now_ms)
+}
+
+/// [`submit_keyed`], also recording the slots of schedules these submits fire, in the same
+/// change (see [`crate::schedule`]).
+pub fn submit_fired(
+    doc: &mut Automerge,
+    subs: &[Submission],
+    bumps: &[(TaskId, crate::entry::Bump)],
+    keys: &[(String, TaskId)],
+    fired: &[crate::schedule::Firing],
+    now_ms: u64,
+) -> Result<(), SubmitError> {
+    if subs.is_empty() && bumps.is_empty() && fired.is_empty() {
         return Ok(());
     }
     if subs.iter().any(|s| s.kind.is_empty()) {
@@ -450,6 +464,7 @@ pub fn submit_keyed(
                 tx.put(&map, k.as_str(), packed::encode(&rec))?;
             }
         }
+        crate::schedule::write_slots(tx, fired)?;
         if bumps.is_empty() {
             return Ok(());
         }

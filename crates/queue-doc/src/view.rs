@@ -54,6 +54,8 @@ pub struct QueueView {
     /// The boost of each priority tag (tags without one count 0): see
     /// [`QueueView::effective_priority`].
     pub boosts: BTreeMap<String, i64>,
+    /// The live schedules, by name ([`crate::schedule`]).
+    pub schedules: BTreeMap<String, crate::schedule::Schedule>,
     /// The document's schema version. A node does not route a queue whose version is above
     /// the one it knows ([`QueueView::routable_version`]).
     pub version: u64,
@@ -822,6 +824,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     view.config = config;
     view.reorder();
     view.set_boosts(boosts);
+    view.schedules = crate::schedule::read_schedules(doc);
     let (claims, bad_claims) = read_claims(doc);
     view.claims = claims;
     view.router = view.claims.iter().max().cloned();

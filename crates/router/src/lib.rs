@@ -58,9 +58,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use piecework_queue_doc::schedule::{Schedule, SlotRecord};
 use piecework_queue_doc::{
-    Assignment, AttemptId, Claim, Lack, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView, RouterBeat,
-    TaskEntry, TaskId,
+    Assignment, AttemptId, Claim, Firing, Lack, MAX_TERM, PeerId, PoolBeat, QueueId, QueueView,
+    RouterBeat, TaskEntry, TaskId,
 };
 
 /// Something the driver must do for the router.
@@ -72,6 +73,9 @@ pub enum Action {
     Beat(RouterBeat),
     /// Record these assignments in the queue document in one change, then feed the view back.
     Assign(Vec<Assignment>),
+    /// Submit one task per firing from its schedule's template, with the firing's dedup key,
+    /// and record each firing's slot, all in one change; then feed the view back.
+    Fire(Vec<Firing>),
 }
 
 /// Something that happened to the router, for logs, metrics and tests.
@@ -239,6 +243,12 @@ pub struct Router {
     exhausted: bool,
     /// The active router handed its role to this node (a heartbeat named it): claim at once.
     handed: bool,
+    /// The schedules as last evaluated, and when the next of their slots falls due.
+    schedules: Option<BTreeMap<String, Schedule>>,
+    next_fire: Option<Instant>,
+    /// The slot record each firing of this router wrote (a view that does not show it yet
+    /// fires nothing again).
+    fired: BTreeMap<String, SlotRecord>,
     actions: VecDeque<Action>,
     events: VecDeque<Event>,
 }
@@ -279,6 +289,9 @@ impl Router {
             next_check: None,
             exhausted: false,
             handed: false,
+            schedules: None,
+            next_fire: None,
+            fired: BTreeMap::new(),
             actions: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -546,6 +559,8 @@ impl Router {
                     self.beat_counter = 0;
                     self.last_assign = None;
                     self.retry_at.clear();
+                    self.schedules = None;
+                    self.next_fire = None;
                     self.dirty = true;
                     self.events.push_back(Event::BecameActive(claim));
                 } else {
@@ -564,6 +579,9 @@ impl Router {
             self.actions.push_back(Action::Beat(beat));
         }
         if let Role::Active { claim, route_from } = self.role.clone() {
+            if now >= route_from {
+                self.fire(now, &view);
+            }
             let due = self.dirty || self.next_check.is_some_and(|t| now >= t);
             if now >= route_from && due && !self.awaiting_view {
                 self.route(now, &claim, &view);
@@ -725,6 +743,42 @@ impl Router {
         }
     }
 
+    /// Fires the schedules' due slots ([`Schedule::due`], by this router's wall clock), and
+    /// computes when the next falls due. Costs nothing until the schedules change or that time
+    /// comes.
+    fn fire(&mut self, now: Instant, view: &QueueView) {
+        let Some(wall) = self.wall_ms(now) else {
+            return;
+        };
+        let changed = self.schedules.as_ref() != Some(&view.schedules);
+        if !changed && self.next_fire.is_none_or(|t| now < t) {
+            return;
+        }
+        if changed {
+            self.schedules = Some(view.schedules.clone());
+        }
+        let mut firings = Vec::new();
+        let mut next: Option<u64> = None;
+        for (name, schedule) in &view.schedules {
+            let mut s = schedule.clone();
+            if let Some(mine) = self.fired.get(name) {
+                s.slot = s.slot.max(*mine);
+            }
+            if let Some(f) = s.due(name, wall) {
+                s.slot = f.record();
+                self.fired.insert(name.clone(), s.slot);
+                firings.push(f);
+            }
+            if let Some(at) = s.next_fire_at() {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+        }
+        self.next_fire = next.map(|at| later(now, ms(at.saturating_sub(wall))));
+        if !firings.is_empty() {
+            self.actions.push_back(Action::Fire(firings));
+        }
+    }
+
     // ----- outputs -----
 
     /// The next action to carry out, if any.
@@ -755,6 +809,13 @@ impl Router {
                     if let Some(check) = self.next_check {
                         t = t.min(check.max(*route_from));
                     }
+                }
+                if let Some(fire) = self.next_fire {
+                    t = t.min(fire.max(*route_from));
+                } else if self.clock.is_some()
+                    && self.schedules.as_ref() != Some(&view.schedules)
+                {
+                    t = t.min(*route_from);
                 }
                 Some(t)
             }

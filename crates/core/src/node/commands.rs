@@ -15,6 +15,9 @@ impl Core {
                 Command::SetConfig { .. } | Command::SetBoost { .. } => {
                     Some(Reply::Configured(Err(QueueError::Stopped)))
                 }
+                Command::PutSchedule { .. } | Command::DeleteSchedule { .. } => {
+                    Some(Reply::Schedules(Err(QueueError::Stopped)))
+                }
                 Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
                 Command::AddResource { .. } | Command::WithdrawResource { .. } => {
@@ -96,6 +99,37 @@ impl Core {
                     queue::set_boost(d, &tag, boost, now.unix_ms).map_err(QueueError::from)
                 });
                 self.replies.push_back((cmd, Reply::Configured(r)));
+            }
+            Command::PutSchedule {
+                queue,
+                name,
+                schedule,
+            } => {
+                let r = self.put_schedule(now, &queue, &name, schedule);
+                self.replies.push_back((cmd, Reply::Schedules(r)));
+            }
+            Command::DeleteSchedule { queue, name } => {
+                let r = self
+                    .write_setting(now, &queue, |d| {
+                        queue::delete_schedule(d, &name, now.unix_ms).map_err(|e| match e {
+                            ScheduleError::Unknown(n) => QueueError::UnknownSchedule(queue.clone(), n),
+                            ScheduleError::Write(w) => QueueError::Write(w),
+                            e => QueueError::InvalidSchedule(e.to_string()),
+                        })
+                    })
+                    .map(|s| api::Schedules {
+                        schedules: s.schedules,
+                    });
+                self.replies.push_back((cmd, Reply::Schedules(r)));
+            }
+            Command::Schedules { queue } => {
+                let r = self
+                    .queue_status(&queue)
+                    .map(|s| api::Schedules {
+                        schedules: s.schedules,
+                    })
+                    .ok_or(QueueError::NotJoined(queue));
+                self.replies.push_back((cmd, Reply::Schedules(r)));
             }
             Command::Resources => {
                 let r = self.resources(now);
@@ -222,6 +256,59 @@ impl Core {
             .ok_or_else(|| QueueError::NotJoined(id.clone()))
     }
 
+    /// Checks a schedule's timing and task, then writes it.
+    fn put_schedule(
+        &mut self,
+        now: Time,
+        queue_id: &QueueId,
+        name: &str,
+        put: api::PutSchedule,
+    ) -> Result<api::Schedules, QueueError> {
+        let bad = |m: String| QueueError::InvalidSchedule(m);
+        let every = match (put.every_ms, put.cron) {
+            (Some(ms), None) => Every::Ms(ms),
+            (None, Some(c)) => Every::Cron(c),
+            (Some(_), Some(_)) => return Err(bad("give every_ms or cron, not both".into())),
+            (None, None) => return Err(bad("give every_ms or cron".into())),
+        };
+        let t = &put.task;
+        Self::check_request(t).map_err(|e| bad(format!("invalid task template: {e}")))?;
+        for (field, set) in [
+            ("depends_on", !t.depends_on.is_empty()),
+            ("not_before", t.not_before.is_some()),
+            ("dedup_key", t.dedup_key.is_some()),
+            ("idempotency_key", t.idempotency_key.is_some()),
+        ] {
+            if set {
+                return Err(bad(format!(
+                    "a schedule's task cannot carry {field}: it is the template of every slot's task (whose dedup key is schedule/<name>/<slot>)"
+                )));
+            }
+        }
+        // Fields at their defaults are left out of the record.
+        let mut value = serde_json::to_value(t).map_err(|e| bad(e.to_string()))?;
+        if let Some(map) = value.as_object_mut() {
+            map.retain(|k, v| {
+                !(v.is_null()
+                    || v.as_array().is_some_and(Vec::is_empty)
+                    || (k == "urgent" && v == false)
+                    || (k == "priority" && v == 0))
+            });
+        }
+        let template = value.to_string();
+        self.write_setting(now, queue_id, |d| {
+            queue::put_schedule(d, name, every, template, put.paused, now.unix_ms).map_err(
+                |e| match e {
+                    ScheduleError::Write(w) => QueueError::Write(w),
+                    e => QueueError::InvalidSchedule(e.to_string()),
+                },
+            )
+        })
+        .map(|s| api::Schedules {
+            schedules: s.schedules,
+        })
+    }
+
     /// A page of a queue's tasks, by id: those its current document indexes (live, and final
     /// until a rotation leaves them behind), then those that ended lately on this node and
     /// left it (its recent ends). Each entry is the task's status from the queue document
@@ -301,6 +388,12 @@ impl Core {
             tasks: q.view.total_counts(),
             config: q.view.config.clone(),
             boosts: q.view.boosts.clone(),
+            schedules: q
+                .view
+                .schedules
+                .iter()
+                .map(|(name, s)| api::ScheduleStatus::of(name, s))
+                .collect(),
         })
     }
 

@@ -544,6 +544,7 @@ impl Core {
                     None => queue::record_assignments(d, &list, at_ms),
                 });
             }
+            RouterAction::Fire(firings) => self.fire(now, id, firings),
             RouterAction::Beat(mut beat) => {
                 if let Some(q) = self.queues.get(id) {
                     if q.epoch > 0 {

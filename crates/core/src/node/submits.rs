@@ -12,7 +12,7 @@ impl Core {
         queue_id: QueueId,
         req: api::SubmitTask,
     ) {
-        match self.submit_batch(now, cmd, queue_id, vec![req], false) {
+        match self.submit_batch(now, Some(cmd), queue_id, vec![req], false, &[]) {
             Ok(()) => {}
             Err(e) => self.replies.push_back((cmd, Reply::Submitted(Err(e)))),
         }
@@ -32,8 +32,46 @@ impl Core {
             ));
             return;
         }
-        if let Err(e) = self.submit_batch(now, cmd, queue_id, reqs, true) {
+        if let Err(e) = self.submit_batch(now, Some(cmd), queue_id, reqs, true, &[]) {
             self.replies.push_back((cmd, Reply::SubmittedMany(Err(e))));
+        }
+    }
+
+    /// Carries out a router's firings of schedules: one task per firing from its schedule's
+    /// template, with the firing's dedup key, and the slots recorded in the same change. A
+    /// template that no longer reads as a submit (or a schedule deleted meanwhile) fires no
+    /// task, and its slot passes. If the queue takes no submit now (full, busy, disk
+    /// failing), the slots pass and count as missed.
+    pub(super) fn fire(&mut self, now: Time, queue_id: &QueueId, firings: Vec<Firing>) {
+        let Some(view) = self.queues.get(queue_id).map(|q| Arc::clone(&q.view)) else {
+            return;
+        };
+        let reqs: Vec<api::SubmitTask> = firings
+            .iter()
+            .map(|f| {
+                view.schedules
+                    .get(&f.schedule)
+                    .and_then(|s| api::SubmitTask::from_template(&s.template).ok())
+                    .map(|mut r| {
+                        r.dedup_key = Some(f.dedup_key());
+                        r
+                    })
+                    // An empty kind: refused, and only the slot is recorded.
+                    .unwrap_or_else(|| api::SubmitTask::new("", serde_json::Value::Null))
+            })
+            .collect();
+        if let Err(e) = self.submit_batch(now, None, queue_id.clone(), reqs, true, &firings) {
+            tracing::warn!(queue = %queue_id, "schedule slots missed: {e}");
+            let missed: Vec<Firing> = firings
+                .into_iter()
+                .map(|f| Firing {
+                    missed: f.missed.saturating_add(1),
+                    ..f
+                })
+                .collect();
+            self.write_queue(now, queue_id, "missed schedule slots", |d| {
+                queue::submit_fired(d, &[], &[], &[], &missed, now.unix_ms)
+            });
         }
     }
 
@@ -183,16 +221,19 @@ impl Core {
         Ok(rules)
     }
 
-    /// Submits `reqs` with one change to the queue document; the reply waits in
+    /// Submits `reqs` with one change to the queue document; the reply to `cmd` waits in
     /// [`Core::check_submits`]. An error refuses the whole batch; a single submit
-    /// (`many == false`) is refused by its entry's error too.
+    /// (`many == false`) is refused by its entry's error too. Without a command,
+    /// the submits are a router's `firings` of schedules (one per firing, in order), and the
+    /// same change records their slots.
     pub(super) fn submit_batch(
         &mut self,
         now: Time,
-        cmd: CommandId,
+        cmd: Option<CommandId>,
         queue_id: QueueId,
         reqs: Vec<api::SubmitTask>,
         many: bool,
+        firings: &[piecework_queue_doc::Firing],
     ) -> Result<(), SubmitError> {
         if !many && let Some(req) = reqs.first() {
             Self::check_request(req)?;
@@ -351,7 +392,7 @@ impl Core {
             tasks.push((tdoc.clone(), heads, self.saves.version(&tdoc)));
         }
         let r = self.change(&qdoc, |d| {
-            queue::submit_keyed(d, &submissions, &bumps, &idem, now.unix_ms)?;
+            queue::submit_fired(d, &submissions, &bumps, &idem, firings, now.unix_ms)?;
             Ok::<_, queue::SubmitError>(d.get_heads())
         });
         let queue_heads = match r {
@@ -365,6 +406,10 @@ impl Core {
                     _ => SubmitError::NotJoined(queue_id),
                 });
             }
+        };
+        let Some(cmd) = cmd else {
+            // Fired by a router: nobody waits for an answer.
+            return Ok(());
         };
         let answer = if many {
             SubmitAnswer::Many(answers)

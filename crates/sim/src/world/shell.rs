@@ -356,7 +356,8 @@ impl World {
             | Reply::Task(_)
             | Reply::Status(_)
             | Reply::Document(_)
-            | Reply::Resources(_) => {}
+            | Reply::Resources(_)
+            | Reply::Schedules(_) => {}
             Reply::Stopped(report) => {
                 if self.nodes[i].stopping != Some(cmd) {
                     return;
