@@ -158,7 +158,11 @@ impl Client {
     }
 
     /// Deletes a queue's schedule `name`: the schedules left.
-    pub async fn delete_schedule(&self, id: &QueueId, name: &str) -> anyhow::Result<api::Schedules> {
+    pub async fn delete_schedule(
+        &self,
+        id: &QueueId,
+        name: &str,
+    ) -> anyhow::Result<api::Schedules> {
         let resp = self
             .http
             .delete(format!("{}/v1/queues/{id}/schedules/{name}", self.base))

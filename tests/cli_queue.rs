@@ -1,6 +1,7 @@
 //! `piecework queue create` with configuration flags, `resource list|add|withdraw` and
 //! `node --resource`, `queue status`, `queue pause` and
-//! `queue resume`, `queue config --set` and `task submit --max-attempts`, against node
+//! `queue resume`, `queue config --set`, `task submit --max-attempts` and
+//! `queue schedule|schedules|unschedule`, against node
 //! processes: a queue paused through
 //! one node is resumed through the other, and a configuration change made through one shows
 //! on the other.
@@ -315,4 +316,85 @@ async fn resources_route_tasks_and_change_at_run_time_from_the_cli() {
         o["blocked_on"],
         serde_json::json!({"reason": "kind", "kind": "nobody-runs-this"})
     );
+}
+
+/// `queue schedule` writes a schedule whose slots the active router fires, one task each with
+/// dedup key `schedule/<name>/<slot>`; `queue schedules` shows its last slot; a bad cron
+/// expression is refused with the parser's reason; `queue unschedule` deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_fires_one_task_per_slot_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_node(&dir.path().join("a"), None);
+    let queue = cli(&a, &["queue", "create", "scheduled"]);
+    let written = json(&cli(
+        &a,
+        &[
+            "queue",
+            "schedule",
+            &queue,
+            "tick",
+            "--every",
+            "200ms",
+            "--kind",
+            "noop",
+            "--input",
+            r#"{"n":1}"#,
+            "--json",
+        ],
+    ));
+    assert_eq!(written["every_ms"], 200, "{written:#}");
+    assert_eq!(written["task"]["kind"], "noop", "{written:#}");
+
+    let bad = Command::new(BIN)
+        .args(["--node", &a.http, "queue", "schedule", &queue, "bad"])
+        .args(["--cron", "61 * * * *", "--kind", "noop"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("invalid cron expression"), "{err}");
+
+    let client = Client::new(&a.http).unwrap();
+    let q = QueueId::new(&queue);
+    let fired = poll("three slots to fire and succeed", || {
+        let client = client.clone();
+        let q = q.clone();
+        async move {
+            let list = client
+                .list_tasks(&q, Some("succeeded"), 100, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            match list.tasks.len() >= 3 {
+                true => Ok(list.tasks),
+                false => Err(format!("{} succeeded", list.tasks.len())),
+            }
+        }
+    })
+    .await;
+    let mut slots: Vec<u64> = fired
+        .iter()
+        .map(|t| {
+            let key = t["dedup_key"].as_str().expect("a slot's dedup key");
+            key.strip_prefix("schedule/tick/").unwrap().parse().unwrap()
+        })
+        .collect();
+    slots.sort();
+    assert!(slots.iter().all(|s| s % 200 == 0), "{slots:?}");
+    assert!(
+        slots.windows(2).all(|w| w[0] < w[1]),
+        "one task per slot: {slots:?}"
+    );
+
+    let listed = json(&cli(&a, &["queue", "schedules", &queue, "--json"]));
+    let s = &listed["schedules"][0];
+    assert!(
+        s["last_slot"].as_u64().unwrap() >= *slots.last().unwrap(),
+        "{listed:#}"
+    );
+    assert!(s["next_fire_at"].as_u64().unwrap() > s["last_slot"].as_u64().unwrap());
+    let human = cli(&a, &["queue", "schedules", &queue]);
+    assert!(human.starts_with("tick: every 200ms, kind noop"), "{human}");
+
+    let left = json(&cli(&a, &["queue", "unschedule", &queue, "tick", "--json"]));
+    assert_eq!(left["schedules"], serde_json::json!([]), "{left:#}");
 }

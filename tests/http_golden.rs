@@ -493,16 +493,24 @@ fn steps() -> Vec<Step> {
             "a template that depends on a task",
         )
         .put("/v1/queues/<queue:configured>/schedules/bad")
-        .json(json!({ "every_ms": 1000, "task": { "kind": "noop", "depends_on": ["automerge:x"] } }))
+        .json(
+            json!({ "every_ms": 1000, "task": { "kind": "noop", "depends_on": ["automerge:x"] } }),
+        )
         .into(),
-        case("schedule_bad_task", "a template with a priority out of range")
-            .put("/v1/queues/<queue:configured>/schedules/bad")
-            .json(json!({ "every_ms": 1000, "task": { "kind": "noop", "priority": 100000 } }))
-            .into(),
-        case("schedule_bad_name", "a name with a character names may not hold")
-            .put("/v1/queues/<queue:configured>/schedules/a%20b")
-            .json(json!({ "every_ms": 1000, "task": { "kind": "noop" } }))
-            .into(),
+        case(
+            "schedule_bad_task",
+            "a template with a priority out of range",
+        )
+        .put("/v1/queues/<queue:configured>/schedules/bad")
+        .json(json!({ "every_ms": 1000, "task": { "kind": "noop", "priority": 100000 } }))
+        .into(),
+        case(
+            "schedule_bad_name",
+            "a name with a character names may not hold",
+        )
+        .put("/v1/queues/<queue:configured>/schedules/a%20b")
+        .json(json!({ "every_ms": 1000, "task": { "kind": "noop" } }))
+        .into(),
         case("schedule_unknown_queue", "a queue this node has not joined")
             .put("/v1/queues/<unknown-id>/schedules/yearly")
             .json(json!({ "every_ms": 1000, "task": { "kind": "noop" } }))

@@ -443,7 +443,7 @@ pub enum Command {
         /// The schedule's name (like a tag).
         name: String,
         /// Its timing and task.
-        schedule: api::PutSchedule,
+        schedule: Box<api::PutSchedule>,
     },
     /// Delete a schedule: [`Reply::Schedules`] (those left).
     DeleteSchedule {

@@ -71,9 +71,9 @@ impl From<QueueError> for ApiError {
             | QueueError::InvalidConfig(_)
             | QueueError::InvalidBoost(_)
             | QueueError::InvalidSchedule(_) => StatusCode::BAD_REQUEST,
-            QueueError::NotFound(_) | QueueError::NotJoined(_) | QueueError::UnknownSchedule(..) => {
-                StatusCode::NOT_FOUND
-            }
+            QueueError::NotFound(_)
+            | QueueError::NotJoined(_)
+            | QueueError::UnknownSchedule(..) => StatusCode::NOT_FOUND,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
             // Busy or stopping: a client may try again (here later, or another node).
@@ -320,7 +320,9 @@ async fn put_schedule(
     body: Result<Json<api::PutSchedule>, JsonRejection>,
 ) -> Result<Json<api::ScheduleStatus>, ApiError> {
     let Json(b) = body?;
-    let all = node.put_schedule(&QueueId::new(id.clone()), &name, b).await?;
+    let all = node
+        .put_schedule(&QueueId::new(id.clone()), &name, b)
+        .await?;
     Ok(Json(named(id, name, all)?))
 }
 
@@ -328,9 +330,7 @@ async fn delete_schedule(
     State(node): State<NodeHandle>,
     Path((id, name)): Path<(String, String)>,
 ) -> Result<Json<api::Schedules>, ApiError> {
-    Ok(Json(
-        node.delete_schedule(&QueueId::new(id), &name).await?,
-    ))
+    Ok(Json(node.delete_schedule(&QueueId::new(id), &name).await?))
 }
 
 async fn resources(State(node): State<NodeHandle>) -> Json<api::Resources> {

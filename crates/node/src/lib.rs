@@ -631,7 +631,7 @@ impl NodeHandle {
         self.schedules_reply(Command::PutSchedule {
             queue: queue.clone(),
             name: name.to_owned(),
-            schedule,
+            schedule: Box::new(schedule),
         })
         .await
     }

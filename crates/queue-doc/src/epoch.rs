@@ -1181,12 +1181,42 @@ fn carry_entry<R: ReadDoc>(
         return Some(automerge::ScalarValue::from(text));
     };
     let mut recorded = false;
+    let mut unresolved = Vec::new();
     for d in entry.r.depends_on.clone() {
         if entry.r.outcomes.contains_key(&d) || has_task(tx, d.as_str()) {
             continue;
         }
         if let Some(s) = settled_state(from, &d, SETTLED_DEPTH).filter(|s| s.is_final()) {
             entry.r.outcomes.insert(d, s);
+            recorded = true;
+        } else {
+            unresolved.push(d);
+        }
+    }
+    // A dependency that is neither in the successor nor final by its own entry is a dedup
+    // copy that lost to another (its loss shows only beside the other copies): the entry
+    // depends on the survivor instead, as a rotation would have written it. Rare (a late
+    // submit depending on a copy cancelled before the seal), so `from` is read whole here.
+    if !unresolved.is_empty()
+        && let Some(view) = QueueView::read(from)
+    {
+        for d in unresolved {
+            let survivor = view.survivor(&d);
+            if survivor == d {
+                continue;
+            }
+            entry.r.depends_on.retain(|x| *x != d);
+            if !entry.r.depends_on.contains(&survivor) {
+                entry.r.depends_on.push(survivor.clone());
+            }
+            if !has_task(tx, survivor.as_str())
+                && let Some(s) = view
+                    .task(&survivor)
+                    .map(|t| t.state())
+                    .filter(|s| s.is_final())
+            {
+                entry.r.outcomes.insert(survivor, s);
+            }
             recorded = true;
         }
     }

@@ -544,7 +544,11 @@ mod tests {
             template: String::new(),
             paused: false,
             updated_at: 0,
-            slot: SlotRecord { s: nine, m: 0, l: 0 },
+            slot: SlotRecord {
+                s: nine,
+                m: 0,
+                l: 0,
+            },
         };
         let f = s.due("c", nine + 61 * 60_000).unwrap();
         assert_eq!((f.slot, f.missed), (nine + 60 * 60_000, 3));

@@ -1,6 +1,7 @@
 //! The queue's run-time settings (the pause flag and the config's fields): written by any
 //! member, merged field by field, refused whole when invalid, and carried into a successor
-//! epoch as registers whose greatest write wins.
+//! epoch as registers whose greatest write wins; and schedules with their slot records, which
+//! are carried the same way.
 
 use automerge::{ActorId, Automerge};
 use piecework_queue_doc::epoch::{self, Rotation};
@@ -252,4 +253,84 @@ proptest! {
         carry(&late, &seal_heads, &mut succ);
         prop_assert_eq!(succ.get_heads(), heads);
     }
+}
+
+/// A schedule's record and its slot record, as a view reads them.
+fn schedule(doc: &Automerge, name: &str) -> Option<piecework_queue_doc::Schedule> {
+    view(doc).schedules.get(name).cloned()
+}
+
+fn firing(slot: u64, missed: u64) -> piecework_queue_doc::Firing {
+    piecework_queue_doc::Firing {
+        schedule: "tick".into(),
+        slot,
+        missed,
+    }
+}
+
+#[test]
+fn a_schedule_and_its_last_slot_reach_the_successor_by_rotation_and_by_carry() {
+    use piecework_queue_doc::Every;
+    let mut old = new_queue();
+    queue::put_schedule(
+        &mut old,
+        "tick",
+        Every::Ms(1_000),
+        r#"{"kind":"k"}"#.into(),
+        false,
+        2_500,
+    )
+    .unwrap();
+    let s = schedule(&old, "tick").unwrap();
+    // Written at 2500: the next slot is 3000.
+    assert_eq!((s.slot.s, s.next_fire_at()), (2_500, Some(3_000)));
+    queue::submit_fired(&mut old, &[], &[], &[], &[firing(3_000, 0)], 3_001).unwrap();
+    let mut succ = rotate(&old);
+    assert_eq!(schedule(&succ, "tick"), schedule(&old, "tick"));
+    assert_eq!(schedule(&succ, "tick").unwrap().slot.l, 3_000);
+    // A router that has not moved over yet fires the next slot into the sealed document.
+    let seal_heads = old.get_heads();
+    let mut late = fork(&old, 2);
+    queue::submit_fired(&mut late, &[], &[], &[], &[firing(4_000, 0)], 4_001).unwrap();
+    assert_eq!(carry(&late, &seal_heads, &mut succ), 1);
+    let s = schedule(&succ, "tick").unwrap();
+    assert_eq!(
+        (s.slot.s, s.slot.l, s.next_fire_at()),
+        (4_000, 4_000, Some(5_000))
+    );
+    // A successor router therefore fires 5000 next, not 4000 again.
+    assert_eq!(s.due("tick", 4_999), None);
+    assert_eq!(s.due("tick", 5_000).unwrap().slot, 5_000);
+    let heads = succ.get_heads();
+    assert_eq!(carry(&late, &seal_heads, &mut succ), 0);
+    assert_eq!(succ.get_heads(), heads);
+    // A deletion carries like any write (its record, and its slot record moved to its time).
+    let mut later = fork(&old, 3);
+    queue::delete_schedule(&mut later, "tick", 9_000).unwrap();
+    assert_eq!(carry(&later, &seal_heads, &mut succ), 2);
+    assert_eq!(schedule(&succ, "tick"), None);
+}
+
+#[test]
+fn concurrent_firings_merge_to_the_greatest_slot() {
+    use piecework_queue_doc::Every;
+    let mut doc = new_queue();
+    queue::put_schedule(&mut doc, "tick", Every::Ms(1_000), "{}".into(), false, 0).unwrap();
+    let mut a = fork(&doc, 2);
+    let mut b = fork(&doc, 3);
+    queue::submit_fired(&mut a, &[], &[], &[], &[firing(5_000, 0)], 5_000).unwrap();
+    queue::submit_fired(&mut b, &[], &[], &[], &[firing(3_000, 1)], 3_000).unwrap();
+    a.merge(&mut b).unwrap();
+    b.merge(&mut a.clone()).unwrap();
+    for d in [&a, &b] {
+        let s = schedule(d, "tick").unwrap();
+        assert_eq!((s.slot.s, s.slot.m), (5_000, 0));
+    }
+    // Resuming a paused schedule passes over the slots it was paused through.
+    queue::put_schedule(&mut a, "tick", Every::Ms(1_000), "{}".into(), true, 6_000).unwrap();
+    assert_eq!(schedule(&a, "tick").unwrap().due("tick", 9_000), None);
+    queue::put_schedule(&mut a, "tick", Every::Ms(1_000), "{}".into(), false, 9_500).unwrap();
+    let s = schedule(&a, "tick").unwrap();
+    assert_eq!(s.due("tick", 9_999), None);
+    assert_eq!(s.due("tick", 10_000).unwrap().missed, 0);
 }

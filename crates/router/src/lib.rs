@@ -812,9 +812,7 @@ impl Router {
                 }
                 if let Some(fire) = self.next_fire {
                     t = t.min(fire.max(*route_from));
-                } else if self.clock.is_some()
-                    && self.schedules.as_ref() != Some(&view.schedules)
-                {
+                } else if self.clock.is_some() && self.schedules.as_ref() != Some(&view.schedules) {
                     t = t.min(*route_from);
                 }
                 Some(t)

@@ -1,16 +1,17 @@
 //! The routing policy's rules, one story each, with explicit instants over a real queue
 //! document: the concurrency limit, the rate interval, the retry and refusal backoffs, the
 //! routing order (urgent, priority, submit time, FIFO or LIFO), and a run that outlived its
-//! task's outcome. One router (already active) and one pool of four workers on another peer;
-//! the story writes what the workers do into the document.
+//! task's outcome, and a schedule's slots. One router (already active) and one pool of four
+//! workers on another peer; the story writes what the workers do into the document.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automerge::Automerge;
 use piecework_queue_doc::{
-    Assignment, AttemptId, AttemptOutcome, Claim, Order, PeerId, PoolBeat, QueueConfig, QueueId,
-    QueueView, RunningReport, Submission, TaskId, WorkerId, WorkerReport, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, Every, Firing, Order, PeerId, PoolBeat,
+    QueueConfig, QueueId, QueueView, RunningReport, Submission, TaskId, WorkerId, WorkerReport,
+    queue,
 };
 use piecework_router::{Action, Router};
 
@@ -45,6 +46,8 @@ struct Lone {
     resources: Vec<String>,
     /// The kind of the tasks [`Lone::submit_with`] submits.
     kind: String,
+    /// Every schedule slot fired, in order.
+    fired: Vec<Firing>,
 }
 
 impl Lone {
@@ -81,6 +84,7 @@ impl Lone {
             kinds: None,
             resources: Vec::new(),
             kind: "k".into(),
+            fired: vec![],
         };
         l.view();
         // No router is named: it claims at once, rechecks a settle later, and routes a pool
@@ -179,6 +183,30 @@ impl Lone {
                     made.extend(list);
                 }
                 Action::Beat(_) => {}
+                Action::Fire(firings) => {
+                    let subs: Vec<Submission> = firings
+                        .iter()
+                        .map(|f| {
+                            self.next_task += 1;
+                            Submission {
+                                id: TaskId::new(format!("automerge:task{:04}", self.next_task)),
+                                kind: self.kind.clone(),
+                                submitter: router_peer(),
+                                submitted_at: at,
+                                priority: 0,
+                                urgent: false,
+                                max_attempts: None,
+                                input: None,
+                                rules: piecework_queue_doc::Rules {
+                                    dedup_key: Some(f.dedup_key()),
+                                    ..Default::default()
+                                },
+                            }
+                        })
+                        .collect();
+                    queue::submit_fired(&mut self.doc, &subs, &[], &[], &firings, at).unwrap();
+                    self.fired.extend(firings);
+                }
             }
             self.view();
         }
@@ -875,4 +903,84 @@ fn tasks_go_only_to_pools_with_their_kind_and_resources() {
     let next: Vec<TaskId> = l.to(400).into_iter().map(|a| a.task).collect();
     assert_eq!(next, vec![needs_gpu]);
     assert!(l.to(500).is_empty(), "no pool runs kind b");
+}
+
+/// The active router fires each slot of a schedule once, when its wall clock reaches it, and
+/// records it with the task in one change; it asks to be woken at the next slot. Slots that
+/// fell due more than one interval ago (the router was not running) are skipped and counted,
+/// and a paused schedule fires nothing.
+#[test]
+fn the_active_router_fires_each_slot_once_and_skips_what_is_more_than_an_interval_late() {
+    let mut l = Lone::new(QueueConfig::default());
+    // The wall clock reads 1,000,000 ms at the story's 0.
+    l.router.handle_clock(l.t0, 1_000_000);
+    queue::put_schedule(
+        &mut l.doc,
+        "tick",
+        Every::Ms(1_000),
+        "{}".into(),
+        false,
+        1_000_150,
+    )
+    .unwrap();
+    l.view();
+    l.to(200);
+    assert!(l.fired.is_empty(), "nothing is due before 1,001,000");
+    assert!(l.router.poll_timeout().unwrap() <= l.t0 + ms(1_000));
+    l.to(999);
+    assert!(l.fired.is_empty());
+    l.to(1_000);
+    l.to(1_500);
+    l.to(1_999);
+    let slots: Vec<(u64, u64)> = l.fired.iter().map(|f| (f.slot, f.missed)).collect();
+    assert_eq!(slots, vec![(1_001_000, 0)], "fired once");
+    let view = QueueView::read(&l.doc).unwrap();
+    let task = view.with_dedup_key("schedule/tick/1001000");
+    assert_eq!(task.len(), 1, "the slot's task is in the document");
+    assert_eq!(view.schedules["tick"].slot.l, 1_001_000);
+    l.to(2_000);
+    assert_eq!(l.fired.last().map(|f| f.slot), Some(1_002_000));
+    // The router was not running from 2.0 s to 5.8 s: 3,000 and 4,000 are skipped and
+    // counted, 5,000 fires.
+    // (Hearing the pool again after that silence, the router holds for heartbeat + settle
+    // before it acts, as after a partition.)
+    l.to(5_600);
+    assert_eq!(l.fired.len(), 2);
+    l.to(5_800);
+    let last = l.fired.last().unwrap();
+    assert_eq!((last.slot, last.missed), (1_005_000, 2));
+    assert_eq!(l.fired.len(), 3);
+    // Paused: no slot fires; resumed at 8.5 s, the next fires at 9 s.
+    queue::put_schedule(
+        &mut l.doc,
+        "tick",
+        Every::Ms(1_000),
+        "{}".into(),
+        true,
+        1_005_700,
+    )
+    .unwrap();
+    l.view();
+    l.to(6_000);
+    l.to(8_000);
+    assert_eq!(l.fired.len(), 3, "a paused schedule fires nothing");
+    queue::put_schedule(
+        &mut l.doc,
+        "tick",
+        Every::Ms(1_000),
+        "{}".into(),
+        false,
+        1_008_500,
+    )
+    .unwrap();
+    l.view();
+    l.to(8_600);
+    assert_eq!(
+        l.fired.len(),
+        3,
+        "the slots passed while paused do not fire"
+    );
+    l.to(9_000);
+    let last = l.fired.last().unwrap();
+    assert_eq!((last.slot, last.missed), (1_009_000, 2));
 }

@@ -74,6 +74,8 @@ impl Peer {
                     self.router.handle_view(now, v);
                 }
                 Action::Beat(b) => self.beats.push(b),
+                // These stories hold no schedule.
+                Action::Fire(_) => {}
             }
         }
         while let Some(e) = self.router.poll_event() {

@@ -111,7 +111,7 @@ impl Node {
                     assigned += list.len();
                     queue::record_assignments(&mut self.doc, &list, 0).unwrap();
                 }
-                Action::Beat(_) => {}
+                Action::Beat(_) | Action::Fire(_) => {}
             }
             self.refresh();
         }

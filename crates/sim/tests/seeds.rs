@@ -204,8 +204,11 @@ fn settings_seeds_pass_and_every_member_ends_with_the_same_settings() {
 /// assignment before a not-before time), 14 (no two fresh pending copies of a dedup key in a
 /// view), 15 (an idempotent retry answers the first task) and 16 (a run starts only on a node
 /// with its kind and required resources, and no router assigns a task to a pool that never
-/// had them) included, and each situation happened: tasks of a kind only some nodes run, tasks
-/// that require a resource, withdrawn for a while now and then.
+/// had them) and 17 (a schedule's slot is fired no earlier than its time, never twice unless
+/// both copies started, and none is skipped without being counted missed) included, and each
+/// situation happened: tasks of a kind only some nodes run, tasks that require a resource,
+/// withdrawn for a while now and then, schedule slots fired in turn and fired late after a
+/// takeover.
 #[test]
 fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
     let faults = seeds(FaultMix::scheduling(), 11_000..11_000 + CI_SEEDS / 2);
@@ -223,6 +226,8 @@ fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
         "rare_kind_started",
         "requiring_started",
         "resource_withdrawn",
+        "schedule_slot_fired",
+        "schedule_slot_fired_late",
         "rotation",
     ] {
         assert!(
@@ -1001,6 +1006,25 @@ mod regressions {
             },
         );
         shows(&r, &["double_seal_followed", "restart"]);
+    }
+
+    /// Found by the `scheduling` mix (seeds 11,000–11,199) once the mix fired a schedule:
+    /// node3 submitted a task depending on one that, merged with a concurrent copy of its
+    /// dedup key, lost and was cancelled; the submit reached the queue's document after its
+    /// seal. The carry brought the late entry into the successor depending on the copy, which
+    /// the rotation had left behind (cancelled) and whose loss its own entry does not show:
+    /// the dependent waited for good. A carried entry now depends on the survivor, as a
+    /// rotation writes it.
+    #[test]
+    fn seed_11029_scheduling_a_late_dependent_of_a_dedup_copy_follows_the_survivor() {
+        let r = passes_config(
+            11_029,
+            &Config {
+                mix: FaultMix::scheduling(),
+                ..Config::default()
+            },
+        );
+        shows(&r, &["dedup_copy_cancelled", "carried_late_writes"]);
     }
 }
 

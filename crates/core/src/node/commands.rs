@@ -105,14 +105,16 @@ impl Core {
                 name,
                 schedule,
             } => {
-                let r = self.put_schedule(now, &queue, &name, schedule);
+                let r = self.put_schedule(now, &queue, &name, *schedule);
                 self.replies.push_back((cmd, Reply::Schedules(r)));
             }
             Command::DeleteSchedule { queue, name } => {
                 let r = self
                     .write_setting(now, &queue, |d| {
                         queue::delete_schedule(d, &name, now.unix_ms).map_err(|e| match e {
-                            ScheduleError::Unknown(n) => QueueError::UnknownSchedule(queue.clone(), n),
+                            ScheduleError::Unknown(n) => {
+                                QueueError::UnknownSchedule(queue.clone(), n)
+                            }
                             ScheduleError::Write(w) => QueueError::Write(w),
                             e => QueueError::InvalidSchedule(e.to_string()),
                         })
@@ -297,12 +299,12 @@ impl Core {
         }
         let template = value.to_string();
         self.write_setting(now, queue_id, |d| {
-            queue::put_schedule(d, name, every, template, put.paused, now.unix_ms).map_err(
-                |e| match e {
+            queue::put_schedule(d, name, every, template, put.paused, now.unix_ms).map_err(|e| {
+                match e {
                     ScheduleError::Write(w) => QueueError::Write(w),
                     e => QueueError::InvalidSchedule(e.to_string()),
-                },
-            )
+                }
+            })
         })
         .map(|s| api::Schedules {
             schedules: s.schedules,

@@ -8,8 +8,9 @@ use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::epoch::{self, Latest, Link, Seal, TaskEnd};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptOutcome, Changed, Claim, Every, Firing, Output, PeerId, QueueConfig, QueueId, QueueView, RunningReport,
-    Submission, TaskEntry, TaskId, TaskState, ViewCache, queue, read_outputs, ScheduleError,
+    AttemptOutcome, Changed, Claim, Every, Firing, Output, PeerId, QueueConfig, QueueId, QueueView,
+    RunningReport, ScheduleError, Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
+    read_outputs,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};

@@ -524,6 +524,7 @@ impl World {
         self.only_the_agreed_router_is_active();
         self.every_stored_document_belongs_to_a_joined_queue();
         self.every_member_holds_the_same_settings();
+        self.no_slot_is_skipped_or_fired_twice();
     }
 
     /// Invariant 11: once healed and settled, every member's view of a queue holds the same

@@ -26,6 +26,7 @@ mod disk;
 mod faults;
 mod invariants;
 mod net;
+mod schedules;
 mod scheduling;
 mod settings;
 mod shell;
@@ -248,6 +249,8 @@ pub(crate) struct World {
     ever_succeeded: BTreeSet<TaskId>,
     /// The scheduling workload's records (the `scheduling` mix).
     sched: scheduling::Scheduling,
+    /// The tasks of schedule slots views showed (the `scheduling` mix).
+    fired: schedules::Fired,
 }
 
 fn node_seed(seed: u64, node: usize, incarnation: u64) -> u64 {
@@ -379,6 +382,7 @@ impl World {
             byz: byzantine::Byzantine::default(),
             ever_succeeded: BTreeSet::new(),
             sched: scheduling::Scheduling::default(),
+            fired: schedules::Fired::default(),
         };
         #[cfg(feature = "broken")]
         for n in &mut w.nodes {
@@ -411,6 +415,9 @@ impl World {
                 .find(|id| !known.contains(&Some((*id).clone())))
                 .cloned();
             self.drive(creator);
+            if q == 0 {
+                self.write_schedule(creator);
+            }
         }
         self.relink();
         for q in 0..self.members.len() {

@@ -506,6 +506,7 @@ impl World {
         self.no_outcome_regresses(i, view);
         self.remember_final_tasks(view);
         self.no_two_fresh_pending_tasks_share_a_dedup_key(i, view);
+        self.watch_schedule_tasks(i, view);
         if self.config.mix.scheduling > 0.0 {
             self.no_assignment_to_a_pool_that_lacked_it(view);
         }
