@@ -80,7 +80,7 @@ use std::time::{Duration, Instant};
 
 use piecework_queue_doc::task::RunStart;
 use piecework_queue_doc::{AttemptId, Claim, PeerId, QueueConfig, QueueId, QueueView, TaskId};
-use piecework_queue_doc::{WorkerId, task};
+use piecework_queue_doc::{TaskState, WorkerId, task};
 use piecework_replica::DocId;
 
 pub use node::{Core, topic_for};
@@ -189,6 +189,9 @@ pub struct Config {
     /// bound: a batch is taken whole while the count is below it, and nodes that submit at
     /// once each count what they have seen.
     pub max_live: usize,
+    /// How many tasks' ends this node keeps in memory (4,096 by default): a move to another
+    /// branch writes them into it, and listings show them beside the store's.
+    pub recent_ends: usize,
     /// Documents of finished tasks this node keeps on disk ([`KEEP_TASK_DOCS`] by default):
     /// beyond this many, the documents of the tasks that finished first (as this node saw
     /// them) are deleted, and those tasks answer here as unknown. Inline tasks have no
@@ -291,6 +294,7 @@ impl Config {
             epoch_retain: EPOCH_RETAIN,
             inline_input_max: INLINE_INPUT_MAX,
             max_live: MAX_LIVE,
+            recent_ends: 4_096,
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
             retired: Vec::new(),
@@ -360,6 +364,13 @@ impl Config {
     /// `Config::max_live`; at least 1).
     pub fn with_max_live(mut self, max: usize) -> Self {
         self.max_live = max.max(1);
+        self
+    }
+
+    /// The same settings, keeping the ends of at most `n` tasks in memory (see
+    /// `Config::recent_ends`; at least 1).
+    pub fn with_recent_ends(mut self, n: usize) -> Self {
+        self.recent_ends = n.max(1);
         self
     }
 
@@ -514,6 +525,19 @@ pub enum Command {
         /// How long runs in progress may go on.
         grace: Duration,
     },
+}
+
+/// A task that became final, as a listing of its queue shows it ([`Io::Archive`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The queue.
+    pub queue: QueueId,
+    /// The task.
+    pub task: TaskId,
+    /// Its final state.
+    pub state: TaskState,
+    /// Its listing entry: its status without runs, as JSON.
+    pub entry: Vec<u8>,
 }
 
 /// The answer to a [`Command`].
@@ -918,6 +942,24 @@ pub enum Io {
     Archive {
         /// The records.
         records: Vec<(TaskId, Vec<u8>)>,
+        /// Tasks of any kind that became final, for listings of their queue
+        /// ([`Io::ListFinished`]); the store keeps the latest up to its retention.
+        listed: Vec<Listed>,
+    },
+    /// Read the finished tasks this node listed ([`Io::Archive`]'s `listed`) of a queue: in
+    /// `state` (any final state if `None`), by task id after `after`, at most `limit`; answer
+    /// with [`Core::handle_listed`].
+    ListFinished {
+        /// The listing command waiting for the answer.
+        cmd: CommandId,
+        /// The queue.
+        queue: QueueId,
+        /// Only this final state.
+        state: Option<TaskState>,
+        /// Only task ids after this one.
+        after: Option<TaskId>,
+        /// At most this many.
+        limit: usize,
     },
     /// Epoch work off the core's thread ([`Rotate::build`]: build a successor epoch document,
     /// bring it up to date, or read a successor's view); answer with [`Core::handle_rotated`].

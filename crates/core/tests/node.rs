@@ -116,7 +116,9 @@ impl One {
                     }
                     Io::Run(r) => self.runs.push(r),
                     Io::Abort { run } => self.aborted.push(run),
-                    Io::Archive { records } => self.archive.extend(records),
+                    Io::Archive { records, .. } => self.archive.extend(records),
+                    // No story here lists finished tasks.
+                    Io::ListFinished { .. } => {}
                     Io::Lookup { task } => self.lookups.push(task),
                     Io::Publish { topic, data } => self.published.push((topic, data)),
                     Io::Dial { peer, addrs } => self.dials.push((peer, addrs)),

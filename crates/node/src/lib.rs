@@ -98,6 +98,9 @@ pub struct Config {
     /// The most live tasks a queue takes submits for (`piecework_core::Config::max_live`);
     /// `None` for the default ([`MAX_LIVE`]).
     pub max_live: Option<usize>,
+    /// How many tasks' ends the node keeps in memory (`piecework_core::Config::recent_ends`);
+    /// `None` keeps the core's default.
+    pub recent_ends: Option<usize>,
     /// Finished tasks' documents kept on disk (`piecework_core::Config::keep_task_docs`,
     /// [`KEEP_TASK_DOCS`] by default): the documents of the tasks that finished first go.
     pub keep_task_docs: usize,
@@ -124,6 +127,7 @@ impl Config {
             rotation: None,
             archive_keep: storage::ARCHIVE_KEEP,
             max_live: None,
+            recent_ends: None,
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
             resources: Vec::new(),
@@ -331,6 +335,9 @@ impl Node {
         );
         if let Some((ratio, min_live)) = config.rotation {
             core_config = core_config.with_rotation(ratio, min_live);
+        }
+        if let Some(n) = config.recent_ends {
+            core_config = core_config.with_recent_ends(n);
         }
         if let Some(m) = config.max_live {
             core_config = core_config.with_max_live(m);

@@ -56,6 +56,11 @@ enum Input {
         task: TaskId,
         status: Option<Vec<u8>>,
     },
+    /// The store's finished tasks for a listing ([`Io::ListFinished`]).
+    Listed {
+        cmd: CommandId,
+        entries: Vec<Vec<u8>>,
+    },
     /// A successor epoch document built off the node's thread.
     Rotated(Built),
 }
@@ -462,6 +467,7 @@ impl Shell {
             Input::Saved { .. } => "a save's answer".to_owned(),
             Input::RunEnded { .. } => "a run's end".to_owned(),
             Input::Archived { .. } => "an archive lookup".to_owned(),
+            Input::Listed { .. } => "a listing's finished tasks".to_owned(),
             Input::Rotated(_) => "an epoch job's answer".to_owned(),
         };
         self.handle_input_now(input);
@@ -477,6 +483,7 @@ impl Shell {
                 self.core.handle_run_ended(now(), id, result)
             }
             Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
+            Input::Listed { cmd, entries } => self.core.handle_listed(now(), cmd, entries),
             Input::Rotated(built) => self.core.handle_rotated(now(), built),
         }
     }
@@ -725,9 +732,21 @@ impl Shell {
                     let _ = net.subscribe(topic).await;
                 });
             }
-            Io::Archive { records } => {
+            Io::Archive { records, listed } => {
                 let store = self.shared.store.clone();
                 tokio::spawn(async move {
+                    let listed = listed
+                        .into_iter()
+                        .map(|l| {
+                            let (q, t) = (l.queue.to_string(), l.task.to_string());
+                            (q, l.state.as_str(), t, l.entry)
+                        })
+                        .collect();
+                    if let Err(e) = store.list(listed).await {
+                        tracing::warn!(
+                            "cannot keep finished tasks for listings yet (the store keeps them and retries): {e}"
+                        );
+                    }
                     let records = records
                         .into_iter()
                         .map(|(t, json)| (t.as_str().to_owned(), json))
@@ -737,6 +756,28 @@ impl Shell {
                             "cannot archive final task statuses yet (the store keeps them and retries): {e}"
                         );
                     }
+                });
+            }
+            Io::ListFinished {
+                cmd,
+                queue,
+                state,
+                after,
+                limit,
+            } => {
+                let store = self.shared.store.clone();
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    let state = state.map(|s| s.as_str());
+                    let after = after.as_ref().map(|a| a.as_str());
+                    let entries = match store.listed(queue.as_str(), state, after, limit).await {
+                        Ok(e) => e,
+                        Err(e) => {
+                            tracing::error!(%queue, "cannot read the finished tasks to list: {e}");
+                            Vec::new()
+                        }
+                    };
+                    let _ = tx.send(Input::Listed { cmd, entries }).await;
                 });
             }
             Io::Lookup { task } => {

@@ -10,6 +10,11 @@
 //! them: task id → status JSON. It keeps the latest [`ARCHIVE_KEEP`] tasks; an `archive_order`
 //! table (sequence → task id) says which are the oldest.
 //!
+//! The `listing` table keeps the listing entry of every task that became final here (its
+//! status without runs, `piecework_core::Listed`), keyed `<queue> <state> <task>` so that a
+//! queue's finished tasks in one state are one range scan in task id order; a
+//! `listing_order` table drops the oldest beyond the same bound as the archive's.
+//!
 //! The `retired` tables record, in order, the documents the node no longer needs except to
 //! answer for them (`piecework_core::Io::Retire`: document → sequence, and sequence → kind and
 //! document): the core gets the list back at start and decides which to delete
@@ -59,6 +64,11 @@ const ARCHIVE_ORDER: TableDefinition<u64, &str> = TableDefinition::new("archive_
 const RETIRED: TableDefinition<&str, u64> = TableDefinition::new("retired");
 const RETIRED_ORDER: TableDefinition<u64, &str> = TableDefinition::new("retired_order");
 const QUARANTINE: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine");
+const LISTING: TableDefinition<&str, &[u8]> = TableDefinition::new("listing");
+const LISTING_ORDER: TableDefinition<u64, &str> = TableDefinition::new("listing_order");
+
+/// The final states a listing entry is kept under.
+const FINAL_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
 
 /// Archived task statuses kept, at most: the oldest go first.
 pub const ARCHIVE_KEEP: u64 = 100_000;
@@ -247,6 +257,8 @@ impl Db {
         tx.open_table(RETIRED).map_err(redb_err)?;
         tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
         tx.open_table(QUARANTINE).map_err(redb_err)?;
+        tx.open_table(LISTING).map_err(redb_err)?;
+        tx.open_table(LISTING_ORDER).map_err(redb_err)?;
         tx.commit().map_err(redb_err)
     }
 
@@ -309,6 +321,11 @@ enum Write {
         records: Vec<(String, Vec<u8>)>,
         keep: u64,
     },
+    List {
+        /// `<queue> <state> <task>` and the listing entry.
+        records: Vec<(String, Vec<u8>)>,
+        keep: u64,
+    },
     Retire {
         doc: String,
         kind: RetiredKind,
@@ -326,6 +343,7 @@ impl Write {
     fn kept(&self) -> bool {
         match self {
             Write::Archive { .. }
+            | Write::List { .. }
             | Write::Retire { .. }
             | Write::Delete(_)
             | Write::Quarantine { .. } => true,
@@ -589,6 +607,78 @@ impl Store {
         .await
     }
 
+    /// Keeps listing entries of finished tasks (queue, final state, task → entry) durably: an
+    /// entry written again keeps its place; beyond the archive's bound the oldest are dropped.
+    pub async fn list(
+        &self,
+        records: Vec<(String, &'static str, String, Vec<u8>)>,
+    ) -> Result<(), StorageError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        let records = records
+            .into_iter()
+            .map(|(queue, state, task, entry)| (format!("{queue} {state} {task}"), entry))
+            .collect();
+        self.write(Write::List {
+            records,
+            keep: self.archive_keep,
+        })
+        .await
+    }
+
+    /// The listing entries of `queue`'s finished tasks in `state` (each final state if
+    /// `None`), by task id after `after`: at most `limit`.
+    pub async fn listed(
+        &self,
+        queue: &str,
+        state: Option<&'static str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let db = self.db.clone();
+        let queue = queue.to_owned();
+        let after = after.map(str::to_owned);
+        let states: Vec<&'static str> = match state {
+            Some(s) => vec![s],
+            None => FINAL_STATES.to_vec(),
+        };
+        tokio::task::spawn_blocking(move || {
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = match tx.open_table(LISTING) {
+                    Ok(t) => t,
+                    // A store from before listings: nothing listed yet.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(vec![]),
+                    Err(e) => return Err(redb_err(e)),
+                };
+                let mut found: Vec<(String, Vec<u8>)> = Vec::new();
+                for s in &states {
+                    let prefix = format!("{queue} {s} ");
+                    let lo = match &after {
+                        Some(a) => format!("{prefix}{a}\u{1}"),
+                        None => prefix.clone(),
+                    };
+                    let hi = format!("{queue} {s}!");
+                    for row in t
+                        .range(lo.as_str()..hi.as_str())
+                        .map_err(redb_err)?
+                        .take(limit)
+                    {
+                        let (k, v) = row.map_err(redb_err)?;
+                        let task = k.value()[prefix.len()..].to_owned();
+                        found.push((task, v.value().to_vec()));
+                    }
+                }
+                found.sort_by(|a, b| a.0.cmp(&b.0));
+                found.truncate(limit);
+                Ok(found.into_iter().map(|(_, v)| v).collect())
+            })
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
     /// A task's archived status.
     pub async fn archived(&self, task: &str) -> Result<Option<Vec<u8>>, StorageError> {
         let db = self.db.clone();
@@ -788,6 +878,37 @@ fn writer(db: &Db, rx: &std_mpsc::Receiver<Request>) {
     }
 }
 
+/// Writes `records` into `table`, a record written again keeping its place in `order`
+/// (sequence → key), and drops the oldest beyond `keep`.
+fn insert_kept(
+    table: &mut redb::Table<&str, &[u8]>,
+    order: &mut redb::Table<u64, &str>,
+    records: &[(String, Vec<u8>)],
+    keep: u64,
+) -> Result<(), StorageError> {
+    let mut next = order
+        .last()
+        .map_err(redb_err)?
+        .map_or(0, |(k, _)| k.value() + 1);
+    for (key, value) in records {
+        let known = table
+            .insert(key.as_str(), value.as_slice())
+            .map_err(redb_err)?
+            .is_some();
+        if !known {
+            order.insert(next, key.as_str()).map_err(redb_err)?;
+            next += 1;
+        }
+    }
+    while order.len().map_err(redb_err)? > keep {
+        let Some((_, key)) = order.pop_first().map_err(redb_err)? else {
+            break;
+        };
+        table.remove(key.value()).map_err(redb_err)?;
+    }
+    Ok(())
+}
+
 fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
     let tx = db.begin_write().map_err(redb_err)?;
     {
@@ -799,6 +920,8 @@ fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
         let mut retired = tx.open_table(RETIRED).map_err(redb_err)?;
         let mut retired_order = tx.open_table(RETIRED_ORDER).map_err(redb_err)?;
         let mut quarantine = tx.open_table(QUARANTINE).map_err(redb_err)?;
+        let mut listing = tx.open_table(LISTING).map_err(redb_err)?;
+        let mut listing_order = tx.open_table(LISTING_ORDER).map_err(redb_err)?;
         for w in batch {
             match w {
                 Write::Append(list) => {
@@ -821,26 +944,10 @@ fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
                     queues.insert(k.as_str(), v.as_str()).map_err(redb_err)?;
                 }
                 Write::Archive { records, keep } => {
-                    let mut next = order
-                        .last()
-                        .map_err(redb_err)?
-                        .map_or(0, |(k, _)| k.value() + 1);
-                    for (task, status) in records {
-                        let known = archive
-                            .insert(task.as_str(), status.as_slice())
-                            .map_err(redb_err)?
-                            .is_some();
-                        if !known {
-                            order.insert(next, task.as_str()).map_err(redb_err)?;
-                            next += 1;
-                        }
-                    }
-                    while order.len().map_err(redb_err)? > *keep {
-                        let Some((_, task)) = order.pop_first().map_err(redb_err)? else {
-                            break;
-                        };
-                        archive.remove(task.value()).map_err(redb_err)?;
-                    }
+                    insert_kept(&mut archive, &mut order, records, *keep)?;
+                }
+                Write::List { records, keep } => {
+                    insert_kept(&mut listing, &mut listing_order, records, *keep)?;
                 }
                 Write::Retire { doc, kind } => {
                     if retired.get(doc.as_str()).map_err(redb_err)?.is_none() {
@@ -1050,6 +1157,57 @@ mod tests {
                 "{t}"
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn finished_tasks_are_listed_by_queue_and_state_in_id_order_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("store.redb"))
+            .unwrap()
+            .with_archive_keep(5);
+        let rec = |q: &str, st: &'static str, t: &str| {
+            (
+                q.to_owned(),
+                st,
+                t.to_owned(),
+                format!("{q}/{t}").into_bytes(),
+            )
+        };
+        s.list(vec![
+            rec("q1", "succeeded", "t3"),
+            rec("q1", "failed", "t2"),
+            rec("q2", "succeeded", "t1"),
+            rec("q1", "cancelled", "t5"),
+            rec("q1", "succeeded", "t1"),
+        ])
+        .await
+        .unwrap();
+        let read = |state, after: Option<&'static str>, limit| {
+            let s = s.clone();
+            async move {
+                s.listed("q1", state, after, limit)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|v| String::from_utf8(v).unwrap())
+                    .collect::<Vec<_>>()
+            }
+        };
+        // Every final state, merged by task id; after a cursor; at most `limit`.
+        assert_eq!(
+            read(None, None, 10).await,
+            ["q1/t1", "q1/t2", "q1/t3", "q1/t5"]
+        );
+        assert_eq!(read(None, Some("t2"), 10).await, ["q1/t3", "q1/t5"]);
+        assert_eq!(read(None, None, 2).await, ["q1/t1", "q1/t2"]);
+        assert_eq!(read(Some("succeeded"), None, 10).await, ["q1/t1", "q1/t3"]);
+        assert_eq!(
+            read(Some("failed"), Some("t2"), 10).await,
+            Vec::<String>::new()
+        );
+        // Five kept: one more drops the oldest (q1's t3).
+        s.list(vec![rec("q1", "succeeded", "t9")]).await.unwrap();
+        assert_eq!(read(Some("succeeded"), None, 10).await, ["q1/t1", "q1/t9"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,8 +91,7 @@ impl Core {
                 limit,
                 cursor,
             } => {
-                let r = self.list_tasks(now, &queue, state, limit, cursor);
-                self.replies.push_back((cmd, Reply::Tasks(r)));
+                self.list_tasks(now, cmd, queue, state, limit, cursor);
             }
             Command::SetBoost { queue, tag, boost } => {
                 let r = self.write_setting(now, &queue, |d| {
@@ -311,26 +310,79 @@ impl Core {
         })
     }
 
+    /// Answers a listing of a queue's tasks ([`Command::ListTasks`]): at once if only live
+    /// tasks can match (`state` is not final), else once the store has read this node's
+    /// finished tasks of the queue ([`Io::ListFinished`], [`Core::handle_listed`]).
+    fn list_tasks(
+        &mut self,
+        now: Time,
+        cmd: CommandId,
+        queue: QueueId,
+        state: Option<TaskState>,
+        limit: usize,
+        cursor: Option<TaskId>,
+    ) {
+        let limit = limit.clamp(1, api::MAX_LIST);
+        if !self.queues.contains_key(&queue) {
+            self.replies
+                .push_back((cmd, Reply::Tasks(Err(QueueError::NotJoined(queue)))));
+            return;
+        }
+        if state.is_some_and(|s| !s.is_final()) {
+            let r = self.list_page(now, &queue, state, limit, cursor.as_ref(), Vec::new());
+            self.replies.push_back((cmd, Reply::Tasks(r)));
+            return;
+        }
+        self.io.push_back(Io::ListFinished {
+            cmd,
+            queue: queue.clone(),
+            state,
+            after: cursor.clone(),
+            limit: limit + 1,
+        });
+        self.listings.insert(
+            cmd,
+            ListWait {
+                queue,
+                state,
+                limit,
+                cursor,
+            },
+        );
+    }
+
+    /// The store's answer to [`Io::ListFinished`]: the listing entries (JSON) it holds, in
+    /// task id order; the listing waiting for them is answered.
+    pub fn handle_listed(&mut self, now: Time, cmd: CommandId, entries: Vec<Vec<u8>>) {
+        if let Some(w) = self.listings.remove(&cmd) {
+            let r = self.list_page(now, &w.queue, w.state, w.limit, w.cursor.as_ref(), entries);
+            self.replies.push_back((cmd, Reply::Tasks(r)));
+        }
+        self.turn(now);
+    }
+
     /// A page of a queue's tasks, by id: those its current document indexes (live, and final
-    /// until a rotation leaves them behind), then those that ended lately on this node and
-    /// left it (its recent ends). Each entry is the task's status from the queue document
-    /// (a task with a document of its own shows no input or result here), without runs.
-    pub(super) fn list_tasks(
+    /// until a rotation leaves them behind), those that ended lately on this node and left
+    /// it (its recent ends), and `stored`: the listing entries of finished tasks the store
+    /// read, which may repeat them (the view's or the recent end's status is shown then).
+    /// Each entry is the task's status from the queue document (a task with a document of its
+    /// own shows no input or result here), without runs. `next_cursor` is set if more follow.
+    fn list_page(
         &self,
         now: Time,
         id: &QueueId,
         state: Option<TaskState>,
         limit: usize,
-        cursor: Option<TaskId>,
+        cursor: Option<&TaskId>,
+        stored: Vec<Vec<u8>>,
     ) -> Result<api::TaskList, QueueError> {
         let q = self
             .queues
             .get(id)
             .ok_or_else(|| QueueError::NotJoined(id.clone()))?;
-        let limit = limit.clamp(1, api::MAX_LIST);
         let doc = self.replica.get(&q.doc);
         let mut entries: BTreeMap<TaskId, std::sync::Arc<TaskEntry>> = BTreeMap::new();
-        let after = |t: &TaskId| cursor.as_ref().is_none_or(|c| t > c);
+        let after = |t: &TaskId| cursor.is_none_or(|c| t > c);
         for (tid, t) in q.view.tasks() {
             if after(tid) {
                 entries.insert(tid.clone(), std::sync::Arc::clone(t));
@@ -342,9 +394,13 @@ impl Core {
                 entries.insert(tid.clone(), end.shared_entry());
             }
         }
-        let mut tasks = Vec::new();
-        let mut next_cursor = None;
+        // The first `limit + 1` matches of the view and the recent ends, then of the store:
+        // the page is the first `limit` of their union, and more follow if it has more.
+        let mut page: BTreeMap<TaskId, serde_json::Value> = BTreeMap::new();
         for (tid, t) in entries {
+            if page.len() > limit {
+                break;
+            }
             let outputs = match (t.input.is_some() && t.state().is_final(), doc) {
                 (true, Some(d)) => piecework_queue_doc::read_outputs(d, &tid),
                 _ => Vec::new(),
@@ -353,21 +409,32 @@ impl Core {
             if state.is_some_and(|want| want != s.state) {
                 continue;
             }
-            if tasks.len() == limit {
-                break;
-            }
-            next_cursor = Some(tid.clone());
             let mut v = serde_json::to_value(&s).unwrap_or_default();
             if let Some(o) = v.as_object_mut() {
                 o.remove("runs");
             }
-            tasks.push(v);
+            page.insert(tid, v);
         }
-        // A full page may have more after it; a short one is the last.
-        if tasks.len() < limit {
-            next_cursor = None;
+        for json in stored {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(&json) else {
+                continue;
+            };
+            let Some(tid) = v.get("id").and_then(|i| i.as_str()).map(TaskId::new) else {
+                continue;
+            };
+            let fits =
+                state.is_none_or(|want| v.get("state") == serde_json::to_value(want).ok().as_ref());
+            if after(&tid) && fits {
+                page.entry(tid).or_insert(v);
+            }
         }
-        Ok(api::TaskList { tasks, next_cursor })
+        let more = page.len() > limit;
+        let tasks: Vec<(TaskId, serde_json::Value)> = page.into_iter().take(limit).collect();
+        let next_cursor = more.then(|| tasks.last().map(|(t, _)| t.clone())).flatten();
+        Ok(api::TaskList {
+            tasks: tasks.into_iter().map(|(_, v)| v).collect(),
+            next_cursor,
+        })
     }
 
     /// The status of a joined queue, from this node's view.

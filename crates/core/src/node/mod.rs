@@ -87,6 +87,8 @@ pub struct Core {
     lookup: Lookups,
     /// Final statuses of inline tasks: to archive, and the latest archived.
     archive: Archive,
+    /// Listings waiting for the store's finished tasks ([`Io::ListFinished`]).
+    listings: BTreeMap<CommandId, ListWait>,
     /// The records of the tasks this node saw end lately (`Core::keep_ends`).
     ends: Ends,
     /// This node's runs and the writes they make.
@@ -131,6 +133,7 @@ impl Core {
             std::mem::take(&mut config.retired),
         );
         let resume = std::mem::take(&mut config.resume).into_iter().collect();
+        let ends = Ends::keeping(config.recent_ends);
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let mut actor = [0u8; 16];
         rng.fill_bytes(&mut actor);
@@ -178,7 +181,8 @@ impl Core {
             opens: Vec::new(),
             lookup: Lookups::default(),
             archive: Archive::default(),
-            ends: Ends::default(),
+            listings: BTreeMap::new(),
+            ends,
             runs: Runs::default(),
             epochs: Epochs::default(),
             stale: BTreeSet::new(),

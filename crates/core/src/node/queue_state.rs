@@ -15,6 +15,15 @@ use piecework_router::{Action as RouterAction, Router};
 
 use crate::{CommandId, max_claim};
 
+/// A listing waiting for the store's finished tasks ([`crate::Io::ListFinished`]).
+#[derive(Debug)]
+pub(super) struct ListWait {
+    pub(super) queue: QueueId,
+    pub(super) state: Option<piecework_queue_doc::TaskState>,
+    pub(super) limit: usize,
+    pub(super) cursor: Option<piecework_queue_doc::TaskId>,
+}
+
 /// A rotation whose successor is being built ([`Io::Rotate`]).
 #[derive(Debug)]
 pub(super) struct Rotating {

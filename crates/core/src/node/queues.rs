@@ -266,6 +266,7 @@ impl Core {
                 }
             }
             if final_now {
+                self.archive.list(listed(id, t, &outputs));
                 self.ends
                     .record_of(Some(id), TaskEnd::new(Arc::clone(t), outputs));
             }
@@ -360,6 +361,7 @@ impl Core {
                 Some((entry, read_outputs(doc, tid)))
             });
             let found = found.map(|(entry, outputs)| {
+                self.archive.list(listed(id, &entry, &outputs));
                 let status = status_with_outputs(id, &entry, &outputs);
                 self.ends
                     .record_of(Some(id), TaskEnd::new(Arc::new(entry), outputs));
@@ -586,5 +588,23 @@ impl Core {
             addrs.truncate(MAX_ADDRS_PER_MEMBER);
             self.io.push_back(Io::Dial { peer, addrs });
         }
+    }
+}
+
+/// A task that became final, as listings of its queue show it ([`crate::Listed`]).
+fn listed(
+    id: &QueueId,
+    t: &TaskEntry,
+    outputs: &[(piecework_queue_doc::AttemptId, Output)],
+) -> crate::Listed {
+    let mut v = serde_json::to_value(status_with_outputs(id, t, outputs)).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("runs");
+    }
+    crate::Listed {
+        queue: id.clone(),
+        task: t.id.clone(),
+        state: t.state(),
+        entry: v.to_string().into_bytes(),
     }
 }

@@ -244,7 +244,8 @@ impl Core {
             return;
         }
         let records = self.archive.take(RECENT_ARCHIVED);
-        self.io.push_back(Io::Archive { records });
+        let listed = self.archive.take_listed();
+        self.io.push_back(Io::Archive { records, listed });
     }
 
     /// The input (JSON text) of an inline task that the queue's current view indexes.

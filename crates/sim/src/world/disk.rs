@@ -35,6 +35,8 @@ pub(super) struct Disk {
     pub(super) epochs: BTreeMap<QueueId, DocId>,
     /// Archived final statuses of inline tasks.
     pub(super) archive: BTreeMap<TaskId, Vec<u8>>,
+    /// Listing entries of finished tasks, by queue and task (`Io::Archive`'s `listed`).
+    pub(super) listing: BTreeMap<(QueueId, TaskId), piecework_core::Listed>,
     /// Retired documents not deleted yet, in the order retired (handed back at a restart).
     pub(super) retired: Vec<(DocId, Retired)>,
     /// Writes in flight (not acknowledged yet).
@@ -156,4 +158,40 @@ impl World {
         self.nodes[node].core.handle_archived(t, task, status);
         self.drive(node);
     }
+
+    /// A listing's read of the finished tasks of a queue ([`piecework_core::Io::ListFinished`]).
+    pub(super) fn listed(
+        &mut self,
+        node: usize,
+        incarnation: u64,
+        cmd: piecework_core::CommandId,
+        read: ListRead,
+    ) {
+        if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+            return;
+        }
+        let entries = self.nodes[node]
+            .disk
+            .listing
+            .range((read.queue.clone(), TaskId::new(""))..)
+            .take_while(|((q, _), _)| *q == read.queue)
+            .filter(|((_, t), l)| {
+                read.after.as_ref().is_none_or(|a| t > a) && read.state.is_none_or(|s| s == l.state)
+            })
+            .take(read.limit)
+            .map(|(_, l)| l.entry.clone())
+            .collect();
+        let t = self.time(node);
+        self.nodes[node].core.handle_listed(t, cmd, entries);
+        self.drive(node);
+    }
+}
+
+/// What a listing reads from the disk.
+#[derive(Debug)]
+pub(super) struct ListRead {
+    pub(super) queue: QueueId,
+    pub(super) state: Option<piecework_queue_doc::TaskState>,
+    pub(super) after: Option<TaskId>,
+    pub(super) limit: usize,
 }

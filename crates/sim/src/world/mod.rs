@@ -115,6 +115,13 @@ enum Ev {
         incarnation: u64,
         task: TaskId,
     },
+    /// A listing's read of finished tasks.
+    Listed {
+        node: usize,
+        incarnation: u64,
+        cmd: piecework_core::CommandId,
+        read: disk::ListRead,
+    },
     Submit,
     Join {
         node: usize,
@@ -636,6 +643,12 @@ impl World {
                 incarnation,
                 task,
             } => self.archived(node, incarnation, task),
+            Ev::Listed {
+                node,
+                incarnation,
+                cmd,
+                read,
+            } => self.listed(node, incarnation, cmd, read),
             Ev::Submit => self.submit(),
             Ev::Join { node, queue } => self.join(node, queue),
             Ev::Fault(f) => self.fault(&f),

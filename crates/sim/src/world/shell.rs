@@ -273,9 +273,36 @@ impl World {
                 disk.delete(&doc);
                 disk.retired.retain(|(d, _)| *d != doc);
             }
-            Io::Archive { records } => {
+            Io::Archive { records, listed } => {
                 self.count("archived");
                 self.nodes[i].disk.archive.extend(records);
+                for l in listed {
+                    let key = (l.queue.clone(), l.task.clone());
+                    self.nodes[i].disk.listing.insert(key, l);
+                }
+            }
+            Io::ListFinished {
+                cmd,
+                queue,
+                state,
+                after,
+                limit,
+            } => {
+                let read = super::disk::ListRead {
+                    queue,
+                    state,
+                    after,
+                    limit,
+                };
+                self.schedule_at(
+                    self.now_us + READ_US,
+                    Ev::Listed {
+                        node: i,
+                        incarnation: inc,
+                        cmd,
+                        read,
+                    },
+                );
             }
             Io::Lookup { task } => {
                 self.schedule_at(

@@ -1,11 +1,14 @@
 //! `Archive`: the final statuses of inline tasks to archive at the end of the turn, and the
-//! latest archived, kept in memory too. A sub-machine: its fields are its own. The turn records
+//! latest archived, kept in memory too; and the listing entries of every task that became
+//! final, to store for listings. A sub-machine: its fields are its own. The turn records
 //! statuses into it; it asks it whether any waits, for a recent one, and takes the turn's
 //! records from it to hand to the driver. It asks nothing of the others.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use piecework_queue_doc::TaskId;
+
+use crate::Listed;
 
 /// Final statuses of inline tasks: to archive, and the latest archived.
 #[derive(Debug, Default)]
@@ -18,6 +21,8 @@ pub(in crate::node) struct Archive {
     recent: BTreeMap<TaskId, Vec<u8>>,
     /// `recent`'s keys, oldest first.
     order: VecDeque<TaskId>,
+    /// Listing entries of tasks that became final this turn.
+    listed: Vec<Listed>,
 }
 
 impl Archive {
@@ -26,9 +31,19 @@ impl Archive {
         self.pending.push((task, json));
     }
 
-    /// Whether statuses wait to be archived.
+    /// A task that became final, to list at the end of this turn.
+    pub(in crate::node) fn list(&mut self, listed: Listed) {
+        self.listed.push(listed);
+    }
+
+    /// Whether statuses or listing entries wait to be stored.
     pub(in crate::node) fn is_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.pending.is_empty() || !self.listed.is_empty()
+    }
+
+    /// The turn's listing entries, for the driver to store.
+    pub(in crate::node) fn take_listed(&mut self) -> Vec<Listed> {
+        std::mem::take(&mut self.listed)
     }
 
     /// A status archived lately (kept in memory), if `task` is among them.

@@ -23,8 +23,10 @@ pub(in crate::node) const RECENT_ENDS: usize = 4_096;
 pub(in crate::node) const RECENT_ENDS_BYTES: usize = 32 * 1024 * 1024;
 
 /// The ends of the tasks seen ending lately, oldest forgotten first.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(in crate::node) struct Ends {
+    /// How many are kept ([`RECENT_ENDS`] unless configured otherwise).
+    limit: usize,
     ends: BTreeMap<TaskId, TaskEnd>,
     /// The queue of each kept end (a listing of a queue's tasks shows them).
     queues: BTreeMap<TaskId, QueueId>,
@@ -33,7 +35,24 @@ pub(in crate::node) struct Ends {
     bytes: usize,
 }
 
+impl Default for Ends {
+    fn default() -> Self {
+        Ends::keeping(RECENT_ENDS)
+    }
+}
+
 impl Ends {
+    /// Ends that keep at most `limit` tasks' ends.
+    pub(in crate::node) fn keeping(limit: usize) -> Self {
+        Ends {
+            limit,
+            ends: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
     /// Keeps a task's end (replacing any kept of it), forgetting the oldest beyond the
     /// bounds. Costs no read of any document: the entry is the view's.
     #[cfg(test)]
@@ -56,7 +75,7 @@ impl Ends {
             None => self.order.push_back(task),
         }
         self.bytes += size;
-        while self.order.len() > RECENT_ENDS || self.bytes > RECENT_ENDS_BYTES {
+        while self.order.len() > self.limit || self.bytes > RECENT_ENDS_BYTES {
             let Some(t) = self.order.pop_front() else {
                 break;
             };
