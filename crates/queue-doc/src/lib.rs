@@ -21,6 +21,10 @@
 //!   [`task::read`], [`task::read_input`]. Earlier versions wrote a run's start when it began
 //!   ([`task::record_run_start`], [`task::record_run_end`]); those records still read.
 //!
+//! The queue's run-time settings (pause, configuration fields, tag boosts) and its named
+//! schedules ([`schedule`]: [`queue::put_schedule`], [`Schedule::due`], fired with
+//! [`queue::submit_fired`]) are registers in its `config` map whose greatest write wins.
+//!
 //! A queue is a chain of epoch documents: the active router rotates a queue document into a
 //! successor holding only what is live ([`epoch::build_successor`], [`epoch::seal`]), and late
 //! writes to a sealed one are carried over ([`epoch::carry`]).

@@ -37,6 +37,9 @@ pub const MAX_TEMPLATE: usize = 64 * 1024;
 /// Counting missed slots of a cron schedule stops at this many (the count saturates).
 const MAX_COUNTED: u64 = 100_000;
 
+/// Keys of each kind (schedule, slot) a read looks at, at most.
+const MAX_READ_KEYS: usize = 16 * MAX_SCHEDULES;
+
 const SCHEDULE: &str = "schedule/";
 const SLOT: &str = "slot/";
 
@@ -379,8 +382,11 @@ fn read_registers<R: ReadDoc>(doc: &R) -> Registers {
         return regs;
     };
     for (prefix, end) in [(SCHEDULE, "schedule0"), (SLOT, "slot0")] {
+        // Bounded: a hostile member that writes a flood of keys costs a read this much at
+        // most (it can hide the schedules named after its keys, as it could rewrite them).
         let keys: Vec<String> = doc
             .map_range(&obj, prefix.to_owned()..end.to_owned())
+            .take(MAX_READ_KEYS)
             .map(|item| item.key.to_string())
             .collect();
         for key in keys {

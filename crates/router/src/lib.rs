@@ -13,7 +13,9 @@
 //!   when [`Router::poll_timeout`] says so.
 //! - Outputs: drain [`Router::poll_action`] after every input and carry each action out:
 //!   [`Action::Claim`] and [`Action::Assign`] are writes to the queue document (then feed the new
-//!   view back), [`Action::Beat`] is a broadcast. [`Router::poll_event`] reports role changes.
+//!   view back), [`Action::Fire`] asks for one task per due schedule slot (a submit and the
+//!   slot's record, in one change), [`Action::Beat`] is a broadcast. Tell the router the wall
+//!   clock with [`Router::handle_clock`]: not-before times and schedule slots are wall times. [`Router::poll_event`] reports role changes.
 //! - Then ask [`Router::poll_timeout`] for the next deadline.
 //!
 //! # The protocol
