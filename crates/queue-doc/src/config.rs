@@ -55,6 +55,7 @@ impl Order {
 /// | `retry_backoff_max_ms` | `retry_backoff_ms` | [`MAX_RETRY_BACKOFF_MS`](Self::MAX_RETRY_BACKOFF_MS) (24 h) |
 /// | `concurrency` | 0 (no limit) | [`MAX_CONCURRENCY`](Self::MAX_CONCURRENCY) (1,000,000) |
 /// | `rate_interval_ms` | 0 (no limit) | [`MAX_RATE_INTERVAL_MS`](Self::MAX_RATE_INTERVAL_MS) (24 h) |
+/// | `timeout_ms` | 0 (no timeout) | [`MAX_TIMEOUT_MS`](crate::MAX_TIMEOUT_MS) (7 days) |
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct QueueConfig {
@@ -81,6 +82,9 @@ pub struct QueueConfig {
     pub rate_interval_ms: u64,
     /// Which of two tasks of equal priority runs first.
     pub order: Order,
+    /// A run of a task without its own `timeout_ms` that goes on this long is cancelled and
+    /// recorded failed, "timed out after N ms" (0: no timeout).
+    pub timeout_ms: u64,
 }
 
 impl Default for QueueConfig {
@@ -97,6 +101,7 @@ impl Default for QueueConfig {
             concurrency: 0,
             rate_interval_ms: 0,
             order: Order::Fifo,
+            timeout_ms: 0,
         }
     }
 }
@@ -249,6 +254,7 @@ impl QueueConfig {
             0,
             Self::MAX_RATE_INTERVAL_MS,
         )?;
+        range("timeout_ms", self.timeout_ms, 0, crate::MAX_TIMEOUT_MS)?;
         range(
             "concurrency",
             u64::from(self.concurrency),
@@ -333,6 +339,7 @@ impl QueueConfig {
             concurrency: self.concurrency.min(Self::MAX_CONCURRENCY),
             rate_interval_ms: self.rate_interval_ms.min(Self::MAX_RATE_INTERVAL_MS),
             order: self.order,
+            timeout_ms: self.timeout_ms.min(crate::MAX_TIMEOUT_MS),
         }
     }
 
@@ -344,6 +351,28 @@ impl QueueConfig {
             .saturating_mul(1u64 << shift)
             .min(self.retry_backoff_max_ms)
     }
+
+    /// The delay before retrying `task` after `failures` failed attempts, the last of them
+    /// numbered `n`: [`retry_delay_ms`](Self::retry_delay_ms) with "equal jitter", its first
+    /// half fixed and its second half spread by a hash of `(task, n)`. Tasks that fail
+    /// together retry apart, and every router computes the same delay for one failure.
+    pub fn retry_delay_jittered_ms(&self, failures: u32, task: &crate::TaskId, n: u64) -> u64 {
+        let delay = self.retry_delay_ms(failures);
+        let half = delay / 2;
+        let spread = delay - half;
+        half + jitter(task.as_str(), n) % spread.saturating_add(1)
+    }
+}
+
+/// A hash of `(task, n)` that every version and platform computes alike (64-bit FNV-1a).
+fn jitter(task: &str, n: u64) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in task.bytes().chain(n.to_le_bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
 }
 
 #[cfg(test)]
@@ -420,5 +449,28 @@ mod tests {
         assert_eq!(c.retry_delay_ms(2), 2_000);
         assert_eq!(c.retry_delay_ms(3), 4_000);
         assert_eq!(c.retry_delay_ms(40), 60_000);
+    }
+
+    #[test]
+    fn jittered_retry_delays_spread_over_the_upper_half_and_repeat_for_one_failure() {
+        let c = QueueConfig::default();
+        let delays: Vec<u64> = (0..200)
+            .map(|i| c.retry_delay_jittered_ms(2, &crate::TaskId::new(format!("t{i}")), 2))
+            .collect();
+        assert!(delays.iter().all(|d| (1_000..=2_000).contains(d)), "{delays:?}");
+        let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
+        assert!(distinct.len() > 150, "tasks that fail together retry apart");
+        let t = crate::TaskId::new("t7");
+        assert_eq!(
+            c.retry_delay_jittered_ms(2, &t, 2),
+            c.retry_delay_jittered_ms(2, &t, 2)
+        );
+        assert_ne!(
+            c.retry_delay_jittered_ms(2, &t, 2),
+            c.retry_delay_jittered_ms(2, &t, 3)
+        );
+        // The fixed value this hash gives, so that a change of it shows here: every router
+        // of a queue must compute the same delay.
+        assert_eq!(jitter("t7", 2), 0x40ef41fd1386fd3e);
     }
 }

@@ -14,7 +14,7 @@ use automerge::transaction::Transactable;
 use automerge::{Automerge, ObjType, ROOT};
 
 use crate::am;
-use crate::entry::TaskEntry;
+use crate::entry::{Cancel, Requeue, TaskEntry};
 use crate::epoch::{CARRIED, attempt_value};
 use crate::ids::AttemptId;
 use crate::keys;
@@ -68,7 +68,7 @@ impl TaskEnd {
     /// The records it writes: (index in `CARRIED`, attempt key, packed value).
     fn records(&self) -> impl Iterator<Item = (usize, String, String)> + '_ {
         let task = &self.entry.id;
-        self.entry.attempts.iter().flat_map(move |a| {
+        let attempts = self.entry.attempts.iter().flat_map(move |a| {
             let key = packed::attempt_key(task, &a.id);
             let assigned = packed::Assigned {
                 w: a.worker.to_string(),
@@ -94,7 +94,46 @@ impl TaskEnd {
             .into_iter()
             .flatten()
             .map(move |(i, v)| (i, key.clone(), v))
-        })
+        });
+        // A cancel ends a task too; a requeue keeps its attempt numbers going.
+        let marks = [
+            self.entry.cancel.as_ref().map(|c| (8, packed::encode(c))),
+            self.entry.requeue.as_ref().map(|q| (9, packed::encode(q))),
+        ];
+        attempts.chain(
+            marks
+                .into_iter()
+                .flatten()
+                .map(move |(i, v)| (i, task.to_string(), v)),
+        )
+    }
+}
+
+/// The value to write under `key` of `CARRIED[i]` in `into` for a kept record `theirs`: an
+/// attempt record if newer than `into`'s, a cancel or requeue merged with `into`'s.
+fn kept_value<R: automerge::ReadDoc>(
+    i: usize,
+    theirs: String,
+    into: &R,
+    key: &str,
+) -> Option<automerge::ScalarValue> {
+    fn merged<T: crate::read::Merge + serde::Serialize + PartialEq + Clone>(
+        theirs: String,
+        mine: Option<T>,
+    ) -> Option<automerge::ScalarValue> {
+        let theirs = packed::decode::<T>(&theirs)?;
+        let merged = match mine.clone() {
+            Some(m) => m.merge(theirs),
+            None => theirs,
+        };
+        (Some(&merged) != mine.as_ref())
+            .then(|| automerge::ScalarValue::from(packed::encode(&merged)))
+    }
+    let mine = |map| crate::read::packed_values(into, map, key);
+    match i {
+        8 => merged(theirs, crate::read::merged_of::<Cancel>(mine(packed::CANCELS))),
+        9 => merged(theirs, crate::read::merged_of::<Requeue>(mine(packed::REQUEUES))),
+        _ => attempt_value(i, std::iter::once(theirs), into, key),
     }
 }
 
@@ -110,7 +149,7 @@ pub fn write_ends(into: &mut Automerge, ends: &[&TaskEnd]) -> Result<usize, Writ
             return Err(WriteError::NotAQueue);
         }
         for (i, key, theirs) in ends.iter().flat_map(|e| e.records()) {
-            let Some(v) = attempt_value(i, std::iter::once(theirs), tx, &key) else {
+            let Some(v) = kept_value(i, theirs, tx, &key) else {
                 continue;
             };
             let target = match am::object(tx, &ROOT, CARRIED[i], ObjType::Map) {
@@ -148,6 +187,8 @@ mod tests {
             dependencies: Default::default(),
             bump: None,
             duplicate_of: None,
+            cancel: None,
+            requeue: None,
         };
         let bare = TaskEnd::new(Arc::new(entry(None)), Vec::new());
         let with_input = TaskEnd::new(Arc::new(entry(Some("x".repeat(1000)))), Vec::new());

@@ -119,10 +119,10 @@ pub enum TaskState {
     /// available ([`crate::queue::mark_input_available`]).
     #[serde(rename = "input_unavailable")]
     InputUnavailable,
-    /// Failed `max_attempts` times: dead-lettered.
+    /// Failed `max_attempts` times since its latest requeue: dead-lettered.
     Failed,
-    /// Ended without running to success: a dependency failed or was cancelled
-    /// ([`TaskEntry::cancel_reason`] says which).
+    /// Ended without running to success: a member cancelled it, or a dependency failed or was
+    /// cancelled ([`TaskEntry::cancel_reason`] says which).
     Cancelled,
     /// Some attempt succeeded.
     Succeeded,
@@ -242,6 +242,52 @@ pub struct Rules {
     /// [`valid_tag`]). Sorted, without repeats; readers keep at most [`MAX_TAGS`] valid ones.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub requires: Vec<String>,
+    /// A run past this many milliseconds is cancelled and recorded failed, "timed out after N
+    /// ms" (0: the queue's `timeout_ms`; readers clamp it to [`MAX_TIMEOUT_MS`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub timeout_ms: u64,
+}
+
+/// The longest per-task timeout, and the longest queue default: 7 days.
+pub const MAX_TIMEOUT_MS: u64 = 7 * 24 * 3_600_000;
+
+/// A cancel request for a task (`cancels/<task>`): who asked, and when. Concurrent requests
+/// merge to the earliest `(t, b)`; any one of them cancels the task.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Cancel {
+    /// When (unix ms, the requesting member's clock).
+    pub t: u64,
+    /// The member that asked.
+    pub b: String,
+}
+
+impl Cancel {
+    /// The merge of two requests: the earlier.
+    pub fn merge(self, other: Cancel) -> Cancel {
+        self.min(other)
+    }
+}
+
+/// A requeue of a dead-lettered task (`requeues/<task>`): failures count only in attempts
+/// numbered above `n`, so the task is pending again with a fresh budget. Concurrent requeues
+/// merge to the greatest `(n, s, t)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Requeue {
+    /// The task's highest attempt number when it was requeued: later attempts number above it.
+    pub n: u64,
+    /// How many runs of the task had started by then, over its whole life.
+    #[serde(default)]
+    pub s: u64,
+    /// When (unix ms, the requeuing member's clock).
+    #[serde(default)]
+    pub t: u64,
+}
+
+impl Requeue {
+    /// The merge of two requeues: the greater.
+    pub fn merge(self, other: Requeue) -> Requeue {
+        self.max(other)
+    }
 }
 
 /// The longest dedup or idempotency key, in bytes.
@@ -308,6 +354,7 @@ impl Rules {
             self.dedup_after.clear();
         }
         self.dedup_after.truncate(MAX_DEPENDENCIES);
+        self.timeout_ms = self.timeout_ms.min(MAX_TIMEOUT_MS);
         self
     }
 
@@ -358,25 +405,67 @@ pub struct TaskEntry {
     /// key, was made without knowing of it, and has not started). The task is then
     /// `cancelled`, naming it.
     pub duplicate_of: Option<TaskId>,
+    /// A member's request to cancel it, merged (see [`Cancel`]).
+    pub cancel: Option<Cancel>,
+    /// Its latest requeue (see [`Requeue`]).
+    pub requeue: Option<Requeue>,
 }
 
 impl TaskEntry {
-    /// The number of failed attempts (errors and interruptions).
+    /// The attempt number its latest requeue was written at (0: never requeued): only later
+    /// attempts count towards `max_attempts`.
+    pub fn requeued_at(&self) -> u64 {
+        self.requeue.map_or(0, |r| r.n)
+    }
+
+    /// The attempts since its latest requeue (all of them if never requeued).
+    fn since_requeue(&self) -> impl Iterator<Item = &Attempt> {
+        let after = self.requeued_at();
+        self.attempts.iter().filter(move |a| a.id.n > after)
+    }
+
+    /// The number of failed attempts (errors and interruptions) since its latest requeue.
     pub fn failures(&self) -> u32 {
         let n = self
-            .attempts
-            .iter()
+            .since_requeue()
             .filter(|a| a.finished.as_ref().is_some_and(|f| f.outcome.is_failure()))
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// How many runs of it started over its whole life (refusals do not count, a requeue does
+    /// not reset it): the number a run's handler sees as its attempt, its own start included.
+    pub fn runs_started(&self) -> u64 {
+        let after = self.requeued_at();
+        let started = |before: bool| {
+            self.attempts
+                .iter()
+                .filter(|a| a.started.is_some() && (a.id.n <= after) == before)
+                .count() as u64
+        };
+        let earlier = self.requeue.map_or(0, |r| r.s).max(started(true));
+        earlier.saturating_add(started(false))
+    }
+
+    /// The requeue a member writes to reopen it now, at `now_ms`: above its every attempt.
+    pub fn requeue_now(&self, now_ms: u64) -> Requeue {
+        Requeue {
+            n: self.last_n(),
+            s: self.runs_started(),
+            t: now_ms,
+        }
+    }
+
+    /// Whether a member asked to cancel it.
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel.is_some()
     }
 
     /// The number of attempts not run (refused: fenced, busy worker, superseded; or the task's
     /// document unavailable).
     pub fn refusals(&self) -> u32 {
         let n = self
-            .attempts
-            .iter()
+            .since_requeue()
             .filter(|a| {
                 a.finished.as_ref().is_some_and(|f| {
                     matches!(
@@ -389,9 +478,15 @@ impl TaskEntry {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// The highest attempt number, 0 if never assigned.
+    /// The highest attempt number, 0 if never assigned (at least the number its latest
+    /// requeue was written at).
     pub fn last_n(&self) -> u64 {
-        self.attempts.iter().map(|a| a.id.n).max().unwrap_or(0)
+        self.attempts
+            .iter()
+            .map(|a| a.id.n)
+            .max()
+            .unwrap_or(0)
+            .max(self.requeued_at())
     }
 
     /// The attempts with the highest number (more than one only after concurrent routers).
@@ -409,11 +504,14 @@ impl TaskEntry {
             .map(|(d, s)| (d, *s))
     }
 
-    /// Why the task was cancelled, if it was: `"duplicate of <id>"`, `"dependency <id>
-    /// failed"` or `"dependency <id> was cancelled"`.
+    /// Why the task was cancelled, if it was: `"cancelled by <peer>"`, `"duplicate of
+    /// <id>"`, `"dependency <id> failed"` or `"dependency <id> was cancelled"`.
     pub fn cancel_reason(&self) -> Option<String> {
         if self.state() != TaskState::Cancelled {
             return None;
+        }
+        if let Some(c) = &self.cancel {
+            return Some(format!("cancelled by {}", c.b));
         }
         if let Some(s) = &self.duplicate_of {
             return Some(format!("duplicate of {s}"));
@@ -469,7 +567,7 @@ impl TaskEntry {
         }) {
             return TaskState::Succeeded;
         }
-        if self.duplicate_of.is_some() || self.cancelled_by().is_some() {
+        if self.duplicate_of.is_some() || self.cancelled_by().is_some() || self.cancel.is_some() {
             return TaskState::Cancelled;
         }
         if self.failures() >= self.max_attempts {
@@ -477,6 +575,7 @@ impl TaskEntry {
         }
         let n = self.last_n();
         let unavailable = n > self.input_seen
+            && self.current_attempts().next().is_some()
             && self.current_attempts().all(|a| {
                 a.finished
                     .as_ref()

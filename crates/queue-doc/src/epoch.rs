@@ -425,6 +425,8 @@ pub fn build_successor(
         let seen = tx.put_object(ROOT, packed::SEEN, ObjType::Map)?;
         let output = tx.put_object(ROOT, packed::OUTPUT, ObjType::Map)?;
         let bumps = tx.put_object(ROOT, packed::BUMPS, ObjType::Map)?;
+        let cancels = tx.put_object(ROOT, packed::CANCELS, ObjType::Map)?;
+        let requeues = tx.put_object(ROOT, packed::REQUEUES, ObjType::Map)?;
         let idem = tx.put_object(ROOT, packed::IDEMPOTENCY, ObjType::Map)?;
         // Idempotency records younger than IDEMPOTENCY_KEEP_MS (by this clock) go on.
         for m in am::all_objects(old, &ROOT, packed::IDEMPOTENCY, ObjType::Map) {
@@ -489,6 +491,14 @@ pub fn build_successor(
             }
             if let Some(b) = &t.bump {
                 tx.put(&bumps, t.id.as_str(), packed::encode(b))?;
+            }
+            // A live task has no cancel (a cancel makes it final): copied all the same, so
+            // that the successor reads the entry exactly as the view does.
+            if let Some(c) = &t.cancel {
+                tx.put(&cancels, t.id.as_str(), packed::encode(c))?;
+            }
+            if let Some(q) = &t.requeue {
+                tx.put(&requeues, t.id.as_str(), packed::encode(q))?;
             }
         }
         Ok::<_, RotateError>(())
@@ -696,7 +706,7 @@ fn key_of(obj: &ObjId) -> Option<ObjKey> {
 
 /// The maps carried, in the order they are carried: task entries first, so that the records
 /// of a task submitted late find it.
-pub(crate) const CARRIED: [&str; 8] = [
+pub(crate) const CARRIED: [&str; 10] = [
     keys::TASKS,
     packed::ASSIGNED,
     packed::STARTED,
@@ -705,7 +715,12 @@ pub(crate) const CARRIED: [&str; 8] = [
     packed::OUTPUT,
     packed::BUMPS,
     packed::IDEMPOTENCY,
+    packed::CANCELS,
+    packed::REQUEUES,
 ];
+
+/// The index of the requeues in [`CARRIED`].
+const REQUEUES_AT: usize = 9;
 
 /// Carries into `into` the writes `from` received after `since`: for every key of the task
 /// index and the attempt maps that they touched, `into` ends up resolving to the greatest value
@@ -902,6 +917,15 @@ pub fn carry_covering(
             });
         }
         for (i, key) in &touched {
+            // A requeue reopens a task the successor may have left behind as final: its
+            // entry comes back with it (its attempt numbers and runs are in the requeue).
+            if *i == REQUEUES_AT
+                && !has_task(&*tx, key)
+                && let Some(entry) = carry_entry(from, &*tx, key, &|_| false)
+            {
+                tx.put(&targets[0], key.as_str(), entry.clone())?;
+                writes.insert((0, key.clone()), entry);
+            }
             let value = carried_value(from, tx, *i, key, dropped, false);
             match value {
                 Some(v) => {
@@ -936,7 +960,7 @@ pub fn carry_covering(
     .map_err(|f| f.error)?;
     out.writes += writes.len();
     out.tasks = writes.keys().filter(|(i, _)| *i == 0).count();
-    out.skipped = touched.len() - writes.len();
+    out.skipped = touched.iter().filter(|k| !writes.contains_key(*k)).count();
     Ok(out)
 }
 
@@ -1063,7 +1087,7 @@ fn carried_value<R: ReadDoc>(
             mine.is_none_or(|m| theirs < m)
                 .then(|| automerge::ScalarValue::from(packed::encode(&theirs)))
         }
-        1 | 2 | 4 | 6 if !absent_too && !has_task(into, packed::task_of(key)) => None,
+        1 | 2 | 4 | 6 | 8 if !absent_too && !has_task(into, packed::task_of(key)) => None,
         1..=3 | 5 => attempt_value(i, packed_values(from, CARRIED[i], key), into, key),
         6 => {
             let mine = crate::read::bump_of(packed_values(into, packed::BUMPS, key));
@@ -1071,12 +1095,36 @@ fn carried_value<R: ReadDoc>(
             let merged = mine.map_or(theirs, |m| m.merge(theirs));
             (Some(merged) != mine).then(|| automerge::ScalarValue::from(packed::encode(&merged)))
         }
+        8 => merged_value::<crate::entry::Cancel, R>(from, into, packed::CANCELS, key),
+        REQUEUES_AT => merged_value::<crate::entry::Requeue, R>(from, into, packed::REQUEUES, key),
         _ => {
             let theirs = max_uint_all(from, packed::SEEN, key);
             (theirs > max_uint_all(into, packed::SEEN, key))
                 .then_some(automerge::ScalarValue::Uint(theirs))
         }
     }
+}
+
+/// The merge of `from`'s and `into`'s values under `key` of record map `map`, if it differs
+/// from `into`'s.
+fn merged_value<T, R>(
+    from: &Automerge,
+    into: &R,
+    map: &str,
+    key: &str,
+) -> Option<automerge::ScalarValue>
+where
+    T: crate::read::Merge + Serialize + PartialEq + Clone,
+    R: ReadDoc,
+{
+    let mine = crate::read::merged_of::<T>(packed_values(into, map, key));
+    let theirs = crate::read::merged_of::<T>(packed_values(from, map, key))?;
+    let merged = match mine.clone() {
+        Some(m) => m.merge(theirs),
+        None => theirs,
+    };
+    (Some(&merged) != mine.as_ref())
+        .then(|| automerge::ScalarValue::from(packed::encode(&merged)))
 }
 
 /// The value to write under `key` of the attempt map `CARRIED[i]` (assignment, start, end or

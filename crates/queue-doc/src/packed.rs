@@ -13,6 +13,8 @@
 //! | `seen` | task id | the attempt number up to which its input was seen available | members |
 //! | `output` | attempt key | [`Output`] (result, logs) of an inline task's run | the worker's pool, with the end |
 //! | `bumps` | task id | a dedup bump (time, priority, urgency) | a member that took a submit with the task's dedup key |
+//! | `cancels` | task id | a cancel request (time, member) | any member |
+//! | `requeues` | task id | a requeue (attempt number, runs started, time) | any member |
 //! | `idempotency` | a client's idempotency key | the task its first submit made, and when | the member that took that submit |
 //!
 //! The attempt key is `TASK/N/TERM/ROUTER` (attempt number, and the assigning router's claim):
@@ -54,8 +56,17 @@ pub(crate) struct Idem {
     pub(crate) k: String,
 }
 
+/// Cancel requests, by task id (see [`crate::entry::Cancel`]). Made at a document's
+/// creation or rotation, or by the first cancel of a document made before they existed.
+pub(crate) const CANCELS: &str = "cancels";
+/// Requeues of dead-lettered tasks, by task id (see [`crate::entry::Requeue`]). Made like
+/// `cancels`.
+pub(crate) const REQUEUES: &str = "requeues";
+
 /// The layout-2 maps, by root key.
-pub(crate) const MAPS: [&str; 6] = [ASSIGNED, STARTED, ENDED, SEEN, OUTPUT, BUMPS];
+pub(crate) const MAPS: [&str; 8] = [
+    ASSIGNED, STARTED, ENDED, SEEN, OUTPUT, BUMPS, CANCELS, REQUEUES,
+];
 
 /// A task's index entry.
 #[derive(Debug, Serialize, Deserialize)]

@@ -245,6 +245,7 @@ pub(crate) fn write_config(
         ("retry_backoff_max_ms", c.retry_backoff_max_ms),
         ("concurrency", u64::from(c.concurrency)),
         ("rate_interval_ms", c.rate_interval_ms),
+        ("timeout_ms", c.timeout_ms),
     ] {
         tx.put(&obj, k, v)?;
     }
@@ -1068,6 +1069,67 @@ pub fn mark_input_available(
         }
         let map = layout_map(tx, packed::SEEN)?;
         tx.put(&map, task.as_str(), n)?;
+        Ok(())
+    })
+}
+
+/// Writes a member's request to cancel `task` (`cancels/<task>`): the task is `cancelled`
+/// unless a run of it succeeds (see [`crate::TaskState`]). Concurrent requests merge to the
+/// earliest. The caller checks that the task is not final; this only checks that the
+/// document indexes it.
+pub fn cancel(
+    doc: &mut Automerge,
+    task: &TaskId,
+    by: &PeerId,
+    now_ms: u64,
+) -> Result<(), AttemptError> {
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(AttemptError::NotAQueue);
+        }
+        if !task_exists(tx, task) {
+            return Err(AttemptError::UnknownTask(task.clone()));
+        }
+        let rec = crate::entry::Cancel {
+            t: now_ms,
+            b: by.to_string(),
+        };
+        let merged = crate::read::merged_of::<crate::entry::Cancel>(crate::read::packed_values(
+            &*tx,
+            packed::CANCELS,
+            task.as_str(),
+        ))
+        .map_or(rec.clone(), |m| m.merge(rec));
+        let map = layout_map(tx, packed::CANCELS)?;
+        tx.put(&map, task.as_str(), packed::encode(&merged))?;
+        Ok(())
+    })
+}
+
+/// Writes a requeue of `task` (`requeues/<task>`): failures count only in attempts numbered
+/// above `requeue.n`, so a dead-lettered task is pending again with a fresh budget, its
+/// attempts kept. Concurrent requeues merge to the greatest. The caller checks that the task
+/// is `failed` and builds `requeue` from its entry ([`crate::TaskEntry::requeue_now`]).
+pub fn requeue(
+    doc: &mut Automerge,
+    task: &TaskId,
+    requeue: crate::entry::Requeue,
+) -> Result<(), AttemptError> {
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(AttemptError::NotAQueue);
+        }
+        if !task_exists(tx, task) {
+            return Err(AttemptError::UnknownTask(task.clone()));
+        }
+        let merged = crate::read::merged_of::<crate::entry::Requeue>(crate::read::packed_values(
+            &*tx,
+            packed::REQUEUES,
+            task.as_str(),
+        ))
+        .map_or(requeue, |m| m.merge(requeue));
+        let map = layout_map(tx, packed::REQUEUES)?;
+        tx.put(&map, task.as_str(), packed::encode(&merged))?;
         Ok(())
     })
 }

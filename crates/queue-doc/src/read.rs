@@ -57,6 +57,8 @@ pub(crate) struct Records {
     ended: HashMap<String, Vec<String>>,
     seen: HashMap<String, u64>,
     bumps: HashMap<String, Vec<String>>,
+    cancels: HashMap<String, Vec<String>>,
+    requeues: HashMap<String, Vec<String>>,
 }
 
 impl Records {
@@ -85,6 +87,8 @@ impl Records {
             (packed::STARTED, &mut r.started),
             (packed::ENDED, &mut r.ended),
             (packed::BUMPS, &mut r.bumps),
+            (packed::CANCELS, &mut r.cancels),
+            (packed::REQUEUES, &mut r.requeues),
         ] {
             for m in am::all_objects(doc, &ROOT, name, ObjType::Map) {
                 for item in doc.map_range(&m, ..) {
@@ -155,6 +159,8 @@ pub(crate) fn read_task_entry_from(
                 rules,
                 bump: None,
                 duplicate_of: None,
+                cancel: None,
+                requeue: None,
             }
         }
         EntryValue::Other => return None,
@@ -223,7 +229,40 @@ pub(crate) fn read_task_entry_from(
         Some(r) => bump_of(r.bumps.get(id.as_str()).into_iter().flatten().cloned()),
         None => bump_of(packed_values(doc, packed::BUMPS, id.as_str())),
     };
+    entry.cancel = match records {
+        Some(r) => merged_of(r.cancels.get(id.as_str()).into_iter().flatten().cloned()),
+        None => merged_of(packed_values(doc, packed::CANCELS, id.as_str())),
+    };
+    entry.requeue = match records {
+        Some(r) => merged_of(r.requeues.get(id.as_str()).into_iter().flatten().cloned()),
+        None => merged_of(packed_values(doc, packed::REQUEUES, id.as_str())),
+    };
     Some(entry)
+}
+
+/// A record that merges with its concurrent values ([`crate::entry::Cancel`],
+/// [`crate::entry::Requeue`]).
+pub(crate) trait Merge: serde::de::DeserializeOwned {
+    fn merge(self, other: Self) -> Self;
+}
+
+impl Merge for crate::entry::Cancel {
+    fn merge(self, other: Self) -> Self {
+        crate::entry::Cancel::merge(self, other)
+    }
+}
+
+impl Merge for crate::entry::Requeue {
+    fn merge(self, other: Self) -> Self {
+        crate::entry::Requeue::merge(self, other)
+    }
+}
+
+/// The merge of a task's values of one record map; unreadable ones are skipped.
+pub(crate) fn merged_of<T: Merge>(values: impl Iterator<Item = String>) -> Option<T> {
+    values
+        .filter_map(|v| packed::decode::<T>(&v))
+        .reduce(T::merge)
 }
 
 /// The merge of a task's bump values (see [`crate::entry::Bump`]); unreadable ones are
@@ -395,6 +434,8 @@ fn read_map_entry(
         dependencies: Default::default(),
         bump: None,
         duplicate_of: None,
+        cancel: None,
+        requeue: None,
     })
 }
 

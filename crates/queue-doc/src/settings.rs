@@ -30,7 +30,7 @@ use crate::{am, keys};
 pub(crate) const PAUSED_AT: &str = "paused_at";
 
 /// The configuration's fields as the document names them, in the order they are written.
-pub(crate) const CONFIG_FIELDS: [&str; 11] = [
+pub(crate) const CONFIG_FIELDS: [&str; 12] = [
     "heartbeat_ms",
     "takeover_after_ms",
     "settle_ms",
@@ -42,6 +42,7 @@ pub(crate) const CONFIG_FIELDS: [&str; 11] = [
     "concurrency",
     "rate_interval_ms",
     "order",
+    "timeout_ms",
 ];
 
 /// A change to some of a queue's configuration fields; the others keep their values.
@@ -81,6 +82,9 @@ pub struct ConfigPatch {
     /// See [`QueueConfig::order`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order: Option<Order>,
+    /// See [`QueueConfig::timeout_ms`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 impl ConfigPatch {
@@ -96,6 +100,7 @@ impl ConfigPatch {
         set(&mut c.retry_backoff_ms, self.retry_backoff_ms);
         set(&mut c.retry_backoff_max_ms, self.retry_backoff_max_ms);
         set(&mut c.rate_interval_ms, self.rate_interval_ms);
+        set(&mut c.timeout_ms, self.timeout_ms);
         c.max_attempts = self.max_attempts.unwrap_or(c.max_attempts);
         c.concurrency = self.concurrency.unwrap_or(c.concurrency);
         c.order = self.order.unwrap_or(c.order);
@@ -121,6 +126,7 @@ impl ConfigPatch {
             u("retry_backoff_max_ms", self.retry_backoff_max_ms),
             u("concurrency", self.concurrency.map(u64::from)),
             u("rate_interval_ms", self.rate_interval_ms),
+            u("timeout_ms", self.timeout_ms),
             self.order
                 .map(|o| ("order", ScalarValue::Str(o.as_str().into()))),
         ]

@@ -91,6 +91,7 @@ fn config_values_of_u64_max_read_clamped_to_the_maximums() {
             concurrency: QueueConfig::MAX_CONCURRENCY,
             rate_interval_ms: QueueConfig::MAX_RATE_INTERVAL_MS,
             order: Order::Fifo,
+            timeout_ms: 0,
         }
     );
     assert_in_ranges(&view.config);
@@ -145,6 +146,7 @@ fn a_valid_config_reads_back_unchanged_and_an_out_of_range_one_is_refused() {
         concurrency: 1_000_000,
         rate_interval_ms: 86_400_000,
         order: Order::Lifo,
+        timeout_ms: 0,
     };
     queue::create(&mut doc, "q", &config, &me(), 0).unwrap();
     assert_eq!(QueueView::read(&doc).unwrap().config, config);
@@ -467,6 +469,7 @@ fn any_config() -> impl Strategy<Value = QueueConfig> {
                 concurrency: conc,
                 rate_interval_ms: rate,
                 order: if lifo { Order::Lifo } else { Order::Fifo },
+                timeout_ms: 0,
             },
         )
 }
@@ -546,6 +549,7 @@ fn documented_reading(raw: &[u64]) -> QueueConfig {
         concurrency: between(as_u32(raw[8]), 0, 1_000_000) as u32,
         rate_interval_ms: between(raw[9], 0, DAY),
         order: Order::Fifo,
+        timeout_ms: 0,
     }
 }
 
@@ -569,6 +573,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 concurrency: 5,
                 rate_interval_ms: 11,
                 order: Order::Fifo,
+                timeout_ms: 0,
             },
         ),
         // Relative minimums below their bases: raised to twice (or once) the base.
@@ -586,6 +591,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 concurrency: 0,
                 rate_interval_ms: 0,
                 order: Order::Fifo,
+                timeout_ms: 0,
             },
         ),
         // Bases above their maximums: the relative minimums follow the clamped bases (a
@@ -606,6 +612,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 concurrency: 1_000_000,
                 rate_interval_ms: 86_400_000,
                 order: Order::Fifo,
+                timeout_ms: 0,
             },
         ),
         // Counts beyond u32 and timings at the absolute ends.
@@ -634,6 +641,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 concurrency: 1_000_000,
                 rate_interval_ms: 86_400_000,
                 order: Order::Fifo,
+                timeout_ms: 0,
             },
         ),
     ];

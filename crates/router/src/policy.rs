@@ -13,8 +13,10 @@
 //!   resources, [`QueueView::routable_by_need`]), only the classes some idle worker can run, so
 //!   tasks no pool can run cost a plan nothing and hold back nothing behind them.
 //! - A task whose open attempts are all on pools silent for `lease` is routed again.
-//! - A task that failed waits `retry_delay(failures)`, measured on this router's clock from
-//!   when it first saw the failure. A task whose last attempt was refused (by a fenced, busy
+//! - A task that failed waits `retry_delay(failures)` with jitter
+//!   ([`piecework_queue_doc::QueueConfig::retry_delay_jittered_ms`]: a function of the task and its attempt number,
+//!   so a successor computes the same), measured on this router's clock from when it first saw
+//!   the failure. A requeued task with no attempt since goes at once. A task whose last attempt was refused (by a fenced, busy
 //!   or task-less worker) waits [`REFUSAL_BACKOFF`] doubled per refusal, at most
 //!   [`MAX_REFUSAL_BACKOFF`], so that a task no worker can run does not spin.
 //! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
@@ -119,9 +121,13 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
                 .as_ref()
                 .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
         });
-        let delay = match last_refused {
-            true => refusal_delay(refusals),
-            false => Duration::from_millis(c.retry_delay_ms(failures)),
+        let delay = match (last_refused, failures) {
+            (true, _) => refusal_delay(refusals),
+            // Requeued, no attempt since: it goes at once.
+            (false, 0) => Duration::ZERO,
+            (false, _) => {
+                Duration::from_millis(c.retry_delay_jittered_ms(failures, &t.id, t.last_n()))
+            }
         };
         let entry = match input.retry_at.get(&t.id) {
             Some(e) if e.0 == (failures, refusals) => *e,

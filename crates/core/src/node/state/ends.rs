@@ -127,6 +127,8 @@ mod tests {
             dependencies: Default::default(),
             bump: None,
             duplicate_of: None,
+            cancel: None,
+            requeue: None,
         };
         TaskEnd::new(Arc::new(entry), Vec::new())
     }
