@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         };
         ids.push(via.submit(&queue, req).await?.task_id);
     }

@@ -121,6 +121,7 @@ impl Kind {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         }
     }
 }

@@ -244,6 +244,7 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         };
         submits.push(async move { h.submit(&q, req).await });
         if submits.len() >= 32

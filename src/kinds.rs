@@ -5,6 +5,7 @@
 //! | `noop` | anything | `null` |
 //! | `sleep` | `{"ms": N}` (N ≤ 3 600 000) | `{"slept_ms": N}` |
 //! | `sha256` | `{"data": STRING, "rounds": N}` (1 ≤ N ≤ 10 000 000, default 1) | the hex digest of `data` hashed `rounds` times |
+//! | `fail` | `{"times": N, "message": TEXT}` (both optional: N = 1, a default message) | fails with `message` while the run's attempt number ([`Context::attempt`]) is at most N, then `{"attempt": A}` |
 //! | `wait_file` | `{"path": PATH}`, an absolute path inside the system's temporary directory | `{"path": PATH}` once a file exists there (at most 1 h, then it fails) |
 //!
 //! `sha256` runs on tokio's blocking pool so that long hashing does not stall the node.
@@ -32,7 +33,33 @@ pub fn builtin() -> Registry {
     r.register("sleep", sleep);
     r.register("sha256", sha256);
     r.register("wait_file", wait_file);
+    r.register("fail", fail);
     r
+}
+
+#[derive(Deserialize)]
+struct FailInput {
+    #[serde(default = "one")]
+    times: u64,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// Fails while its attempt number is at most `times`: for trying retries, dead letters and
+/// failure policies.
+async fn fail(ctx: Context, input: Value) -> Result<Value, HandlerError> {
+    let FailInput { times, message } = serde_json::from_value(input).map_err(|e| {
+        HandlerError::new(format!(
+            "fail wants {{\"times\": N, \"message\": TEXT}}: {e}"
+        ))
+    })?;
+    let attempt = ctx.attempt();
+    if attempt <= times {
+        let message =
+            message.unwrap_or_else(|| format!("failing on purpose: attempt {attempt} of {times}"));
+        return Err(HandlerError::new(message));
+    }
+    Ok(json!({ "attempt": attempt }))
 }
 
 #[derive(Deserialize)]
@@ -155,6 +182,20 @@ mod tests {
             claim: Claim::new(1, peer.clone()),
         };
         Context::new(TaskId::new("automerge:t"), attempt, WorkerId::new(peer, 0))
+    }
+
+    #[tokio::test]
+    async fn fail_fails_while_its_attempt_is_at_most_times() {
+        let input = json!({ "times": 2, "message": "boom" });
+        for (n, ok) in [(1, false), (2, false), (3, true)] {
+            let out = fail(context().with_attempt(n), input.clone()).await;
+            assert_eq!(out.is_ok(), ok, "attempt {n}");
+        }
+        assert_eq!(
+            fail(context(), input).await.unwrap_err().to_string(),
+            "boom"
+        );
+        assert!(fail(context(), json!({ "times": "x" })).await.is_err());
     }
 
     #[tokio::test]

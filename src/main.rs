@@ -335,7 +335,7 @@ enum TaskCommand {
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
         /// API takes it (`{"kind": "sha256", "input": …, "priority": 0}`). Each line is
         /// answered with its task id or its error; the valid lines are submitted either way.
-        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before", "dedup_key", "idempotency_key", "requires"])]
+        #[arg(long, conflicts_with_all = ["kind", "input", "priority", "urgent", "max_attempts", "wait", "tag", "depends_on", "delay", "not_before", "dedup_key", "idempotency_key", "requires", "timeout"])]
         file: Option<std::path::PathBuf>,
         /// The input, as JSON.
         #[arg(long, default_value = "null")]
@@ -377,9 +377,13 @@ enum TaskCommand {
         /// Wait for the outcome and print it.
         #[arg(long)]
         wait: bool,
-        /// With --wait: give up after this many seconds.
+        /// With --wait: give up waiting after this many seconds.
         #[arg(long, default_value_t = 300)]
-        timeout: u64,
+        wait_timeout: u64,
+        /// A run past this long is cancelled and recorded failed, then retried by the policy
+        /// (humantime: `30s`, `5m`; the queue's `timeout_ms` by default).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -667,6 +671,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     idempotency_key,
                     requires,
                     wait,
+                    wait_timeout,
                     timeout,
                     json,
                 } => {
@@ -689,6 +694,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                         dedup_key,
                         idempotency_key,
                         requires,
+                        timeout_ms: timeout
+                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                     };
                     let submitted = client.submit(&QueueId::new(queue_id), &req).await?;
                     let id = submitted.task_id.clone();
@@ -705,7 +712,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     if !json {
                         println!("{id}");
                     }
-                    let status = client.wait(&id, Duration::from_secs(timeout)).await?;
+                    let status = client.wait(&id, Duration::from_secs(wait_timeout)).await?;
                     print_task(&status, json)?;
                     if status.state == TaskState::Failed {
                         bail!("task failed");

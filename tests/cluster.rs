@@ -119,6 +119,7 @@ async fn every_task_completes_after_the_active_router_is_killed() {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         };
         ids.push(handles[i % 3].submit(&queue, req).await.unwrap().task_id);
     }
@@ -273,6 +274,7 @@ async fn a_router_shut_down_in_the_library_hands_over_and_frees_its_data_directo
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         };
         ids.push(handles[via].submit(&queue, req).await.unwrap().task_id);
     }
@@ -375,6 +377,7 @@ async fn a_follower_restarted_on_a_long_history_does_not_take_the_router() {
                 dedup_key: None,
                 idempotency_key: None,
                 requires: Vec::new(),
+                timeout_ms: None,
             })
             .collect();
         let done = submitted.saturating_sub(1_000);
@@ -519,6 +522,7 @@ async fn a_result_over_the_limit_fails_its_run_and_the_queue_keeps_syncing() {
         dedup_key: None,
         idempotency_key: None,
         requires: Vec::new(),
+        timeout_ms: None,
     };
     // Inline (a small input): its output would go into the queue document.
     let inline = handles[0]

@@ -111,6 +111,7 @@ async fn a_data_directory_of_the_previous_release_opens_with_every_task() {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         })
         .collect();
     let entries = h.submit_many(&queue, reqs).await.expect("a batch submit");

@@ -432,6 +432,7 @@ async fn every_task_acknowledged_just_before_a_sigkill_is_on_disk() {
         dedup_key: None,
         idempotency_key: None,
         requires: Vec::new(),
+        timeout_ms: None,
     };
     let mut acked: Vec<TaskId> = Vec::new();
     for round in 0..3 {

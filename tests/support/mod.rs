@@ -308,6 +308,7 @@ pub async fn submit_kind(
         dedup_key: None,
         idempotency_key: None,
         requires: Vec::new(),
+        timeout_ms: None,
     };
     node.client()
         .submit(queue, &req)

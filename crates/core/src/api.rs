@@ -68,6 +68,10 @@ pub struct SubmitTask {
     /// Resources a pool must hold to be assigned the task (names like tags).
     #[serde(default)]
     pub requires: Vec<String>,
+    /// A run past this many milliseconds is cancelled and recorded failed ("timed out after N
+    /// ms"), then retried by the policy; the queue's `timeout_ms` if absent. At most 7 days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 impl SubmitTask {
@@ -91,6 +95,7 @@ impl SubmitTask {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         }
     }
 }

@@ -842,6 +842,9 @@ pub struct RunRequest {
     pub kind: String,
     /// The handler's input.
     pub input: serde_json::Value,
+    /// Which run of the task this is over its whole life, this one included
+    /// ([`piecework_worker_pool::Context::attempt`]).
+    pub number: u64,
 }
 
 /// How a handler run ended.
@@ -913,6 +916,12 @@ pub enum Io {
     /// flight that no router counts (against a concurrency limit, say) while its task runs
     /// again elsewhere.
     Abort {
+        /// The run.
+        run: RunId,
+    },
+    /// Signal a run's handler to stop (cancel its context's token) and let it go on: its task
+    /// was cancelled, or it ran past its timeout. Its end is reported as usual.
+    Cancel {
         /// The run.
         run: RunId,
     },

@@ -86,6 +86,7 @@ fn write_seed_corpus() {
             n: 1,
             claim: Claim::new(2, other.clone()),
         },
+        overdue: false,
     };
     let pool = |draining: bool| {
         Wire::Pool(PoolBeat {
@@ -237,6 +238,7 @@ fn wire() -> impl Strategy<Value = Wire> {
                     queue,
                     task: TaskId::new(task),
                     attempt: AttemptId { n, claim },
+                    overdue: false,
                 },
             ),
         ),

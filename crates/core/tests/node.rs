@@ -275,6 +275,7 @@ fn noop_submit(q: &QueueId) -> Command {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         },
     }
 }
@@ -937,6 +938,7 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         },
     });
     assert_eq!(
@@ -1035,6 +1037,7 @@ fn submit_padded(one: &mut One, q: &QueueId, i: usize) -> CommandId {
             dedup_key: None,
             idempotency_key: None,
             requires: Vec::new(),
+            timeout_ms: None,
         },
     })
 }
@@ -1314,6 +1317,7 @@ fn a_full_queue_refuses_submits_until_tasks_finish() {
         dedup_key: None,
         idempotency_key: None,
         requires: Vec::new(),
+        timeout_ms: None,
     };
     let batch = one.command(Command::SubmitMany {
         queue: q.clone(),
@@ -2570,6 +2574,7 @@ fn a_member_back_after_rotations_answers_for_every_task_that_finished_while_it_w
                     dedup_key: None,
                     idempotency_key: None,
                     requires: Vec::new(),
+                    timeout_ms: None,
                 },
             }),
             _ => a.submit(&q),
@@ -2695,6 +2700,7 @@ fn an_inline_submit_and_a_batch_are_answered_only_once_their_entries_are_on_disk
                 dedup_key: None,
                 idempotency_key: None,
                 requires: Vec::new(),
+                timeout_ms: None,
             })
             .collect(),
     });

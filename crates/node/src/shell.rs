@@ -685,6 +685,12 @@ impl Shell {
                     task.abort();
                 }
             }
+            Io::Cancel { run } => {
+                if let Some((cancel, _)) = self.handlers.get(&run) {
+                    tracing::info!(?run, "a run is asked to stop (cancelled, or past its timeout)");
+                    cancel.cancel();
+                }
+            }
             Io::Rotate(job) => {
                 if self.epochs.send((job, self.inputs_tx.clone())).is_err() {
                     tracing::error!("the epoch thread is gone: a rotation is dropped");
@@ -849,7 +855,8 @@ impl Shell {
     fn run_handler(&mut self, req: RunRequest) {
         let registry = self.shared.registry.clone();
         let tx = self.inputs_tx.clone();
-        let ctx = Context::new(req.task.clone(), req.attempt.clone(), req.worker.clone());
+        let ctx = Context::new(req.task.clone(), req.attempt.clone(), req.worker.clone())
+            .with_attempt(req.number);
         let id = req.id;
         let cancel = ctx.cancellation().clone();
         let handle = tokio::spawn(tracing::Instrument::in_current_span(async move {

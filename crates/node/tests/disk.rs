@@ -30,6 +30,7 @@ fn task(n: u32) -> api::SubmitTask {
         dedup_key: None,
         idempotency_key: None,
         requires: Vec::new(),
+        timeout_ms: None,
     }
 }
 

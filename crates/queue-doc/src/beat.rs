@@ -45,6 +45,10 @@ pub struct RunningReport {
     pub task: TaskId,
     /// The attempt.
     pub attempt: AttemptId,
+    /// The run was asked to stop and its end is recorded, but its handler has not returned:
+    /// the worker is still busy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overdue: bool,
 }
 
 /// The most workers a pool has (and a pool heartbeat reports): a node runs at most this many.

@@ -398,8 +398,11 @@ fn idle_workers<'a>(
                 continue;
             }
             let busy = w.running.as_ref().is_some_and(|r| {
-                // A run the document does not show finished yet keeps the worker busy.
-                &r.queue != input.queue
+                // A run the document does not show finished yet keeps the worker busy, and so
+                // does one whose end was recorded while its handler goes on (asked to stop, it
+                // did not within its grace time).
+                r.overdue
+                    || &r.queue != input.queue
                     || view
                         .tasks()
                         .get(&r.task)

@@ -152,6 +152,7 @@ impl Lone {
                         queue: QueueId::new("automerge:q"),
                         task: task.clone(),
                         attempt: attempt.clone(),
+                        overdue: false,
                     }),
             })
             .collect()

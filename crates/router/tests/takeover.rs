@@ -967,6 +967,7 @@ fn an_earlier_attempt_still_running_counts_against_the_limit() {
             queue: QueueId::new(QUEUE),
             task: first.clone(),
             attempt: mine.attempt.clone(),
+            overdue: false,
         });
         beat
     };

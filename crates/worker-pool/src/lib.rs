@@ -15,7 +15,10 @@
 //! Feed [`Pool::handle_view`] each queue's view (the only source of its fences: router
 //! heartbeats raise none); carry out every [`Action`] from [`Pool::poll_action`]: record a `Start` in the
 //! documents and run the handler, report its end with [`Pool::handle_finished`]; record a
-//! `Finish`; broadcast a `Beat`. Call [`Pool::handle_timeout`] at [`Pool::poll_timeout`].
+//! `Finish`; signal a `Cancel` to the run's handler (its task was cancelled, or it ran past its
+//! timeout); broadcast a `Beat`. Call [`Pool::handle_timeout`] at [`Pool::poll_timeout`]: it
+//! times runs out, and records the end of a run whose handler ignored the signal past its
+//! grace time ([`CANCEL_GRACE`]; the worker stays busy until the handler returns).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -31,7 +34,7 @@
 //! pool.handle_timeout(t0);
 //! let Some(Action::Beat(beat)) = pool.poll_action() else { panic!() };
 //! assert_eq!(beat.workers.len(), 2);
-//! pool.handle_view(&QueueId::new("automerge:q"), &Arc::new(QueueView::default()));
+//! pool.handle_view(&QueueId::new("automerge:q"), &Arc::new(QueueView::default()), t0);
 //! assert_eq!(pool.poll_action(), None, "nothing assigned to us");
 //! ```
 
@@ -41,6 +44,6 @@ mod pool;
 #[cfg(feature = "runner")]
 pub mod runner;
 
-pub use pool::{Action, Config, Pool, Run, RunEnd};
+pub use pool::{Action, CANCEL_GRACE, Config, Pool, Run, RunEnd};
 #[cfg(feature = "runner")]
 pub use runner::{Context, Handler, HandlerError, Outcome, Registry, execute};

@@ -40,6 +40,42 @@ pub struct Run {
     pub attempt: AttemptId,
     /// The handler kind.
     pub kind: String,
+    /// Which run of the task this is over its whole life, this one included (refusals do not
+    /// count; a requeue does not reset it): what the handler sees as its attempt.
+    pub number: u64,
+}
+
+/// How long a handler that was asked to stop (its task cancelled, or its run timed out) may
+/// go on before its end is recorded without it: [`Pool::set_cancel_grace`].
+pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a run was asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Why {
+    /// A member cancelled its task.
+    Cancelled,
+    /// It ran past its timeout (ms).
+    TimedOut(u64),
+}
+
+impl Why {
+    fn error(self, handler: Option<&str>) -> String {
+        match (self, handler) {
+            (Why::TimedOut(ms), _) => format!("timed out after {ms} ms"),
+            (Why::Cancelled, Some(e)) => format!("cancelled: {e}"),
+            (Why::Cancelled, None) => "cancelled: the handler did not stop within its grace time".to_owned(),
+        }
+    }
+}
+
+/// A run's timers: its timeout, and once asked to stop, its grace time.
+#[derive(Clone, Debug)]
+struct Watch {
+    /// When it times out, and after how many ms (none without a timeout).
+    timeout: Option<(Instant, u64)>,
+    /// Asked to stop: why, until when it may go on, and whether its end was recorded without
+    /// it (the worker stays busy until the handler returns).
+    stop: Option<(Why, Instant, bool)>,
 }
 
 /// Something the driver must do for the pool.
@@ -48,6 +84,10 @@ pub enum Action {
     /// Record the start in the queue and task documents, then run the handler. Report its end
     /// with [`Pool::handle_finished`].
     Start(Run),
+    /// Signal the run's handler to stop (its cancellation token): its task was cancelled or it
+    /// ran past its timeout. Report its end as usual; a handler that does not return within
+    /// the grace time has its end recorded without it ([`Action::Finish`] with `overdue`).
+    Cancel(Run),
     /// Record this end of an attempt in the queue document (and, for a run that had started,
     /// in the task document's run record of that incarnation).
     Finish {
@@ -65,6 +105,10 @@ pub enum Action {
         error: Option<String>,
         /// The incarnation that started the run, if it started.
         started_by: Option<u64>,
+        /// The run was asked to stop and its handler did not return within the grace time:
+        /// no handler end will record this run in its task document, the driver does (the
+        /// worker stays busy until the handler returns).
+        overdue: bool,
     },
     /// Broadcast this heartbeat on every queue the pool serves.
     Beat(PoolBeat),
@@ -85,6 +129,12 @@ pub enum RunEnd {
 pub struct Pool {
     config: Config,
     slots: Vec<Option<Run>>,
+    /// The timers of running slots, by worker index.
+    watches: BTreeMap<u32, Watch>,
+    /// See [`Pool::set_cancel_grace`].
+    grace: Duration,
+    /// The time of the last [`Pool::handle_timeout`].
+    last_now: Instant,
     /// Attempts this pool already answered (start, refusal, interruption); the view may not
     /// show the answer yet.
     answered: BTreeSet<(QueueId, TaskId, AttemptId)>,
@@ -129,6 +179,9 @@ impl Pool {
         Pool {
             config,
             slots,
+            watches: BTreeMap::new(),
+            grace: CANCEL_GRACE,
+            last_now: now,
             answered: BTreeSet::new(),
             next_beat: now,
             counter: 0,
@@ -151,6 +204,12 @@ impl Pool {
     /// [`Config::heartbeat`]), so a zero interval cannot busy-loop the pool or flood gossip.
     pub fn set_heartbeat(&mut self, every: Duration) {
         self.config.heartbeat = clamp_heartbeat(every);
+    }
+
+    /// How long a handler asked to stop may go on before its end is recorded without it
+    /// ([`CANCEL_GRACE`] unless set).
+    pub fn set_cancel_grace(&mut self, grace: Duration) {
+        self.grace = grace;
     }
 
     /// The handler kinds this pool runs: its heartbeats say so (routers assign it only tasks
@@ -260,7 +319,10 @@ impl Pool {
     /// otherwise it is refused, with the reason.
     ///
     /// [`Attempt::pool_incarnation`]: piecework_queue_doc::Attempt::pool_incarnation
-    pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>) {
+    ///
+    /// A run of this pool whose task the view shows a cancel request for is asked to stop
+    /// ([`Action::Cancel`]), once.
+    pub fn handle_view(&mut self, queue: &QueueId, view: &Arc<QueueView>, now: Instant) {
         // A queue of a schema version this node does not know: its assignments are not run.
         if !view.routable_version() {
             return;
@@ -291,6 +353,7 @@ impl Pool {
                 outcome,
                 error: Some(error),
                 started_by,
+                overdue: false,
             };
             let action = if let Some(started) = &attempt.started {
                 if started.incarnation == self.config.incarnation {
@@ -386,14 +449,42 @@ impl Pool {
                             task: task.id.clone(),
                             attempt: attempt.id.clone(),
                             kind: task.kind.clone(),
+                            number: task.runs_started().saturating_add(1),
                         };
                         self.slots[attempt.worker.index as usize] = Some(run.clone());
+                        let ms = match task.rules.timeout_ms {
+                            0 => view.config.timeout_ms,
+                            ms => ms,
+                        };
+                        let timeout = (ms > 0).then(|| {
+                            let at = now.checked_add(Duration::from_millis(ms)).unwrap_or(now);
+                            (at, ms)
+                        });
+                        self.watches
+                            .insert(attempt.worker.index, Watch { timeout, stop: None });
                         Action::Start(run)
                     }
                 }
             };
             self.answered.insert(key);
             self.actions.push_back(action);
+        }
+        // Runs whose task a member cancelled: asked to stop, once.
+        for (index, slot) in (0u32..).zip(&self.slots) {
+            let Some(run) = slot.as_ref().filter(|r| &r.queue == queue) else {
+                continue;
+            };
+            let cancelled = view
+                .tasks()
+                .get(&run.task)
+                .is_some_and(|t| t.cancel_requested());
+            if let Some(w) = self.watches.get_mut(&index)
+                && cancelled
+                && w.stop.is_none()
+            {
+                w.stop = Some((Why::Cancelled, later(now, self.grace), false));
+                self.actions.push_back(Action::Cancel(run.clone()));
+            }
         }
     }
 
@@ -442,15 +533,30 @@ impl Pool {
             .map(|o| format!("attempt {} on worker {}", o.id, o.worker))
     }
 
-    /// The run on worker `index` ended. Returns `false` (and does nothing) if the worker was not
-    /// running.
-    pub fn handle_finished(&mut self, index: u32, end: RunEnd) -> bool {
-        let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
-            return false;
-        };
-        let (outcome, error) = match end {
-            RunEnd::Succeeded => (AttemptOutcome::Succeeded, None),
-            RunEnd::Failed(e) => (AttemptOutcome::Failed, Some(e)),
+    /// The run on worker `index` ended: the end to record, which [`Action::Finish`] follows.
+    /// A run asked to stop ends `failed` whatever its handler returned if it timed out ("timed
+    /// out after N ms"), and if its task was cancelled, `failed` ("cancelled: ...") unless the
+    /// handler succeeded (a success stands). `None` (and nothing to record) if the worker was
+    /// not running, or its end was recorded already when its grace time ran out.
+    pub fn handle_finished(
+        &mut self,
+        index: u32,
+        end: RunEnd,
+    ) -> Option<(AttemptOutcome, Option<String>)> {
+        let run = self.slots.get_mut(index as usize).and_then(Option::take)?;
+        let stop = self.watches.remove(&index).and_then(|w| w.stop);
+        let (outcome, error) = match (end, stop) {
+            (_, Some((_, _, true))) => {
+                // The beat says the worker is free again.
+                self.next_beat = self.next_beat.min(self.last_now);
+                return None;
+            }
+            (RunEnd::Succeeded, None | Some((Why::Cancelled, ..))) => {
+                (AttemptOutcome::Succeeded, None)
+            }
+            (RunEnd::Failed(e), None) => (AttemptOutcome::Failed, Some(e)),
+            (RunEnd::Failed(e), Some((why, ..))) => (AttemptOutcome::Failed, Some(why.error(Some(&e)))),
+            (RunEnd::Succeeded, Some((why, ..))) => (AttemptOutcome::Failed, Some(why.error(None))),
         };
         self.actions.push_back(Action::Finish {
             worker: run.worker,
@@ -458,10 +564,11 @@ impl Pool {
             task: run.task,
             attempt: run.attempt,
             outcome,
-            error,
+            error: error.clone(),
             started_by: Some(self.config.incarnation),
+            overdue: false,
         });
-        true
+        Some((outcome, error))
     }
 
     /// The run on worker `index` could not start (its task document is unavailable, or the
@@ -494,20 +601,57 @@ impl Pool {
         let Some(run) = self.slots.get_mut(index as usize).and_then(Option::take) else {
             return false;
         };
-        self.actions.push_back(Action::Finish {
-            worker: run.worker,
-            queue: run.queue,
-            task: run.task,
-            attempt: run.attempt,
-            outcome,
-            error: Some(reason),
-            started_by,
-        });
+        let overdue = self
+            .watches
+            .remove(&index)
+            .and_then(|w| w.stop)
+            .is_some_and(|(_, _, recorded)| recorded);
+        if !overdue {
+            self.actions.push_back(Action::Finish {
+                worker: run.worker,
+                queue: run.queue,
+                task: run.task,
+                attempt: run.attempt,
+                outcome,
+                error: Some(reason),
+                started_by,
+                overdue: false,
+            });
+        }
         true
     }
 
     /// A deadline from [`Pool::poll_timeout`] passed.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = now;
+        // Runs past their timeout are asked to stop; those past their grace time too have
+        // their end recorded without them.
+        for (index, w) in self.watches.iter_mut() {
+            let Some(run) = self.slots.get(*index as usize).and_then(Option::as_ref) else {
+                continue;
+            };
+            match (&mut w.stop, w.timeout) {
+                (None, Some((at, ms))) if at <= now => {
+                    w.stop = Some((Why::TimedOut(ms), later(now, self.grace), false));
+                    self.actions.push_back(Action::Cancel(run.clone()));
+                }
+                (Some((why, until, recorded)), _) if !*recorded && *until <= now => {
+                    *recorded = true;
+                    self.actions.push_back(Action::Finish {
+                        worker: run.worker.clone(),
+                        queue: run.queue.clone(),
+                        task: run.task.clone(),
+                        attempt: run.attempt.clone(),
+                        outcome: AttemptOutcome::Failed,
+                        error: Some(why.error(None)),
+                        started_by: Some(self.config.incarnation),
+                        overdue: true,
+                    });
+                    self.next_beat = now;
+                }
+                _ => {}
+            }
+        }
         let due: Vec<String> = self
             .withdrawn
             .iter()
@@ -529,6 +673,11 @@ impl Pool {
                         queue: r.queue.clone(),
                         task: r.task.clone(),
                         attempt: r.attempt.clone(),
+                        overdue: self
+                            .watches
+                            .get(&index)
+                            .and_then(|w| w.stop)
+                            .is_some_and(|(_, _, recorded)| recorded),
                     }),
                 })
                 .collect();
@@ -554,10 +703,21 @@ impl Pool {
 
     /// When [`Pool::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Instant {
+        let timers = self.watches.values().filter_map(|w| match w.stop {
+            None => w.timeout.map(|(at, _)| at),
+            Some((_, until, false)) => Some(until),
+            Some((_, _, true)) => None,
+        });
         self.withdrawn
             .values()
-            .fold(self.next_beat, |t, at| t.min(*at))
+            .copied()
+            .chain(timers)
+            .fold(self.next_beat, |t, at| t.min(at))
     }
+}
+
+fn later(t: Instant, d: Duration) -> Instant {
+    t.checked_add(d).unwrap_or(t)
 }
 
 /// A pool heartbeat interval within the queue configuration's range.

@@ -46,6 +46,7 @@ pub struct Context {
     pub worker: WorkerId,
     logs: Arc<Mutex<Logs>>,
     cancel: CancellationToken,
+    number: u64,
 }
 
 #[derive(Debug, Default)]
@@ -64,7 +65,20 @@ impl Context {
             worker,
             logs: Arc::default(),
             cancel: CancellationToken::new(),
+            number: 1,
         }
+    }
+
+    /// This context, as the `number`-th run of its task ([`Context::attempt`]).
+    pub fn with_attempt(mut self, number: u64) -> Self {
+        self.number = number;
+        self
+    }
+
+    /// Which run of the task this is over its whole life, this one included: 1 for the first.
+    /// Runs refused before they started do not count, and a requeue does not reset it.
+    pub fn attempt(&self) -> u64 {
+        self.number
     }
 
     /// Appends a line to the run's log (kept in the task document's run record).
@@ -92,7 +106,9 @@ impl Context {
         }
     }
 
-    /// The token that is cancelled when the run should stop; handlers check it cooperatively.
+    /// The token that is cancelled when the run should stop (its task was cancelled, or the run
+    /// went past its timeout); handlers check it cooperatively. A handler that goes on has its
+    /// end recorded without it after a grace time, and its worker stays busy until it returns.
     pub fn cancellation(&self) -> &CancellationToken {
         &self.cancel
     }

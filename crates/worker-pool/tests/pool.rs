@@ -115,7 +115,7 @@ impl Fixture {
     /// Hands the pool the view and carries out its document actions; returns them.
     fn step(&mut self) -> Vec<Action> {
         let view = Arc::new(QueueView::read(&self.doc).unwrap());
-        self.pool.handle_view(&qid(), &view);
+        self.pool.handle_view(&qid(), &view, self.t0);
         self.apply()
     }
 
@@ -154,7 +154,7 @@ impl Fixture {
                     )
                     .unwrap();
                 }
-                Action::Beat(_) => {}
+                Action::Beat(_) | Action::Cancel(_) => {}
             }
             out.push(a);
         }
@@ -179,9 +179,9 @@ fn starts_an_assignment_on_an_idle_worker_and_records_its_end() {
         f.step().is_empty(),
         "an answered attempt is not answered twice"
     );
-    assert!(f.pool.handle_finished(1, RunEnd::Succeeded));
+    assert!(f.pool.handle_finished(1, RunEnd::Succeeded).is_some());
     assert!(
-        !f.pool.handle_finished(1, RunEnd::Succeeded),
+        f.pool.handle_finished(1, RunEnd::Succeeded).is_none(),
         "an idle worker has nothing to finish"
     );
     f.apply();
@@ -319,7 +319,7 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     let t = f.submit(1);
     f.assign(&t, &router(2, "a"), 0);
     assert!(matches!(&f.step()[..], [Action::Start(_)]));
-    assert!(f.pool.handle_finished(0, RunEnd::Succeeded));
+    assert!(f.pool.handle_finished(0, RunEnd::Succeeded).is_some());
     f.apply();
     f.assign(&t, &router(2, "b"), 1);
     queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
@@ -712,7 +712,7 @@ fn a_draining_pool_refuses_new_work_and_interrupts_what_outlives_the_grace() {
         "{actions:?}"
     );
     assert!(
-        !f.pool.handle_finished(0, RunEnd::Succeeded),
+        f.pool.handle_finished(0, RunEnd::Succeeded).is_none(),
         "its end comes too late"
     );
     assert!(!f.pool.interrupt(0, "again".into()));
@@ -811,4 +811,148 @@ fn heartbeats_carry_kinds_and_resources_and_the_pool_refuses_what_it_lacks() {
     assert_eq!(b.resources, vec!["net".to_owned()]);
     f.assign(&needs_net, &router(1, "r"), 0);
     assert_eq!(starts(&f.step()), 1);
+}
+
+/// Starts task `n` (with `timeout_ms`) on worker 0 and returns it.
+fn started(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = TaskId::new(format!("automerge:t{n}"));
+    queue::submit(
+        &mut f.doc,
+        &Submission {
+            id: t.clone(),
+            kind: "k".into(),
+            submitter: me(),
+            submitted_at: 1,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: None,
+            rules: piecework_queue_doc::Rules {
+                timeout_ms,
+                ..Default::default()
+            },
+        },
+    )
+    .unwrap();
+    f.assign(&t, &router(1, "r"), 0);
+    assert!(matches!(&f.step()[..], [Action::Start(run)] if run.number == 1));
+    t
+}
+
+fn cancels(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Cancel(_)))
+        .count()
+}
+
+#[test]
+fn a_cancelled_run_is_signalled_once_and_its_error_ends_it_cancelled() {
+    let mut f = Fixture::new(1, 1);
+    let t = started(&mut f, 1, 0);
+    assert_eq!(cancels(&f.step()), 0);
+    queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
+    assert_eq!(cancels(&f.step()), 1, "the run is asked to stop");
+    assert_eq!(cancels(&f.step()), 0, "once");
+    let end = f.pool.handle_finished(0, RunEnd::Failed("stopped".into()));
+    assert_eq!(
+        end,
+        Some((AttemptOutcome::Failed, Some("cancelled: stopped".into())))
+    );
+    f.apply();
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks()[&t].state(), piecework_queue_doc::TaskState::Cancelled);
+    // A success after the signal stands.
+    let mut g = Fixture::new(1, 1);
+    let u = started(&mut g, 2, 0);
+    queue::cancel(&mut g.doc, &u, &PeerId::new("m"), 5).unwrap();
+    g.step();
+    let end = g.pool.handle_finished(0, RunEnd::Succeeded);
+    assert_eq!(end, Some((AttemptOutcome::Succeeded, None)));
+}
+
+#[test]
+fn a_handler_that_ignores_the_signal_is_recorded_after_its_grace_and_keeps_its_worker() {
+    let mut f = Fixture::new(1, 1);
+    f.pool.set_cancel_grace(Duration::from_secs(1));
+    let t = started(&mut f, 1, 0);
+    queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
+    assert_eq!(cancels(&f.step()), 1);
+    let grace_end = f.t0 + Duration::from_secs(1);
+    assert!(f.pool.poll_timeout() <= grace_end);
+    f.pool.handle_timeout(grace_end - Duration::from_millis(1));
+    assert!(!f.apply().iter().any(|a| matches!(a, Action::Finish { .. })));
+    f.pool.handle_timeout(grace_end);
+    let actions = f.apply();
+    let finish = actions.iter().find_map(|a| match a {
+        Action::Finish {
+            outcome,
+            error,
+            overdue,
+            ..
+        } => Some((*outcome, error.clone(), *overdue)),
+        _ => None,
+    });
+    assert_eq!(
+        finish,
+        Some((
+            AttemptOutcome::Failed,
+            Some("cancelled: the handler did not stop within its grace time".into()),
+            true
+        ))
+    );
+    // Its worker stays busy, and its heartbeat says the run is overdue.
+    assert_eq!(f.pool.idle(), 0);
+    let beat = actions.iter().find_map(|a| match a {
+        Action::Beat(b) => Some(b.clone()),
+        _ => None,
+    });
+    let running = beat.unwrap().workers[0].running.clone().unwrap();
+    assert!(running.overdue);
+    // The handler returns at last: nothing more is recorded, the worker is free.
+    assert_eq!(f.pool.handle_finished(0, RunEnd::Succeeded), None);
+    assert_eq!(f.pool.idle(), 1);
+    assert!(f.apply().iter().all(|a| !matches!(a, Action::Finish { .. })));
+}
+
+#[test]
+fn a_run_past_its_timeout_is_asked_to_stop_and_recorded_timed_out() {
+    let mut f = Fixture::new(1, 1);
+    let t = started(&mut f, 1, 200);
+    let at = f.t0 + Duration::from_millis(200);
+    assert!(f.pool.poll_timeout() <= at);
+    f.pool.handle_timeout(at - Duration::from_millis(1));
+    assert_eq!(cancels(&f.apply()), 0);
+    f.pool.handle_timeout(at);
+    assert_eq!(cancels(&f.apply()), 1);
+    // Whatever the handler returns, the run failed: it timed out.
+    let end = f.pool.handle_finished(0, RunEnd::Succeeded);
+    assert_eq!(
+        end,
+        Some((AttemptOutcome::Failed, Some("timed out after 200 ms".into())))
+    );
+    f.apply();
+    let view = QueueView::read(&f.doc).unwrap();
+    assert_eq!(view.tasks()[&t].failures(), 1);
+    assert_eq!(view.tasks()[&t].state(), piecework_queue_doc::TaskState::Pending);
+}
+
+#[test]
+fn a_queue_timeout_applies_to_tasks_without_their_own() {
+    let mut f = Fixture::new(1, 1);
+    queue::set_config(
+        &mut f.doc,
+        &piecework_queue_doc::ConfigPatch {
+            timeout_ms: Some(300),
+            ..Default::default()
+        },
+        1,
+    )
+    .unwrap();
+    started(&mut f, 1, 0);
+    f.pool.handle_timeout(f.t0 + Duration::from_millis(299));
+    assert_eq!(cancels(&f.apply()), 0);
+    f.pool.handle_timeout(f.t0 + Duration::from_millis(300));
+    assert_eq!(cancels(&f.apply()), 1);
 }

@@ -481,6 +481,7 @@ impl Core {
                     queue: r.queue.clone(),
                     task: r.task.clone(),
                     attempt: r.attempt.clone(),
+                    overdue: false,
                 }),
             })
             .collect();

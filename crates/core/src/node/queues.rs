@@ -312,7 +312,7 @@ impl Core {
         if self.queues.get(id).is_some_and(|q| q.doc != left) {
             self.archive_left_behind(id, &old, &view, &left);
         }
-        self.pool.handle_view(id, &view);
+        self.pool.handle_view(id, &view, now.mono);
         self.prefetch(now, id, &view);
         self.events.push_back(Event::View {
             queue: id.clone(),

@@ -17,28 +17,24 @@ impl Core {
         } else {
             result
         };
-        let ok = result.result.is_ok();
-        let (end, task_end) = match result.result {
-            Ok(v) => (
-                RunEnd::Succeeded,
-                TaskRunEnd {
-                    outcome: AttemptOutcome::Succeeded,
-                    at: now.unix_ms,
-                    result: Some(v),
-                    error: None,
-                    logs: result.logs,
-                },
-            ),
-            Err(e) => (
-                RunEnd::Failed(e.clone()),
-                TaskRunEnd {
-                    outcome: AttemptOutcome::Failed,
-                    at: now.unix_ms,
-                    result: None,
-                    error: Some(e),
-                    logs: result.logs,
-                },
-            ),
+        let end = match &result.result {
+            Ok(_) => RunEnd::Succeeded,
+            Err(e) => RunEnd::Failed(e.clone()),
+        };
+        // The pool says what is recorded: a run asked to stop (cancelled, timed out) may end
+        // otherwise than its handler said, and one whose grace time ran out was recorded
+        // already.
+        let Some((outcome, error)) = self.pool.handle_finished(run.worker.index, end) else {
+            self.turn(now);
+            return;
+        };
+        let ok = outcome == AttemptOutcome::Succeeded;
+        let task_end = TaskRunEnd {
+            outcome,
+            at: now.unix_ms,
+            result: result.result.ok().filter(|_| ok),
+            error,
+            logs: result.logs,
         };
         self.events.push_back(Event::RunEnded {
             queue: run.queue.clone(),
@@ -60,9 +56,6 @@ impl Core {
                 .keep_output(run.task.clone(), run.attempt.clone(), output);
         } else if let Some(tdoc) = task_doc(&run.task) {
             self.runs.record_run(tdoc, start, task_end);
-        }
-        if !self.pool.handle_finished(run.worker.index, end) {
-            self.runs.take_output(&run.task, &run.attempt);
         }
         self.turn(now);
     }
@@ -94,6 +87,11 @@ impl Core {
                 let since = now.mono;
                 self.wait_for(now, &doc, DocWaiter::Start { run, since });
             }
+            PoolAction::Cancel(run) => {
+                if let Some(id) = self.runs.id_of(&run.task, &run.attempt) {
+                    self.io.push_back(Io::Cancel { run: id });
+                }
+            }
             PoolAction::Finish {
                 worker,
                 queue: qid,
@@ -102,6 +100,7 @@ impl Core {
                 outcome,
                 error,
                 started_by,
+                overdue,
             } => {
                 if outcome == AttemptOutcome::Refused || outcome == AttemptOutcome::Interrupted {
                     self.events.push_back(Event::NotRun {
@@ -113,7 +112,9 @@ impl Core {
                 }
                 let output = self.runs.take_output(&task, &attempt);
                 let inline = self.inline_input(&qid, &task).is_some();
-                if outcome == AttemptOutcome::Interrupted
+                // No handler end records these runs in their task document: an interrupted
+                // one, and one whose handler outran its grace time.
+                if (outcome == AttemptOutcome::Interrupted || overdue)
                     && !inline
                     && let (Some(inc), Some(doc)) = (started_by, task_doc(&task))
                 {

@@ -142,6 +142,14 @@ impl Core {
                 )));
             }
         }
+        if let Some(ms) = req.timeout_ms
+            && !(1..=piecework_queue_doc::MAX_TIMEOUT_MS).contains(&ms)
+        {
+            return Err(SubmitError::Invalid(format!(
+                "timeout_ms is 1 to {} (7 days)",
+                piecework_queue_doc::MAX_TIMEOUT_MS
+            )));
+        }
         if req.delay_ms.is_some() && req.not_before.is_some() {
             return Err(SubmitError::Invalid(
                 "give delay_ms or not_before, not both".into(),
@@ -196,6 +204,7 @@ impl Core {
                 })
                 .unwrap_or_default(),
             idempotency_key: req.idempotency_key.clone(),
+            timeout_ms: req.timeout_ms.unwrap_or(0),
             requires: {
                 let mut r = req.requires.clone();
                 r.sort();

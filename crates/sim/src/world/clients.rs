@@ -84,6 +84,7 @@ impl World {
                 dedup_key: None,
                 idempotency_key: None,
                 requires: Vec::new(),
+                timeout_ms: None,
             })
             .collect();
         self.draw_rules(i, &queue, cmd, &mut tasks);

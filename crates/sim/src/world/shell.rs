@@ -178,6 +178,23 @@ impl World {
                 );
             }
             Io::Abort { run } => self.run_aborted(i, run),
+            Io::Cancel { run } => {
+                // Most handlers observe the signal and return an error soon; the others run
+                // on to their end, past the grace time if it is long.
+                self.count("run_cancel_signalled");
+                if self.nodes[i].live.contains_key(&run) && self.rng.random_bool(0.7) {
+                    let us = self.rng.random_range(0..=50_000);
+                    self.schedule_at(
+                        self.now_us + us,
+                        Ev::RunEnd {
+                            node: i,
+                            incarnation: inc,
+                            run,
+                            ok: false,
+                        },
+                    );
+                }
+            }
             Io::Run(req) => {
                 let claim = req.attempt.claim.clone();
                 let assigned_us = self.assigned_us(i, &req.queue, &req.task, &req.attempt);

@@ -54,6 +54,7 @@ impl Runs {
             worker: run.worker.clone(),
             kind: run.kind.clone(),
             input,
+            number: run.number,
         });
         self.live.insert(id, Running { run, start });
     }
@@ -77,6 +78,14 @@ impl Runs {
     /// A run in flight.
     pub(in crate::node) fn get(&self, id: &RunId) -> Option<&Running> {
         self.live.get(id)
+    }
+
+    /// The id of the run in flight of `attempt` of `task`, if any.
+    pub(in crate::node) fn id_of(&self, task: &TaskId, attempt: &AttemptId) -> Option<RunId> {
+        self.live
+            .iter()
+            .find(|(_, r)| r.run.task == *task && r.run.attempt == *attempt)
+            .map(|(id, _)| *id)
     }
 
     /// Run `id` ended: the run and its start, if it was still in flight (not interrupted).
