@@ -268,6 +268,27 @@ impl Client {
             .await
     }
 
+    /// Cancels a task that has not ended; its status after.
+    pub async fn cancel_task(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
+        self.post(&format!("/v1/tasks/{id}/cancel"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Requeues a dead-lettered task; its status after.
+    pub async fn requeue_task(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
+        self.post(&format!("/v1/tasks/{id}/requeue"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Requeues every dead-lettered task of a queue; their ids.
+    pub async fn requeue_failed(&self, queue: &QueueId) -> anyhow::Result<api::TaskIds> {
+        self.post(
+            &format!("/v1/queues/{queue}/requeue"),
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     /// A task's status.
     pub async fn task_status(&self, id: &TaskId) -> anyhow::Result<api::TaskStatus> {
         self.get(&format!("/v1/tasks/{id}"), Duration::from_secs(15))

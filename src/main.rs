@@ -290,6 +290,14 @@ enum QueueCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Requeue every dead-lettered (failed) task of the queue; prints their ids.
+    Requeue {
+        /// The queue's id.
+        queue_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a named schedule (new, or a new version of it): the queue's active router
     /// submits its task at every slot, with dedup key schedule/<name>/<slot>.
     Schedule(schedules_cli::ScheduleArgs),
@@ -329,7 +337,7 @@ enum TaskCommand {
     Submit {
         /// The queue's id.
         queue_id: String,
-        /// The handler kind (built in: noop, sleep, sha256, wait_file).
+        /// The handler kind (built in: noop, sleep, sha256, wait_file, fail).
         #[arg(long, required_unless_present = "file")]
         kind: Option<String>,
         /// Submit the tasks in this file (`-` for stdin): one JSON task per line, as the HTTP
@@ -405,6 +413,24 @@ enum TaskCommand {
     },
     /// A task's state, attempts and result.
     Status {
+        /// The task's id (automerge:…).
+        task_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a task that has not ended: it never starts where the cancel is known, and a
+    /// running handler is signalled to stop (a success it still returns stands).
+    Cancel {
+        /// The task's id (automerge:…).
+        task_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue a dead-lettered (failed) task: pending again with a fresh budget of
+    /// max_attempts failures, its history kept.
+    Requeue {
         /// The task's id (automerge:…).
         task_id: String,
         /// Print JSON.
@@ -626,6 +652,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     Ok(())
                 }
+                QueueCommand::Requeue { queue_id, json } => {
+                    let r = client.requeue_failed(&QueueId::new(queue_id)).await?;
+                    if json {
+                        return print_json(&r);
+                    }
+                    for t in &r.task_ids {
+                        println!("{t}");
+                    }
+                    eprintln!("requeued {} task(s)", r.task_ids.len());
+                    Ok(())
+                }
                 QueueCommand::Schedule(args) => schedules_cli::schedule(&client, args).await,
                 QueueCommand::Schedules { queue_id, json } => {
                     schedules_cli::list(&client, queue_id, json).await
@@ -755,6 +792,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     let status = client.task_status(&TaskId::new(task_id)).await?;
                     print_task(&status, json)
                 }
+                TaskCommand::Cancel { task_id, json } => {
+                    let status = client.cancel_task(&TaskId::new(task_id)).await?;
+                    print_task(&status, json)
+                }
+                TaskCommand::Requeue { task_id, json } => {
+                    let status = client.requeue_task(&TaskId::new(task_id)).await?;
+                    print_task(&status, json)
+                }
             }
         }
         Command::Resource { command } => {
@@ -867,6 +912,8 @@ fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
     }
     if let Some(r) = &s.cancel_reason {
         println!("  cancelled: {r}");
+    } else if s.cancel_requested {
+        println!("  cancel requested");
     }
     if let Some(r) = &s.result {
         println!("  result {r}");

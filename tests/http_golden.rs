@@ -760,6 +760,8 @@ enum Settle {
     /// The queue's document was rotated, the task is no longer in its current epoch, every
     /// task is final and no worker runs anything.
     Rotated(&'static str, &'static str),
+    /// The task ended in this state, every attempt of it ended, and no worker runs anything.
+    Ended(&'static str, TaskState),
 }
 
 /// A request body.
@@ -1061,6 +1063,24 @@ impl Session {
                             .any(|w| w.running.as_ref().is_some_and(|r| r.task == id))
                         {
                             return Err(format!("no worker reports it: {:?}", status.workers));
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
+            }
+            Settle::Ended(t, state) => {
+                let id = TaskId::new(self.value_of(t));
+                poll(&format!("{t} to end {state:?}"), || {
+                    let (node, id) = (node.clone(), id.clone());
+                    async move {
+                        let s = node.task_status(&id).await.map_err(|e| e.to_string())?;
+                        if s.state != state || s.attempts.iter().any(|a| a.finished.is_none()) {
+                            return Err(format!("state {:?}, attempts {:?}", s.state, s.attempts));
+                        }
+                        let status = node.status().await.map_err(|e| e.to_string())?;
+                        if status.workers.iter().any(|w| w.running.is_some()) {
+                            return Err(format!("workers busy: {:?}", status.workers));
                         }
                         Ok(())
                     }
@@ -1513,6 +1533,123 @@ async fn a_full_queue_answers_as_recorded() {
         c.max_live = Some(1)
     })
     .await;
+}
+
+/// A task's life-cycle: cancel (pending, running, ended), dead letters and requeues (one task,
+/// a whole queue), a run past its timeout, and the errors of each route.
+fn steps_lifecycle() -> Vec<Step> {
+    vec![
+        case("create_queue", "creating a queue for the life-cycle cases")
+            .post("/v1/queues")
+            .json(json!({ "name": "life" }))
+            .capture("queue_id", "<queue:life>")
+            .into(),
+        Step::Settle(Settle::RouterActive("<queue:life>")),
+        case("submit_block", "a task that holds the only worker until cancelled")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "block", "max_attempts": 1 }))
+            .capture("task_id", "<task:block>")
+            .into(),
+        Step::Settle(Settle::Running("<task:block>")),
+        case("submit_waiting", "a task that waits behind it")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "noop" }))
+            .capture("task_id", "<task:waiting>")
+            .into(),
+        case(
+            "cancel_pending",
+            "cancelling a pending task: cancelled at once, naming who asked",
+        )
+        .post("/v1/tasks/<task:waiting>/cancel")
+        .into(),
+        case("cancel_ended", "cancelling a task that ended: 409")
+            .post("/v1/tasks/<task:waiting>/cancel")
+            .into(),
+        case("cancel_unknown", "cancelling a task nobody has: 404")
+            .post("/v1/tasks/<unknown-id>/cancel")
+            .into(),
+        case("cancel_bad_id", "cancelling by a malformed id: 400")
+            .post("/v1/tasks/not-an-id/cancel")
+            .into(),
+        case("requeue_not_failed", "requeueing a task that is not dead-lettered: 409")
+            .post("/v1/tasks/<task:waiting>/requeue")
+            .into(),
+        case("requeue_unknown", "requeueing a task nobody has: 404")
+            .post("/v1/tasks/<unknown-id>/requeue")
+            .into(),
+        case(
+            "cancel_running",
+            "cancelling a running task: cancelled, its handler signalled, its run still open",
+        )
+        .post("/v1/tasks/<task:block>/cancel")
+        .into(),
+        Step::Settle(Settle::Ended("<task:block>", TaskState::Cancelled)),
+        case(
+            "task_cancelled_while_running",
+            "its handler stopped on the signal: the attempt failed, the task stays cancelled",
+        )
+        .get("/v1/tasks/<task:block>")
+        .into(),
+        case("submit_fail", "a task of the built-in fail kind, one attempt allowed")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "fail", "input": { "times": 1, "message": "boom" }, "max_attempts": 1 }))
+            .capture("task_id", "<task:fail>")
+            .into(),
+        Step::Settle(Settle::Ended("<task:fail>", TaskState::Failed)),
+        case("task_dead_lettered", "dead-lettered after its one failure")
+            .get("/v1/tasks/<task:fail>")
+            .into(),
+        case(
+            "requeue_task",
+            "requeueing it: pending again, its failed attempt kept",
+        )
+        .post("/v1/tasks/<task:fail>/requeue")
+        .into(),
+        Step::Settle(Settle::Ended("<task:fail>", TaskState::Succeeded)),
+        case(
+            "task_after_requeue",
+            "its second run (attempt 2 of its life) succeeded",
+        )
+        .get("/v1/tasks/<task:fail>")
+        .into(),
+        case("submit_fail_again", "a task that fails five times, one attempt allowed")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "fail", "input": { "times": 5 }, "max_attempts": 1 }))
+            .capture("task_id", "<task:fails>")
+            .into(),
+        Step::Settle(Settle::Ended("<task:fails>", TaskState::Failed)),
+        case("requeue_queue", "requeueing every dead-lettered task of the queue")
+            .post("/v1/queues/<queue:life>/requeue")
+            .into(),
+        Step::Settle(Settle::Ended("<task:fails>", TaskState::Failed)),
+        case(
+            "requeue_queue_none_failed",
+            "the same, with none failed: an empty list",
+        )
+        .post("/v1/queues/<queue:life>/requeue")
+        .into(),
+        case("requeue_queue_unknown", "requeueing a queue this node has not joined: 404")
+            .post("/v1/queues/<unknown-id>/requeue")
+            .into(),
+        case("submit_timeout", "a 60 s sleep with a 200 ms timeout, one attempt allowed")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "sleep", "input": { "ms": 60000 }, "timeout_ms": 200, "max_attempts": 1 }))
+            .capture("task_id", "<task:slow>")
+            .into(),
+        Step::Settle(Settle::Ended("<task:slow>", TaskState::Failed)),
+        case("task_timed_out", "its run was cancelled at its timeout and failed")
+            .get("/v1/tasks/<task:slow>")
+            .into(),
+        case("submit_bad_timeout", "a timeout of 0 ms: 400")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "noop", "timeout_ms": 0 }))
+            .into(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_life_cycle_answers_as_recorded() {
+    run_golden(steps_lifecycle(), &golden_dir().join("lifecycle"), |_| {}).await;
 }
 
 /// Runs `steps` against a fresh node (one worker, then `tune` changes its configuration) and

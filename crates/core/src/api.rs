@@ -434,6 +434,10 @@ pub struct TaskStatus {
     /// Why it was cancelled (`state` is then `cancelled`).
     #[serde(default)]
     pub cancel_reason: Option<String>,
+    /// A member asked to cancel it (`POST /v1/tasks/{id}/cancel`). Its state is then
+    /// `cancelled`, unless a run of it succeeded (a success outranks a cancel).
+    #[serde(default)]
+    pub cancel_requested: bool,
     /// The result of the first successful run, once this node has it.
     pub result: Option<serde_json::Value>,
     /// The last error, if an attempt failed.
@@ -584,6 +588,20 @@ pub enum TaskError {
     /// The node's shell is gone, for this reason (a stop, or a failure it reported).
     #[error("the node has stopped: {0}")]
     Ended(String),
+    /// The task's state does not allow the request (cancel of a task that ended, requeue of
+    /// one that is not dead-lettered), with why.
+    #[error("{0}")]
+    Conflict(String),
+    /// Writing the request's record failed.
+    #[error("the task's record could not be written: {0}")]
+    Write(String),
+}
+
+/// Task ids a command wrote records for (`POST /v1/queues/{id}/requeue`, and later `undo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskIds {
+    /// The tasks.
+    pub task_ids: Vec<TaskId>,
 }
 
 /// What a node's stop ([`crate::Command::Stop`]) did.

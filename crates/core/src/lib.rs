@@ -484,6 +484,23 @@ pub enum Command {
         /// The tasks.
         tasks: Vec<api::SubmitTask>,
     },
+    /// Cancel a task that has not ended: [`Reply::Task`], its status once the request is
+    /// written ([`api::TaskError::Conflict`] if it ended).
+    CancelTask {
+        /// The task.
+        task: TaskId,
+    },
+    /// Requeue a dead-lettered (`failed`) task: [`Reply::Task`], its status once written
+    /// ([`api::TaskError::Conflict`] if it is not failed).
+    RequeueTask {
+        /// The task.
+        task: TaskId,
+    },
+    /// Requeue every dead-lettered task of a queue: [`Reply::TaskIds`], those requeued.
+    RequeueFailed {
+        /// The queue.
+        queue: QueueId,
+    },
     /// A task's status: [`Reply::Task`]; with `wait`, once it is done (or the wait ends).
     TaskStatus {
         /// The task.
@@ -561,8 +578,10 @@ pub enum Reply {
     /// To [`Command::SubmitMany`]: one entry per task, in order, unless the whole batch was
     /// refused.
     SubmittedMany(Result<Vec<api::BatchEntry>, api::SubmitError>),
-    /// To [`Command::TaskStatus`].
+    /// To [`Command::TaskStatus`], [`Command::CancelTask`] and [`Command::RequeueTask`].
     Task(Box<Result<api::TaskStatus, api::TaskError>>),
+    /// To [`Command::RequeueFailed`]: the tasks it wrote a record for.
+    TaskIds(Result<Vec<TaskId>, api::QueueError>),
     /// To [`Command::Status`].
     Status(Status),
     /// To [`Command::QueueDocument`]: the epoch number and the saved document.

@@ -115,6 +115,8 @@ impl From<TaskError> for ApiError {
             TaskError::Busy(_) | TaskError::Stopped | TaskError::Ended(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            TaskError::Conflict(_) => StatusCode::CONFLICT,
+            TaskError::Write(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())
     }
@@ -160,6 +162,9 @@ pub fn router(node: NodeHandle) -> Router {
         .route("/v1/queues/{id}/tasks", post(submit).get(list_tasks))
         .route("/v1/tasks/{id}", get(task_status))
         .route("/v1/tasks/{id}/wait", get(wait_task))
+        .route("/v1/tasks/{id}/cancel", post(cancel_task))
+        .route("/v1/tasks/{id}/requeue", post(requeue_task))
+        .route("/v1/queues/{id}/requeue", post(requeue_failed))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)
 }
@@ -433,6 +438,28 @@ async fn task_status(
     Path(id): Path<String>,
 ) -> Result<Json<api::TaskStatus>, ApiError> {
     Ok(Json(node.task_status(&TaskId::new(id)).await?))
+}
+
+async fn cancel_task(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::TaskStatus>, ApiError> {
+    Ok(Json(node.cancel_task(&TaskId::new(id)).await?))
+}
+
+async fn requeue_task(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::TaskStatus>, ApiError> {
+    Ok(Json(node.requeue_task(&TaskId::new(id)).await?))
+}
+
+async fn requeue_failed(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::TaskIds>, ApiError> {
+    let task_ids = node.requeue_failed(&QueueId::new(id)).await?;
+    Ok(Json(api::TaskIds { task_ids }))
 }
 
 #[derive(Deserialize)]

@@ -776,6 +776,40 @@ impl NodeHandle {
         self.task(id, Some(timeout)).await
     }
 
+    /// Cancels a task that has not ended, for every member: a pending or blocked task never
+    /// starts where the cancel is known, and a running one's handler is signalled to stop (a
+    /// success it still returns stands). Returns its status ([`TaskError::Conflict`] if it
+    /// ended).
+    pub async fn cancel_task(&self, id: &TaskId) -> Result<api::TaskStatus, TaskError> {
+        let command = Command::CancelTask { task: id.clone() };
+        match self.ask(command).await {
+            Some(Reply::Task(r)) => *r,
+            _ => Err(TaskError::Ended(self.ended())),
+        }
+    }
+
+    /// Requeues a dead-lettered (`failed`) task: pending again with a fresh budget of
+    /// `max_attempts` failures, its history kept. Returns its status ([`TaskError::Conflict`]
+    /// if it is not failed).
+    pub async fn requeue_task(&self, id: &TaskId) -> Result<api::TaskStatus, TaskError> {
+        let command = Command::RequeueTask { task: id.clone() };
+        match self.ask(command).await {
+            Some(Reply::Task(r)) => *r,
+            _ => Err(TaskError::Ended(self.ended())),
+        }
+    }
+
+    /// Requeues every dead-lettered task of a queue; returns their ids.
+    pub async fn requeue_failed(&self, queue: &QueueId) -> Result<Vec<TaskId>, QueueError> {
+        let command = Command::RequeueFailed {
+            queue: queue.clone(),
+        };
+        match self.ask(command).await {
+            Some(Reply::TaskIds(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
     async fn task(
         &self,
         id: &TaskId,

@@ -687,7 +687,10 @@ impl Shell {
             }
             Io::Cancel { run } => {
                 if let Some((cancel, _)) = self.handlers.get(&run) {
-                    tracing::info!(?run, "a run is asked to stop (cancelled, or past its timeout)");
+                    tracing::info!(
+                        ?run,
+                        "a run is asked to stop (cancelled, or past its timeout)"
+                    );
                     cancel.cancel();
                 }
             }

@@ -535,11 +535,7 @@ impl Patch {
                 if a.finished.is_some() {
                     return false;
                 }
-                a.finished = Some(Finished {
-                    at: e.a,
-                    outcome,
-                    error: e.e,
-                });
+                a.finished = Some(Finished::new(e.a, outcome, e.e));
                 true
             }
         }

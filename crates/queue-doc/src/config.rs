@@ -457,7 +457,10 @@ mod tests {
         let delays: Vec<u64> = (0..200)
             .map(|i| c.retry_delay_jittered_ms(2, &crate::TaskId::new(format!("t{i}")), 2))
             .collect();
-        assert!(delays.iter().all(|d| (1_000..=2_000).contains(d)), "{delays:?}");
+        assert!(
+            delays.iter().all(|d| (1_000..=2_000).contains(d)),
+            "{delays:?}"
+        );
         let distinct: std::collections::BTreeSet<_> = delays.iter().collect();
         assert!(distinct.len() > 150, "tasks that fail together retry apart");
         let t = crate::TaskId::new("t7");

@@ -131,8 +131,14 @@ fn kept_value<R: automerge::ReadDoc>(
     }
     let mine = |map| crate::read::packed_values(into, map, key);
     match i {
-        8 => merged(theirs, crate::read::merged_of::<Cancel>(mine(packed::CANCELS))),
-        9 => merged(theirs, crate::read::merged_of::<Requeue>(mine(packed::REQUEUES))),
+        8 => merged(
+            theirs,
+            crate::read::merged_of::<Cancel>(mine(packed::CANCELS)),
+        ),
+        9 => merged(
+            theirs,
+            crate::read::merged_of::<Requeue>(mine(packed::REQUEUES)),
+        ),
         _ => attempt_value(i, std::iter::once(theirs), into, key),
     }
 }

@@ -72,6 +72,26 @@ pub struct Finished {
     pub outcome: AttemptOutcome,
     /// The error or refusal reason, if any.
     pub error: Option<String>,
+    /// The run went past its timeout (derived: it failed with "timed out after N ms", which
+    /// only a pool writes for a timeout).
+    #[serde(default)]
+    pub timed_out: bool,
+}
+
+impl Finished {
+    /// An end, with [`Finished::timed_out`] derived from it.
+    pub fn new(at: u64, outcome: AttemptOutcome, error: Option<String>) -> Finished {
+        let timed_out = outcome == AttemptOutcome::Failed
+            && error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("timed out after "));
+        Finished {
+            at,
+            outcome,
+            error,
+            timed_out,
+        }
+    }
 }
 
 /// One attempt at a task: an assignment to a worker, and what became of it.

@@ -1123,8 +1123,7 @@ where
         Some(m) => m.merge(theirs),
         None => theirs,
     };
-    (Some(&merged) != mine.as_ref())
-        .then(|| automerge::ScalarValue::from(packed::encode(&merged)))
+    (Some(&merged) != mine.as_ref()).then(|| automerge::ScalarValue::from(packed::encode(&merged)))
 }
 
 /// The value to write under `key` of the attempt map `CARRIED[i]` (assignment, start, end or

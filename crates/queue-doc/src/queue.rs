@@ -87,6 +87,9 @@ pub enum WriteError {
     /// at a time).
     #[error("router term {0} skips a term: no claim counts at the term below it")]
     SkipsTerm(u64),
+    /// A task record names a task the document does not index.
+    #[error("task {0} is not in the queue")]
+    UnknownTask(TaskId),
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -1082,13 +1085,13 @@ pub fn cancel(
     task: &TaskId,
     by: &PeerId,
     now_ms: u64,
-) -> Result<(), AttemptError> {
+) -> Result<(), WriteError> {
     commit(doc, |tx| {
         if !is_queue(tx) {
-            return Err(AttemptError::NotAQueue);
+            return Err(WriteError::NotAQueue);
         }
         if !task_exists(tx, task) {
-            return Err(AttemptError::UnknownTask(task.clone()));
+            return Err(WriteError::UnknownTask(task.clone()));
         }
         let rec = crate::entry::Cancel {
             t: now_ms,
@@ -1114,22 +1117,34 @@ pub fn requeue(
     doc: &mut Automerge,
     task: &TaskId,
     requeue: crate::entry::Requeue,
-) -> Result<(), AttemptError> {
+) -> Result<(), WriteError> {
+    requeue_many(doc, &[(task.clone(), requeue)])
+}
+
+/// [`requeue`] of each task, in one change (none if `requeues` is empty); nothing is written
+/// if the document does not index one of them.
+pub fn requeue_many(
+    doc: &mut Automerge,
+    requeues: &[(TaskId, crate::entry::Requeue)],
+) -> Result<(), WriteError> {
+    if requeues.is_empty() {
+        return Ok(());
+    }
     commit(doc, |tx| {
         if !is_queue(tx) {
-            return Err(AttemptError::NotAQueue);
+            return Err(WriteError::NotAQueue);
         }
-        if !task_exists(tx, task) {
-            return Err(AttemptError::UnknownTask(task.clone()));
+        for (task, requeue) in requeues {
+            if !task_exists(tx, task) {
+                return Err(WriteError::UnknownTask(task.clone()));
+            }
+            let merged = crate::read::merged_of::<crate::entry::Requeue>(
+                crate::read::packed_values(&*tx, packed::REQUEUES, task.as_str()),
+            )
+            .map_or(*requeue, |m| m.merge(*requeue));
+            let map = layout_map(tx, packed::REQUEUES)?;
+            tx.put(&map, task.as_str(), packed::encode(&merged))?;
         }
-        let merged = crate::read::merged_of::<crate::entry::Requeue>(crate::read::packed_values(
-            &*tx,
-            packed::REQUEUES,
-            task.as_str(),
-        ))
-        .map_or(requeue, |m| m.merge(requeue));
-        let map = layout_map(tx, packed::REQUEUES)?;
-        tx.put(&map, task.as_str(), packed::encode(&merged))?;
         Ok(())
     })
 }

@@ -318,11 +318,7 @@ pub(crate) fn finished_of(values: impl Iterator<Item = String>) -> Option<Finish
     values
         .filter_map(|s| {
             let e: packed::End = packed::decode(&s)?;
-            Some(Finished {
-                at: e.a,
-                outcome: AttemptOutcome::parse(&e.o)?,
-                error: e.e,
-            })
+            Some(Finished::new(e.a, AttemptOutcome::parse(&e.o)?, e.e))
         })
         .max_by(later_finish)
 }
@@ -548,11 +544,11 @@ pub(crate) fn read_finished<R: ReadDoc>(doc: &R, attempt: &ObjId) -> Option<Fini
 fn resolve_finished<R: ReadDoc>(doc: &R, objs: &[ObjId]) -> Option<Finished> {
     objs.iter()
         .filter_map(|o| {
-            Some(Finished {
-                at: am::uint(doc, o, keys::AT)?,
-                outcome: AttemptOutcome::parse(&am::string(doc, o, keys::OUTCOME)?)?,
-                error: am::string(doc, o, keys::ERROR),
-            })
+            Some(Finished::new(
+                am::uint(doc, o, keys::AT)?,
+                AttemptOutcome::parse(&am::string(doc, o, keys::OUTCOME)?)?,
+                am::string(doc, o, keys::ERROR),
+            ))
         })
         .max_by(later_finish)
 }

@@ -207,11 +207,7 @@ impl Writer {
         now: u64,
     ) {
         if queue::record_finish(doc, task, attempt, &worker(), outcome, Some(error), now).is_ok() {
-            let f = Finished {
-                at: now,
-                outcome,
-                error: Some(error.to_owned()),
-            };
+            let f = Finished::new(now, outcome, Some(error.to_owned()));
             self.written.end(task, attempt, f);
         }
     }

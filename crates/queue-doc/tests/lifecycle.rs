@@ -186,7 +186,10 @@ fn a_requeued_task_is_pending_with_a_fresh_budget_and_its_attempts_go_on() {
     // Attempts number on; a run started after the requeue is the third of its life.
     run(&mut doc, &t, 3, Some(AttemptOutcome::Failed));
     let e = view(&doc).task(&t).unwrap().clone();
-    assert_eq!((e.state(), e.failures(), e.runs_started()), (TaskState::Pending, 1, 3));
+    assert_eq!(
+        (e.state(), e.failures(), e.runs_started()),
+        (TaskState::Pending, 1, 3)
+    );
     run(&mut doc, &t, 4, Some(AttemptOutcome::Failed));
     assert_eq!(state(&doc, &t), TaskState::Failed, "dead-lettered again");
 }
@@ -203,7 +206,10 @@ fn concurrent_requeues_merge_and_a_concurrent_cancel_wins_over_them() {
     queue::requeue(&mut b, &t, piecework_queue_doc::Requeue { t: 200, ..rq }).unwrap();
     a.merge(&mut b.clone()).unwrap();
     b.merge(&mut a.clone()).unwrap();
-    assert_eq!(view(&a).task(&t).unwrap().requeue, view(&b).task(&t).unwrap().requeue);
+    assert_eq!(
+        view(&a).task(&t).unwrap().requeue,
+        view(&b).task(&t).unwrap().requeue
+    );
     assert_eq!(state(&a, &t), TaskState::Pending);
     let mut c = fork(&a, 4);
     queue::cancel(&mut c, &t, &PeerId::new("m"), 300).unwrap();

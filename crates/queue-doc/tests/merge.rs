@@ -259,11 +259,7 @@ impl Cluster {
             self.written.records.end(
                 task,
                 &a.id,
-                Finished {
-                    at: now,
-                    outcome,
-                    error: Some(error.to_owned()),
-                },
+                Finished::new(now, outcome, Some(error.to_owned())),
             );
         }
     }

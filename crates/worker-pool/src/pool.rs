@@ -63,7 +63,9 @@ impl Why {
         match (self, handler) {
             (Why::TimedOut(ms), _) => format!("timed out after {ms} ms"),
             (Why::Cancelled, Some(e)) => format!("cancelled: {e}"),
-            (Why::Cancelled, None) => "cancelled: the handler did not stop within its grace time".to_owned(),
+            (Why::Cancelled, None) => {
+                "cancelled: the handler did not stop within its grace time".to_owned()
+            }
         }
     }
 }
@@ -460,8 +462,13 @@ impl Pool {
                             let at = now.checked_add(Duration::from_millis(ms)).unwrap_or(now);
                             (at, ms)
                         });
-                        self.watches
-                            .insert(attempt.worker.index, Watch { timeout, stop: None });
+                        self.watches.insert(
+                            attempt.worker.index,
+                            Watch {
+                                timeout,
+                                stop: None,
+                            },
+                        );
                         Action::Start(run)
                     }
                 }
@@ -555,7 +562,9 @@ impl Pool {
                 (AttemptOutcome::Succeeded, None)
             }
             (RunEnd::Failed(e), None) => (AttemptOutcome::Failed, Some(e)),
-            (RunEnd::Failed(e), Some((why, ..))) => (AttemptOutcome::Failed, Some(why.error(Some(&e)))),
+            (RunEnd::Failed(e), Some((why, ..))) => {
+                (AttemptOutcome::Failed, Some(why.error(Some(&e))))
+            }
             (RunEnd::Succeeded, Some((why, ..))) => (AttemptOutcome::Failed, Some(why.error(None))),
         };
         self.actions.push_back(Action::Finish {

@@ -862,7 +862,10 @@ fn a_cancelled_run_is_signalled_once_and_its_error_ends_it_cancelled() {
     );
     f.apply();
     let view = QueueView::read(&f.doc).unwrap();
-    assert_eq!(view.tasks()[&t].state(), piecework_queue_doc::TaskState::Cancelled);
+    assert_eq!(
+        view.tasks()[&t].state(),
+        piecework_queue_doc::TaskState::Cancelled
+    );
     // A success after the signal stands.
     let mut g = Fixture::new(1, 1);
     let u = started(&mut g, 2, 0);
@@ -913,7 +916,11 @@ fn a_handler_that_ignores_the_signal_is_recorded_after_its_grace_and_keeps_its_w
     // The handler returns at last: nothing more is recorded, the worker is free.
     assert_eq!(f.pool.handle_finished(0, RunEnd::Succeeded), None);
     assert_eq!(f.pool.idle(), 1);
-    assert!(f.apply().iter().all(|a| !matches!(a, Action::Finish { .. })));
+    assert!(
+        f.apply()
+            .iter()
+            .all(|a| !matches!(a, Action::Finish { .. }))
+    );
 }
 
 #[test]
@@ -930,12 +937,18 @@ fn a_run_past_its_timeout_is_asked_to_stop_and_recorded_timed_out() {
     let end = f.pool.handle_finished(0, RunEnd::Succeeded);
     assert_eq!(
         end,
-        Some((AttemptOutcome::Failed, Some("timed out after 200 ms".into())))
+        Some((
+            AttemptOutcome::Failed,
+            Some("timed out after 200 ms".into())
+        ))
     );
     f.apply();
     let view = QueueView::read(&f.doc).unwrap();
     assert_eq!(view.tasks()[&t].failures(), 1);
-    assert_eq!(view.tasks()[&t].state(), piecework_queue_doc::TaskState::Pending);
+    assert_eq!(
+        view.tasks()[&t].state(),
+        piecework_queue_doc::TaskState::Pending
+    );
 }
 
 #[test]

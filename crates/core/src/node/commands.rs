@@ -19,6 +19,10 @@ impl Core {
                     Some(Reply::Schedules(Err(QueueError::Stopped)))
                 }
                 Command::Submit { .. } => Some(Reply::Submitted(Err(SubmitError::Stopped))),
+                Command::CancelTask { .. } | Command::RequeueTask { .. } => {
+                    Some(Reply::Task(Box::new(Err(TaskError::Stopped))))
+                }
+                Command::RequeueFailed { .. } => Some(Reply::TaskIds(Err(QueueError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
                 Command::AddResource { .. } | Command::WithdrawResource { .. } => {
                     Some(Reply::Resources(Err(api::ResourceError::Stopped)))
@@ -159,6 +163,16 @@ impl Core {
             Command::Stop { grace } => self.stop(now, cmd, grace),
             Command::Submit { queue, task } => self.submit(now, cmd, queue, task),
             Command::SubmitMany { queue, tasks } => self.submit_many(now, cmd, queue, tasks),
+            Command::CancelTask { task } => {
+                self.life_command(now, cmd, task, lifecycle::Life::Cancel);
+            }
+            Command::RequeueTask { task } => {
+                self.life_command(now, cmd, task, lifecycle::Life::Requeue);
+            }
+            Command::RequeueFailed { queue } => {
+                let r = self.requeue_failed(now, &queue);
+                self.replies.push_back((cmd, Reply::TaskIds(r)));
+            }
             Command::TaskStatus { task, wait } => {
                 if task_doc(&task).is_none() {
                     self.replies.push_back((

@@ -35,6 +35,7 @@ mod commands;
 mod documents;
 mod evict;
 mod follow;
+mod lifecycle;
 mod queue_state;
 mod queues;
 mod rotate;

@@ -324,6 +324,15 @@ impl Core {
             (None, Some(s)) => (s.rules.clone(), s.cancel_reason.clone()),
             (None, None) => Default::default(),
         };
+        // A summary keeps the reason: a member's cancel names the member.
+        let cancel_requested = entry.map_or_else(
+            || {
+                cancel_reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("cancelled by "))
+            },
+            |e| e.cancel_requested(),
+        );
         Ok(api::TaskStatus {
             id: task.clone(),
             queue: t.queue.clone(),
@@ -344,6 +353,7 @@ impl Core {
             effective_priority: None,
             blocked_on: None,
             cancel_reason,
+            cancel_requested,
             error,
             attempts,
             runs: t.runs,

@@ -85,6 +85,7 @@ pub(super) fn status_with_outputs(
         effective_priority: None,
         blocked_on: None,
         cancel_reason: t.cancel_reason(),
+        cancel_requested: t.cancel_requested(),
         result,
         error: last_error(t),
         attempts: t.attempts.clone(),

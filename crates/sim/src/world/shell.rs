@@ -398,6 +398,7 @@ impl World {
             | Reply::Configured(_)
             | Reply::Tasks(_)
             | Reply::Task(_)
+            | Reply::TaskIds(_)
             | Reply::Status(_)
             | Reply::Document(_)
             | Reply::Resources(_)
