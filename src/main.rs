@@ -267,9 +267,9 @@ enum QueueCommand {
         /// The queue's id.
         queue_id: String,
         /// A field to change, as FIELD=VALUE (repeatable): order=lifo|fifo, concurrency=N,
-        /// max_attempts=N, and the durations rate_interval, lease, retry_backoff,
-        /// retry_backoff_max, heartbeat, takeover_after, settle, pool_heartbeat (`30s`, `5m`,
-        /// `250ms`).
+        /// max_attempts=N, and the durations rate_interval, timeout (a run's, for tasks without
+        /// their own), lease, retry_backoff, retry_backoff_max, heartbeat, takeover_after,
+        /// settle, pool_heartbeat (`30s`, `5m`, `250ms`).
         #[arg(long = "set", value_name = "FIELD=VALUE")]
         set: Vec<String>,
         /// Print JSON.
@@ -1213,8 +1213,9 @@ fn parse_duration_ms(s: &str) -> Result<u64, String> {
 
 /// `queue config --set` arguments as a configuration change.
 fn config_patch(set: &[String]) -> anyhow::Result<ConfigPatch> {
-    const DURATIONS: [&str; 8] = [
+    const DURATIONS: [&str; 9] = [
         "rate_interval",
+        "timeout",
         "lease",
         "retry_backoff",
         "retry_backoff_max",

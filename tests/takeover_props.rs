@@ -132,13 +132,13 @@ fn the_router_is_partitioned_away_then_healed() {
 /// follower takes over although the router is alive (it steps down once it hears the greater
 /// claim), and fencing keeps the two apart: seed 106 (the first of seeds 0..120; before the
 /// chained claims and the byzantine, sync and disk work, seed 14) has a start refused as
-/// fenced, an assignment of the old router that reached a node after the new claim. Seed 116
-/// since the queue document's first change holds the dedup and idempotency maps (seed 106
-/// before). If it stops fencing, randomness is consumed differently: find another seed (the
-/// report's `fenced`).
+/// fenced, an assignment of the old router that reached a node after the new claim. Seed 114
+/// since retry delays have jitter (seed 116 before, and seed 106 before the queue document's
+/// first change held the dedup and idempotency maps). If it stops fencing, randomness is
+/// consumed differently: find another seed (the report's `fenced`).
 #[test]
 fn the_routers_heartbeats_are_delayed_past_the_timeout() {
-    for seed in (0..8).chain([116]) {
+    for seed in (0..8).chain([114]) {
         let delay = Fault::DelayBeats {
             target: Target::Router,
             extra_ms: 6_000,
@@ -155,8 +155,8 @@ fn the_routers_heartbeats_are_delayed_past_the_timeout() {
             counted(&r, "router_stepped_down") >= 1,
             "the live router stepped down: {r:?}"
         );
-        if seed == 116 {
-            assert!(r.fenced > 0, "seed 116 no longer fences a start: {r:?}");
+        if seed == 114 {
+            assert!(r.fenced > 0, "seed 114 no longer fences a start: {r:?}");
         }
     }
 }

@@ -85,6 +85,7 @@ use piecework_replica::DocId;
 
 pub use node::{Core, topic_for};
 pub use piecework_router::{Event as RouterEvent, Role};
+pub use piecework_worker_pool::CANCEL_GRACE;
 pub use wire::{Ask, Wire};
 
 /// How often a node dials members of its queues it is not connected to.
@@ -192,6 +193,10 @@ pub struct Config {
     /// How many tasks' ends this node keeps in memory (4,096 by default): a move to another
     /// branch writes them into it, and listings show them beside the store's.
     pub recent_ends: usize,
+    /// How long a handler asked to stop (its task cancelled, or its run past its timeout) may
+    /// go on before its end is recorded without it
+    /// ([`CANCEL_GRACE`], 5 s, by default).
+    pub cancel_grace: Duration,
     /// Documents of finished tasks this node keeps on disk ([`KEEP_TASK_DOCS`] by default):
     /// beyond this many, the documents of the tasks that finished first (as this node saw
     /// them) are deleted, and those tasks answer here as unknown. Inline tasks have no
@@ -295,6 +300,7 @@ impl Config {
             inline_input_max: INLINE_INPUT_MAX,
             max_live: MAX_LIVE,
             recent_ends: 4_096,
+            cancel_grace: piecework_worker_pool::CANCEL_GRACE,
             keep_task_docs: KEEP_TASK_DOCS,
             keep_sealed_epochs: KEEP_SEALED_EPOCHS,
             retired: Vec::new(),
@@ -364,6 +370,13 @@ impl Config {
     /// `Config::max_live`; at least 1).
     pub fn with_max_live(mut self, max: usize) -> Self {
         self.max_live = max.max(1);
+        self
+    }
+
+    /// The same settings, with another grace time for handlers asked to stop (see
+    /// `Config::cancel_grace`).
+    pub fn with_cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
         self
     }
 

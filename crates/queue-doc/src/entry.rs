@@ -92,7 +92,22 @@ impl Finished {
             timed_out,
         }
     }
+
+    /// The end was recorded while the run's handler went on: asked to stop, it did not within
+    /// its grace time, and its worker stays busy until it returns (derived from the error
+    /// [`GRACE_RAN_OUT`] marks, which only a pool writes).
+    pub fn overdue(&self) -> bool {
+        self.outcome == AttemptOutcome::Failed
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.ends_with(GRACE_RAN_OUT))
+    }
 }
+
+/// How a pool ends the error it records for a run whose handler did not stop within its grace
+/// time ([`Finished::overdue`]).
+pub const GRACE_RAN_OUT: &str = "(the handler did not stop within its grace time)";
 
 /// One attempt at a task: an assignment to a worker, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -917,15 +917,6 @@ pub fn carry_covering(
             });
         }
         for (i, key) in &touched {
-            // A requeue reopens a task the successor may have left behind as final: its
-            // entry comes back with it (its attempt numbers and runs are in the requeue).
-            if *i == REQUEUES_AT
-                && !has_task(&*tx, key)
-                && let Some(entry) = carry_entry(from, &*tx, key, &|_| false)
-            {
-                tx.put(&targets[0], key.as_str(), entry.clone())?;
-                writes.insert((0, key.clone()), entry);
-            }
             let value = carried_value(from, tx, *i, key, dropped, false);
             match value {
                 Some(v) => {
@@ -960,7 +951,7 @@ pub fn carry_covering(
     .map_err(|f| f.error)?;
     out.writes += writes.len();
     out.tasks = writes.keys().filter(|(i, _)| *i == 0).count();
-    out.skipped = touched.iter().filter(|k| !writes.contains_key(*k)).count();
+    out.skipped = touched.len() - writes.len();
     Ok(out)
 }
 
@@ -1087,7 +1078,9 @@ fn carried_value<R: ReadDoc>(
             mine.is_none_or(|m| theirs < m)
                 .then(|| automerge::ScalarValue::from(packed::encode(&theirs)))
         }
-        1 | 2 | 4 | 6 | 8 if !absent_too && !has_task(into, packed::task_of(key)) => None,
+        1 | 2 | 4 | 6 | 8 | REQUEUES_AT if !absent_too && !has_task(into, packed::task_of(key)) => {
+            None
+        }
         1..=3 | 5 => attempt_value(i, packed_values(from, CARRIED[i], key), into, key),
         6 => {
             let mine = crate::read::bump_of(packed_values(into, packed::BUMPS, key));

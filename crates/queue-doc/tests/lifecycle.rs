@@ -235,19 +235,19 @@ fn cancels_and_requeues_reach_the_successor_by_rotation_and_by_carry() {
     assert_eq!(v.task(&requeued).unwrap().last_n(), 2);
     assert!(v.task(&dead).is_none());
     // Written in the sealed document after the seal: a cancel of a live task, and a requeue
-    // of the task the successor left behind, which comes back with its entry.
+    // of the task the successor left behind. The cancel is carried; the requeue is not: the
+    // successor cannot tell whether the task it left behind failed or ended otherwise on a
+    // branch `doc` does not hold (a success outranks a requeue), so it stays behind, failed.
     let since = doc.get_heads();
     queue::cancel(&mut doc, &live, &PeerId::new("m"), 200).unwrap();
     let rq = view(&doc).task(&dead).unwrap().requeue_now(200);
     queue::requeue(&mut doc, &dead, rq).unwrap();
     let none = |_: &TaskId| false;
     let carried = epoch::carry(&doc, &since, &mut succ, &none, None, usize::MAX).unwrap();
-    assert!(carried.writes >= 3, "{carried:?}");
+    assert_eq!((carried.writes, carried.skipped), (1, 1), "{carried:?}");
     let v = view(&succ);
     assert_eq!(v.task(&live).unwrap().state(), TaskState::Cancelled);
-    let back = v.task(&dead).unwrap();
-    assert_eq!(back.state(), TaskState::Pending);
-    assert_eq!((back.last_n(), back.runs_started()), (2, 2));
+    assert!(v.task(&dead).is_none());
     // Carrying again writes nothing.
     let again = epoch::carry(&doc, &since, &mut succ, &none, None, usize::MAX).unwrap();
     assert_eq!(again.writes, 0);

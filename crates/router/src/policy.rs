@@ -29,6 +29,10 @@
 //!   until a member marks it available; then it waits the refusal backoff like a refused one.
 //! - A task whose attempt numbers are exhausted (`u64::MAX`, only ever written by a faulty
 //!   peer) is not routed.
+//! - A run whose end was recorded while its handler goes on (it ignored a cancel or timeout
+//!   past its grace time: its pool's heartbeats report it `overdue`, and its end says so)
+//!   keeps its worker busy and its task from being routed again, and counts against
+//!   `concurrency`, while its pool is heard and reports it.
 //! - `concurrency` caps tasks assigned or running at once, counting, while their pool is alive,
 //!   runs that outlived their task's outcome and earlier runs of a task whose current attempts
 //!   ended, and this router's attempts whose task a rotation sealed elsewhere dropped (for a
@@ -113,6 +117,24 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     // The retry schedule: only pending tasks that failed or were refused before.
     let mut still_retrying = HashMap::new();
     let mut waiting: HashSet<&TaskId> = HashSet::new();
+    // Runs whose end was recorded while their handler goes on (asked to stop, they did not
+    // within their grace time), as live pools report them: their tasks are not routed again
+    // until the handler returns, and each holds its worker against the concurrency limit.
+    let mut overdue = 0u32;
+    for (heard_at, beat) in input.pools.values() {
+        if now.saturating_duration_since(*heard_at) > fresh {
+            continue;
+        }
+        for r in beat.workers.iter().filter_map(|w| w.running.as_ref()) {
+            if &r.queue == input.queue && (r.overdue || ended_overdue(view, r)) {
+                plan.visited += 1;
+                overdue += 1;
+                if let Some((id, _)) = view.tasks().get_key_value(&r.task) {
+                    waiting.insert(id);
+                }
+            }
+        }
+    }
     for t in view.retrying() {
         plan.visited += 1;
         let (failures, refusals) = (t.failures(), t.refusals());
@@ -147,7 +169,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     // with a healed partition, assigned to a pool this router has not heard from while they
     // were apart, gets a whole lease for its pool's heartbeats to arrive too, instead of
     // being routed again at once while it runs.
-    let mut active = 0u32;
+    let mut active = overdue;
     let mut expired: Vec<&TaskEntry> = Vec::new();
     let mut seen = HashMap::new();
     let mut lease_end = |t: &TaskEntry, a: &piecework_queue_doc::Attempt| {
@@ -377,6 +399,17 @@ fn assign<'a>(
     plan.visited += visited.get();
 }
 
+/// Whether the document shows a reported run's attempt ended while its handler went on (past
+/// its grace time): a heartbeat sent before the pool recorded that end still reports it
+/// running, and it is, until a later heartbeat says otherwise.
+fn ended_overdue(view: &QueueView, r: &piecework_queue_doc::RunningReport) -> bool {
+    view.tasks()
+        .get(&r.task)
+        .and_then(|t| t.attempt(&r.attempt))
+        .and_then(|a| a.finished.as_ref())
+        .is_some_and(|f| f.overdue())
+}
+
 /// Idle workers, each with the incarnation of its pool's heartbeat, and that heartbeat.
 fn idle_workers<'a>(
     input: &Input<'a>,
@@ -402,6 +435,7 @@ fn idle_workers<'a>(
                 // does one whose end was recorded while its handler goes on (asked to stop, it
                 // did not within its grace time).
                 r.overdue
+                    || ended_overdue(view, r)
                     || &r.queue != input.queue
                     || view
                         .tasks()

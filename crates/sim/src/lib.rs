@@ -110,6 +110,11 @@ pub struct FaultMix {
     /// on an acknowledged task, a delay), with boost changes beside them. 0 in every mix but
     /// `scheduling`, so that the others replay as before.
     pub scheduling: f64,
+    /// Life-cycle acts per virtual second of the faulty phase: a member cancels an
+    /// acknowledged task or requeues a queue's dead letters; with it on, a share of the submits
+    /// carry a timeout and runs asked to stop get a short grace time. 0 in every mix but
+    /// `lifecycle`, so that the others replay as before.
+    pub lifecycle: f64,
 }
 
 impl FaultMix {
@@ -139,6 +144,7 @@ impl FaultMix {
             settings_rate: 0.0,
             pause_ms: (200, 4_000),
             scheduling: 0.0,
+            lifecycle: 0.0,
         }
     }
 
@@ -218,6 +224,18 @@ impl FaultMix {
         }
     }
 
+    /// The default mix, with the life-cycle workload: cancels, requeues of dead letters,
+    /// timeouts, handlers that ignore the signal to stop (invariant 18, and invariant 2's
+    /// requeue rule), and more handler failures so that tasks are dead-lettered.
+    pub fn lifecycle() -> Self {
+        FaultMix {
+            name: "lifecycle".into(),
+            lifecycle: 0.6,
+            handler_failure: 0.25,
+            ..FaultMix::default_mix()
+        }
+    }
+
     /// Partitions and one-way cuts, nothing else.
     pub fn partitions() -> Self {
         FaultMix {
@@ -229,7 +247,7 @@ impl FaultMix {
     }
 
     /// The mix called `name`: `default`, `crashes`, `stops`, `calm`, `partitions`,
-    /// `byzantine`, `settings` or `scheduling`.
+    /// `byzantine`, `settings`, `scheduling` or `lifecycle`.
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "default" => Some(FaultMix::default_mix()),
@@ -240,6 +258,7 @@ impl FaultMix {
             "byzantine" => Some(FaultMix::byzantine()),
             "settings" => Some(FaultMix::settings()),
             "scheduling" => Some(FaultMix::scheduling()),
+            "lifecycle" => Some(FaultMix::lifecycle()),
             _ => None,
         }
     }
@@ -279,6 +298,7 @@ impl FaultMix {
             settings_rate: 0.0,
             pause_ms: (200, 4_000),
             scheduling: 0.0,
+            lifecycle: 0.0,
         }
     }
 

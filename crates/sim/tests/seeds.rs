@@ -237,6 +237,31 @@ fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
     }
 }
 
+/// The `lifecycle` mix: members cancel tasks and requeue dead letters, runs time out, and
+/// handlers asked to stop either stop or run past their grace time. Every seed passes,
+/// invariant 18 (no run starts where its task's cancel is known) and invariant 2's requeue
+/// rule included, and each situation happened.
+#[test]
+fn lifecycle_seeds_pass_and_cancels_requeues_and_timeouts_happen() {
+    let faults = seeds(FaultMix::lifecycle(), 12_000..12_000 + CI_SEEDS / 4);
+    for kind in [
+        "cancelled_by_member",
+        "attempt_cancelled",
+        "attempt_timed_out",
+        "attempt_overdue",
+        "life_refused_as_ended",
+        "life_requeued",
+        "requeue_reopened",
+        "run_cancel_signalled",
+        "rotation",
+    ] {
+        assert!(
+            faults.get(kind).copied().unwrap_or(0) > 0,
+            "{kind} never fired: {faults:?}"
+        );
+    }
+}
+
 #[test]
 fn partition_seeds_pass() {
     let faults = seeds(FaultMix::partitions(), 2_000..2_000 + CI_SEEDS / 2);
@@ -1025,6 +1050,47 @@ mod regressions {
             },
         );
         shows(&r, &["dedup_copy_cancelled", "carried_late_writes"]);
+    }
+
+    /// Found by the `lifecycle` mix as it was built: a requeue written into a sealed epoch on
+    /// one side of a partition was carried into a successor that had left its task behind as
+    /// succeeded on the other side, and brought the task back (invariant 2: succeeded to
+    /// pending). A carry now merges a requeue only where the successor holds the task.
+    #[test]
+    fn seed_35_lifecycle_a_late_requeue_never_revives_a_task_left_behind() {
+        let r = passes_config(35, &lifecycle());
+        shows(
+            &r,
+            &["life_requeued", "requeue_reopened", "carried_late_writes"],
+        );
+    }
+
+    /// Found by the `lifecycle` mix: a task document's reads failed for 700 ms, so the start
+    /// waited, and the run's 201 ms timeout, counted from the pool's decision, ran out before
+    /// the handler was handed over: its grace ended with an end the document refused (the
+    /// attempt had not started), and the run's real end was then dropped as recorded, leaving
+    /// the task running for good. Timeouts and grace times now run from the hand-over.
+    #[test]
+    fn seed_76_lifecycle_a_timeout_runs_from_the_hand_over() {
+        let r = passes_config(76, &lifecycle());
+        shows(&r, &["attempt_timed_out", "load_error"]);
+    }
+
+    /// Found by the `lifecycle` mix: a router saw a run's end recorded past its grace time
+    /// before the heartbeat that reported the run still going, and routed a task beside it
+    /// under a concurrency limit of 1 (invariant 6). A reported run whose end says it outran
+    /// its grace now holds its worker and counts against the limit.
+    #[test]
+    fn seed_12003_lifecycle_an_overdue_run_counts_against_the_limit() {
+        let r = passes_config(12_003, &lifecycle());
+        shows(&r, &["attempt_overdue"]);
+    }
+
+    fn lifecycle() -> Config {
+        Config {
+            mix: FaultMix::lifecycle(),
+            ..Config::default()
+        }
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Attempt, AttemptId, AttemptOutcome, PeerId, PoolBeat, QueueConfig, QueueId, QueueView,
-    RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
+    Attempt, AttemptId, AttemptOutcome, GRACE_RAN_OUT, PeerId, PoolBeat, QueueConfig, QueueId,
+    QueueView, RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
 };
 
 /// A pool's fixed settings.
@@ -59,22 +59,29 @@ enum Why {
 }
 
 impl Why {
+    /// The error recorded: with the handler's, or without it when its grace time ran out.
     fn error(self, handler: Option<&str>) -> String {
         match (self, handler) {
-            (Why::TimedOut(ms), _) => format!("timed out after {ms} ms"),
+            (Why::TimedOut(ms), Some(_)) => format!("timed out after {ms} ms"),
+            (Why::TimedOut(ms), None) => format!("timed out after {ms} ms {GRACE_RAN_OUT}"),
             (Why::Cancelled, Some(e)) => format!("cancelled: {e}"),
-            (Why::Cancelled, None) => {
-                "cancelled: the handler did not stop within its grace time".to_owned()
-            }
+            (Why::Cancelled, None) => format!("cancelled {GRACE_RAN_OUT}"),
         }
     }
 }
 
-/// A run's timers: its timeout, and once asked to stop, its grace time.
+/// A run's timers: its timeout, and once asked to stop, its grace time. Both run only once its
+/// handler was handed over ([`Pool::handle_started`]): fetching the task's input and writing
+/// the start may take a while, and a run not under way can neither be signalled nor outlive a
+/// grace time.
 #[derive(Clone, Debug)]
 struct Watch {
-    /// When it times out, and after how many ms (none without a timeout).
+    /// Its timeout in ms (0: none).
+    timeout_ms: u64,
+    /// Once started: when it times out, and after how many ms (none without a timeout).
     timeout: Option<(Instant, u64)>,
+    /// Its handler was handed over.
+    started: bool,
     /// Asked to stop: why, until when it may go on, and whether its end was recorded without
     /// it (the worker stays busy until the handler returns).
     stop: Option<(Why, Instant, bool)>,
@@ -454,21 +461,17 @@ impl Pool {
                             number: task.runs_started().saturating_add(1),
                         };
                         self.slots[attempt.worker.index as usize] = Some(run.clone());
-                        let ms = match task.rules.timeout_ms {
+                        let timeout_ms = match task.rules.timeout_ms {
                             0 => view.config.timeout_ms,
                             ms => ms,
                         };
-                        let timeout = (ms > 0).then(|| {
-                            let at = now.checked_add(Duration::from_millis(ms)).unwrap_or(now);
-                            (at, ms)
-                        });
-                        self.watches.insert(
-                            attempt.worker.index,
-                            Watch {
-                                timeout,
-                                stop: None,
-                            },
-                        );
+                        let watch = Watch {
+                            timeout_ms,
+                            timeout: None,
+                            started: false,
+                            stop: None,
+                        };
+                        self.watches.insert(attempt.worker.index, watch);
                         Action::Start(run)
                     }
                 }
@@ -487,6 +490,7 @@ impl Pool {
                 .is_some_and(|t| t.cancel_requested());
             if let Some(w) = self.watches.get_mut(&index)
                 && cancelled
+                && w.started
                 && w.stop.is_none()
             {
                 w.stop = Some((Why::Cancelled, later(now, self.grace), false));
@@ -540,6 +544,20 @@ impl Pool {
             .map(|o| format!("attempt {} on worker {}", o.id, o.worker))
     }
 
+    /// The handler of the run on worker `index` was handed over at `now`: its timeout runs from
+    /// now, and it can be signalled to stop.
+    pub fn handle_started(&mut self, index: u32, now: Instant) {
+        if let Some(w) = self.watches.get_mut(&index) {
+            w.started = true;
+            w.timeout = (w.timeout_ms > 0).then(|| {
+                let at = now
+                    .checked_add(Duration::from_millis(w.timeout_ms))
+                    .unwrap_or(now);
+                (at, w.timeout_ms)
+            });
+        }
+    }
+
     /// The run on worker `index` ended: the end to record, which [`Action::Finish`] follows.
     /// A run asked to stop ends `failed` whatever its handler returned if it timed out ("timed
     /// out after N ms"), and if its task was cancelled, `failed` ("cancelled: ...") unless the
@@ -565,7 +583,10 @@ impl Pool {
             (RunEnd::Failed(e), Some((why, ..))) => {
                 (AttemptOutcome::Failed, Some(why.error(Some(&e))))
             }
-            (RunEnd::Succeeded, Some((why, ..))) => (AttemptOutcome::Failed, Some(why.error(None))),
+            (RunEnd::Succeeded, Some((why, ..))) => (
+                AttemptOutcome::Failed,
+                Some(why.error(Some("it returned a result"))),
+            ),
         };
         self.actions.push_back(Action::Finish {
             worker: run.worker,

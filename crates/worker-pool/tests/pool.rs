@@ -837,6 +837,7 @@ fn started(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
     .unwrap();
     f.assign(&t, &router(1, "r"), 0);
     assert!(matches!(&f.step()[..], [Action::Start(run)] if run.number == 1));
+    f.pool.handle_started(0, f.t0);
     t
 }
 
@@ -901,7 +902,7 @@ fn a_handler_that_ignores_the_signal_is_recorded_after_its_grace_and_keeps_its_w
         finish,
         Some((
             AttemptOutcome::Failed,
-            Some("cancelled: the handler did not stop within its grace time".into()),
+            Some("cancelled (the handler did not stop within its grace time)".into()),
             true
         ))
     );
@@ -949,6 +950,53 @@ fn a_run_past_its_timeout_is_asked_to_stop_and_recorded_timed_out() {
         view.tasks()[&t].state(),
         piecework_queue_doc::TaskState::Pending
     );
+}
+
+/// Fetching a task's input and writing its start take a while (seed 76 of the `lifecycle` mix:
+/// a task document read kept failing for 700 ms): a run's timeout runs from its handler's
+/// hand-over, never from the start's decision, and a run not handed over is never signalled
+/// nor recorded past a grace time.
+#[test]
+fn a_timeout_runs_from_the_hand_over_of_the_handler() {
+    let mut f = Fixture::new(1, 1);
+    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
+    let t = TaskId::new("automerge:t1");
+    queue::submit(
+        &mut f.doc,
+        &Submission {
+            id: t.clone(),
+            kind: "k".into(),
+            submitter: me(),
+            submitted_at: 1,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: None,
+            rules: piecework_queue_doc::Rules {
+                timeout_ms: 200,
+                ..Default::default()
+            },
+        },
+    )
+    .unwrap();
+    f.assign(&t, &router(1, "r"), 0);
+    assert!(matches!(&f.step()[..], [Action::Start(_)]));
+    // Not handed over yet: a cancel does not signal it, and no time runs out.
+    queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
+    assert_eq!(cancels(&f.step()), 0);
+    f.pool.handle_timeout(f.t0 + Duration::from_secs(60));
+    assert!(
+        f.apply()
+            .iter()
+            .all(|a| !matches!(a, Action::Cancel(_) | Action::Finish { .. }))
+    );
+    // Handed over a minute later: its 200 ms run from then.
+    let later = f.t0 + Duration::from_secs(60);
+    f.pool.handle_started(0, later);
+    f.pool.handle_timeout(later + Duration::from_millis(199));
+    assert_eq!(cancels(&f.apply()), 0);
+    f.pool.handle_timeout(later + Duration::from_millis(200));
+    assert_eq!(cancels(&f.apply()), 1);
 }
 
 #[test]

@@ -35,6 +35,12 @@ impl Core {
             // archived status says so), or unknown here.
             return Err(
                 match self.archive.recent(task).map(|j| archived_status(task, j)) {
+                    Some(Ok(s)) if what == Life::Requeue && s.state == TaskState::Failed => {
+                        TaskError::Conflict(format!(
+                            "task {task} left the live queue document (it ended before a \
+                             rotation): requeueing such a task is not supported yet"
+                        ))
+                    }
                     Some(Ok(s)) => TaskError::Conflict(conflict(task, what, s.state)),
                     _ => TaskError::NotFound(task.clone()),
                 },

@@ -156,6 +156,7 @@ impl Core {
             },
             now.mono,
         );
+        pool.set_cancel_grace(config.cancel_grace);
         if let Some(kinds) = &config.kinds {
             pool.set_kinds(kinds.iter().cloned());
         }
@@ -654,13 +655,13 @@ impl Core {
             let acted = self.drain_actions(now);
             let wrote = self.flush_attempts(now);
             if (!acted && !wrote && self.stale.is_empty()) || rounds > 10_000 {
-                if rounds <= 10_000 && self.abort_fenced_starts() {
+                if rounds <= 10_000 && self.abort_fenced_starts(now) {
                     continue;
                 }
                 break;
             }
         }
-        self.hand_over_starts();
+        self.hand_over_starts(now);
         self.flush_task_writes(now);
         self.flush_archive();
         // Asked only of a document whose compaction is due (rarely), not for every write.

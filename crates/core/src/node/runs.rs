@@ -11,6 +11,14 @@ impl Core {
         let Some(Running { run, start }) = self.runs.ended(&id) else {
             return;
         };
+        self.run_ended(now, run, start, result);
+        self.turn(now);
+    }
+
+    /// A run ended with `result` (its handler returned, or it was cancelled before its handler
+    /// was handed over): the pool says what is recorded, in the queue document with the
+    /// attempt's end and in the task document's run record.
+    fn run_ended(&mut self, now: Time, run: Run, start: RunStart, result: RunResult) {
         let inline = self.inline_input(&run.queue, &run.task).is_some();
         let result = if inline {
             result.within_inline_limit()
@@ -25,7 +33,6 @@ impl Core {
         // otherwise than its handler said, and one whose grace time ran out was recorded
         // already.
         let Some((outcome, error)) = self.pool.handle_finished(run.worker.index, end) else {
-            self.turn(now);
             return;
         };
         let ok = outcome == AttemptOutcome::Succeeded;
@@ -57,7 +64,6 @@ impl Core {
         } else if let Some(tdoc) = task_doc(&run.task) {
             self.runs.record_run(tdoc, start, task_end);
         }
-        self.turn(now);
     }
 
     pub(super) fn pool_action(&mut self, now: Time, action: PoolAction) {
@@ -247,8 +253,9 @@ impl Core {
             wrote = true;
             // The fence may have risen since the start was asked for (a view or a heartbeat
             // in this turn): checked again where the start is written.
+            // So may a cancel of its task have merged.
             pending.retain(|p| match &p.started {
-                Some((run, _)) => match self.fenced(run) {
+                Some((run, _)) => match self.fenced(run).or_else(|| self.cancelled(run)) {
                     Some(reason) => {
                         self.pool.handle_start_failed(run.worker.index, reason);
                         false
@@ -302,15 +309,33 @@ impl Core {
     /// Starts recorded this turn whose claim a fence raised later in the same turn (a switch
     /// to another branch, a heartbeat) are not run: their workers are freed and their attempts
     /// refused, as if the fence had been known when they were asked for. True if any was.
-    pub(super) fn abort_fenced_starts(&mut self) -> bool {
+    ///
+    /// Starts whose task a cancel merged into this turn are not run either: their starts are
+    /// written, so each ends at once, failed ("cancelled: ..."), as a handler that stopped on
+    /// its signal would. No handler starts where the view holds its task's cancel.
+    pub(super) fn abort_fenced_starts(&mut self, now: Time) -> bool {
         let mut aborted = false;
         for req in self.runs.take_starting() {
             let reason = self.runs.get(&req.id).and_then(|r| self.fenced(&r.run));
+            let cancelled = self
+                .runs
+                .get(&req.id)
+                .is_some_and(|r| self.cancelled(&r.run).is_some());
             match reason {
                 Some(reason) => {
                     self.runs.abort_start(&req.id);
                     self.pool.handle_start_failed(req.worker.index, reason);
                     aborted = true;
+                }
+                None if cancelled => {
+                    if let Some(Running { run, start }) = self.runs.ended(&req.id) {
+                        let result = RunResult {
+                            result: Err("cancelled before its handler started".into()),
+                            logs: vec![],
+                        };
+                        self.run_ended(now, run, start, result);
+                        aborted = true;
+                    }
                 }
                 None => self.runs.still_starting(req),
             }
@@ -318,9 +343,10 @@ impl Core {
         aborted
     }
 
-    /// Hands this turn's starts to the driver.
-    pub(super) fn hand_over_starts(&mut self) {
+    /// Hands this turn's starts to the driver; their timeouts run from now.
+    pub(super) fn hand_over_starts(&mut self, now: Time) {
         for req in self.runs.take_starting() {
+            self.pool.handle_started(req.worker.index, now.mono);
             self.events.push_back(Event::RunStarted {
                 queue: req.queue.clone(),
                 task: req.task.clone(),
@@ -329,6 +355,15 @@ impl Core {
             });
             self.io.push_back(Io::Run(req));
         }
+    }
+
+    /// Why a run must not start because of its task: a cancel of it merged.
+    fn cancelled(&self, run: &Run) -> Option<String> {
+        self.queues
+            .get(&run.queue)
+            .and_then(|q| q.view.task(&run.task))
+            .is_some_and(|t| t.cancel_requested())
+            .then(|| "the task was cancelled".to_owned())
     }
 
     pub(super) fn fenced(&self, run: &Run) -> Option<String> {

@@ -88,6 +88,9 @@ impl World {
             })
             .collect();
         self.draw_rules(i, &queue, cmd, &mut tasks);
+        for t in &mut tasks {
+            t.timeout_ms = self.draw_timeout();
+        }
         self.trace(|| format!("node{i} takes {n} task(s) for {queue}"));
         let t = self.time(i);
         let command = if n == 1 {

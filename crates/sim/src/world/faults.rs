@@ -87,6 +87,8 @@ pub(super) enum Kind {
     Byzantine,
     /// A member changes a setting (`settings.rs`).
     Settings,
+    /// A member cancels a task or requeues dead letters (`lifecycle.rs`).
+    Lifecycle,
 }
 
 impl World {
@@ -101,6 +103,7 @@ impl World {
             Kind::Stop => mix.stop_rate,
             Kind::Byzantine => mix.byzantine_rate,
             Kind::Settings => mix.settings_rate,
+            Kind::Lifecycle => mix.lifecycle,
         };
         if rate <= 0.0 {
             return;
@@ -142,6 +145,7 @@ impl World {
         match kind {
             Kind::Byzantine => self.hostile_act(),
             Kind::Settings => self.change_setting(),
+            Kind::Lifecycle => self.life_act(),
             Kind::Crash => {
                 let i = self.rng.random_range(0..n);
                 self.crash(i);
@@ -325,6 +329,7 @@ impl World {
         // What the node had seen only in memory is gone with it: invariant 2 watches each
         // incarnation from what it reloads (acknowledged tasks are invariant 8's).
         self.seen_states.retain(|(n, _), _| *n != i);
+        self.seen_requeues.retain(|(n, _), _| *n != i);
         // Writes in flight: the crash keeps an arbitrary subset of them.
         let pending = std::mem::take(&mut self.nodes[i].disk.pending);
         for save in pending.into_values() {
@@ -376,6 +381,7 @@ impl World {
             super::scheduling::kinds_of(&self.config, i),
             super::scheduling::resources_of(&self.config, i),
         )
+        .with_cancel_grace(super::lifecycle::cancel_grace(&self.config))
         .with_retired(self.nodes[i].disk.retired.clone())
         .with_resume(
             self.nodes[i]

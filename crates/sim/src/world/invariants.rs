@@ -291,18 +291,43 @@ impl World {
                     self.seen_states.insert(key, s);
                     continue;
                 }
+                // The other: a requeue reopens a dead-lettered task, and the dependents its
+                // failure cancelled with it.
+                let requeued = t.requeued_at() > self.seen_requeues.get(&key).copied().unwrap_or(0);
+                let dependency_requeued = prev == TaskState::Cancelled
+                    && t.cancel.is_none()
+                    && t.duplicate_of.is_none()
+                    && t.rules
+                        .depends_on
+                        .iter()
+                        .any(|d| view.task(d).is_some_and(|d| d.requeue.is_some()));
+                if !s.is_final() && ((prev == TaskState::Failed && requeued) || dependency_requeued)
+                {
+                    self.count("requeue_reopened");
+                    self.seen_states.insert(key.clone(), s);
+                    self.seen_requeues.insert(key, t.requeued_at());
+                    continue;
+                }
                 let regressed = (prev.is_final() && !s.is_final())
                     || (prev == TaskState::Succeeded && s != TaskState::Succeeded);
                 if regressed {
                     bad.push(format!(
-                        "node{i}: {id} went from {} to {}",
+                        "node{i}: {id} went from {} to {} (requeued at #{}, attempts {:?})",
                         prev.as_str(),
-                        s.as_str()
+                        s.as_str(),
+                        t.requeued_at(),
+                        t.attempts
+                            .iter()
+                            .map(|a| (a.id.n, a.finished.as_ref().map(|f| f.outcome)))
+                            .collect::<Vec<_>>()
                     ));
                 }
             }
             if t.duplicate_of.is_some() {
                 self.note_dup_cancelled(i, id);
+            }
+            if t.requeue.is_some() {
+                self.seen_requeues.insert(key.clone(), t.requeued_at());
             }
             if s.is_final() || !self.seen_states.contains_key(&key) {
                 self.seen_states.insert(key, s);
@@ -321,6 +346,8 @@ impl World {
                 self.ever_final.insert(id.clone());
                 if t.duplicate_of.is_some() {
                     self.count("dedup_copy_cancelled");
+                } else if t.cancel.is_some() && t.state() == TaskState::Cancelled {
+                    self.count("cancelled_by_member");
                 } else if t.state() == TaskState::Cancelled {
                     self.count("cancelled_by_dependency");
                 }

@@ -25,6 +25,7 @@ mod clients;
 mod disk;
 mod faults;
 mod invariants;
+mod lifecycle;
 mod net;
 mod schedules;
 mod scheduling;
@@ -169,6 +170,8 @@ struct Live {
     claim: Claim,
     /// A cut separated the run's node from its router's node while it ran.
     tainted: bool,
+    /// The run was asked to stop (its task cancelled, or past its timeout): it ends failed.
+    signalled: bool,
 }
 
 struct Node {
@@ -219,6 +222,8 @@ pub(crate) struct World {
     submitted: BTreeMap<TaskId, QueueId>,
     to_submit: usize,
     seen_states: BTreeMap<(usize, TaskId), TaskState>,
+    /// The requeue mark each node's view last showed of each task (invariant 2).
+    seen_requeues: BTreeMap<(usize, TaskId), u64>,
     /// Tasks some node's view showed final, ever (crashes do not forget it): a task that a
     /// rotation left behind was final on its sealer.
     ever_final: BTreeSet<TaskId>,
@@ -256,6 +261,7 @@ pub(crate) struct World {
     ever_succeeded: BTreeSet<TaskId>,
     /// The scheduling workload's records (the `scheduling` mix).
     sched: scheduling::Scheduling,
+    life: lifecycle::Lifecycle,
     /// The tasks of schedule slots views showed (the `scheduling` mix).
     fired: schedules::Fired,
 }
@@ -321,6 +327,7 @@ impl World {
                     .with_epoch_retain(EPOCH_RETAIN)
                     .with_disk_retention(KEEP_TASK_DOCS, config.keep_sealed_epochs)
                     .with_relay_waits(relay_waits(config))
+                    .with_cancel_grace(lifecycle::cancel_grace(config))
                     .with_capabilities(
                         scheduling::kinds_of(config, i),
                         scheduling::resources_of(config, i),
@@ -367,6 +374,7 @@ impl World {
             submitted: BTreeMap::new(),
             to_submit: config.tasks,
             seen_states: BTreeMap::new(),
+            seen_requeues: BTreeMap::new(),
             ever_final: BTreeSet::new(),
             last_state: BTreeMap::new(),
             runs: BTreeMap::new(),
@@ -389,6 +397,7 @@ impl World {
             byz: byzantine::Byzantine::default(),
             ever_succeeded: BTreeSet::new(),
             sched: scheduling::Scheduling::default(),
+            life: lifecycle::Lifecycle::default(),
             fired: schedules::Fired::default(),
         };
         #[cfg(feature = "broken")]
@@ -453,6 +462,7 @@ impl World {
             // After it, for the same reason: only the `byzantine` mix has hostile acts.
             Kind::Byzantine,
             Kind::Settings,
+            Kind::Lifecycle,
         ] {
             self.schedule_background(kind);
         }

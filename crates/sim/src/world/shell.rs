@@ -105,6 +105,8 @@ impl World {
         if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
             return;
         }
+        // A handler asked to stop ends with an error, whenever it returns.
+        let ok = ok && !self.nodes[node].live.get(&run).is_some_and(|l| l.signalled);
         let end = if ok { End::Succeeded } else { End::Failed };
         let Some(live) = self.end_run(node, run, end) else {
             return;
@@ -182,7 +184,11 @@ impl World {
                 // Most handlers observe the signal and return an error soon; the others run
                 // on to their end, past the grace time if it is long.
                 self.count("run_cancel_signalled");
-                if self.nodes[i].live.contains_key(&run) && self.rng.random_bool(0.7) {
+                let Some(live) = self.nodes[i].live.get_mut(&run) else {
+                    return;
+                };
+                live.signalled = true;
+                if self.rng.random_bool(0.7) {
                     let us = self.rng.random_range(0..=50_000);
                     self.schedule_at(
                         self.now_us + us,
@@ -201,6 +207,7 @@ impl World {
                 let tainted = self.cut_from_its_router_since(i, &claim, assigned_us);
                 self.check_start(i, &req.queue, &req.task, &claim, tainted);
                 self.a_run_starts_only_where_its_kind_and_resources_are(i, &req.task);
+                self.a_cancelled_task_never_starts(i, &req.queue, &req.task);
                 self.no_task_is_assigned_before_its_not_before(
                     i,
                     &req.queue,
@@ -223,6 +230,7 @@ impl World {
                         queue: req.queue.clone(),
                         claim: claim.clone(),
                         tainted,
+                        signalled: false,
                     },
                 );
                 self.runs.entry(req.task.clone()).or_default().push(RunRec {
@@ -335,6 +343,7 @@ impl World {
     }
 
     fn reply(&mut self, i: usize, cmd: CommandId, reply: Reply) {
+        self.life_reply(&reply);
         match reply {
             Reply::Submitted(r) => {
                 if self.retry_answered(i, cmd, r.as_ref().ok().map(|s| &s.task_id)) {
@@ -552,6 +561,7 @@ impl World {
         self.remember_final_tasks(view);
         self.no_two_fresh_pending_tasks_share_a_dedup_key(i, view);
         self.watch_schedule_tasks(i, view);
+        self.watch_life_ends(view);
         if self.config.mix.scheduling > 0.0 {
             self.no_assignment_to_a_pool_that_lacked_it(view);
         }

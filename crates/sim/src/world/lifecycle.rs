@@ -1,0 +1,163 @@
+//! The task life-cycle workload (the `lifecycle` mix): members cancel acknowledged tasks and
+//! requeue a queue's dead-lettered ones at run time, a share of the submits carry a timeout
+//! shorter than some runs, and a handler asked to stop either returns an error soon or runs on
+//! past the (short) grace time. The requests go through a member's core as a user's would
+//! (`Command::CancelTask`, `Command::RequeueFailed`), across partitions, crashes and rotations.
+//!
+//! Invariant 18: no run starts on a node whose view of the queue holds a cancel of its task.
+//! Invariant 2 (in `invariants.rs`) allows a final state to reopen only by a requeue (the task's,
+//! or for a task cancelled by its dependency's failure, the dependency's).
+//!
+//! It asks the parent for the clock, randomness, `count`, `trace` and `violate`; `settings` for
+//! `member_with_view` and `send`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use piecework_core::{Command, Reply, api};
+use piecework_queue_doc::{QueueId, QueueView, TaskId};
+use rand::Rng;
+
+use super::World;
+
+/// The grace time of a cancelled or timed-out run in the `lifecycle` mix: shorter than many
+/// runs, so that handlers that ignore the signal have their end recorded without them.
+const LIFECYCLE_GRACE: Duration = Duration::from_millis(300);
+
+/// The share of a `lifecycle` mix's submits that carry a timeout, and its range (ms): runs
+/// take up to 1.5 s in the default mix, so some of them time out.
+const TIMEOUT_SHARE: f64 = 0.3;
+const TIMEOUT_MS: (u64, u64) = (200, 1_500);
+
+/// What the workload remembers: the attempts seen timed out or recorded past their grace.
+#[derive(Default)]
+pub(super) struct Lifecycle {
+    seen_ends: BTreeSet<(TaskId, u64, String)>,
+}
+
+/// The grace time cores get in this run.
+pub(super) fn cancel_grace(config: &crate::Config) -> Duration {
+    if config.mix.lifecycle > 0.0 {
+        LIFECYCLE_GRACE
+    } else {
+        piecework_core::CANCEL_GRACE
+    }
+}
+
+impl World {
+    /// A member cancels a random acknowledged task, or requeues a queue's dead letters.
+    pub(super) fn life_act(&mut self) {
+        let q = self.rng.random_range(0..self.members.len());
+        let Some(queue) = self.queues[q].clone() else {
+            return;
+        };
+        let Some(i) = self.member_with_view(q) else {
+            return;
+        };
+        if self.rng.random_bool(0.7) {
+            let of_queue: Vec<&TaskId> = self
+                .submitted
+                .iter()
+                .filter(|(_, tq)| **tq == queue)
+                .map(|(t, _)| t)
+                .collect();
+            if of_queue.is_empty() {
+                return;
+            }
+            let task = of_queue[self.rng.random_range(0..of_queue.len())].clone();
+            self.count("life_cancel_sent");
+            self.trace(|| format!("node{i} cancels {task}"));
+            self.send(i, Command::CancelTask { task });
+        } else {
+            self.count("life_requeue_sent");
+            self.trace(|| format!("node{i} requeues the dead letters of {queue}"));
+            self.send(i, Command::RequeueFailed { queue });
+        }
+    }
+
+    /// The timeouts a `lifecycle` mix puts on a new task (none in other mixes: no randomness is
+    /// drawn there, so they replay as before).
+    pub(super) fn draw_timeout(&mut self) -> Option<u64> {
+        if self.config.mix.lifecycle <= 0.0 || !self.rng.random_bool(TIMEOUT_SHARE) {
+            return None;
+        }
+        Some(self.rng.random_range(TIMEOUT_MS.0..=TIMEOUT_MS.1))
+    }
+
+    /// Counts what a life-cycle command's answer says.
+    pub(super) fn life_reply(&mut self, reply: &Reply) {
+        match reply {
+            Reply::Task(r) => match r.as_ref() {
+                Ok(_) => self.count("life_cancel_or_requeue_written"),
+                Err(api::TaskError::Conflict(_)) => self.count("life_refused_as_ended"),
+                Err(_) => self.count("life_refused_other"),
+            },
+            Reply::TaskIds(Ok(ids)) => {
+                for _ in ids {
+                    self.count("life_requeued");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts the attempts a view shows ended by a timeout or past their grace time, once each.
+    pub(super) fn watch_life_ends(&mut self, view: &Arc<QueueView>) {
+        if self.config.mix.lifecycle <= 0.0 {
+            return;
+        }
+        let mut new = Vec::new();
+        for (id, t) in view.tasks() {
+            if t.cancel_requested() {
+                new.push((id.clone(), 0, "cancelled_task_seen".to_owned()));
+            }
+            if t.requeue.is_some() {
+                new.push((id.clone(), 0, "requeued_task_seen".to_owned()));
+            }
+            for a in &t.attempts {
+                let Some(f) = &a.finished else { continue };
+                let what = if f.overdue() {
+                    "attempt_overdue"
+                } else if f.timed_out {
+                    "attempt_timed_out"
+                } else if f
+                    .error
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("cancelled: "))
+                {
+                    "attempt_cancelled"
+                } else {
+                    continue;
+                };
+                new.push((id.clone(), a.id.n, what.to_owned()));
+            }
+        }
+        for key in new {
+            if self.life.seen_ends.insert(key.clone()) {
+                self.count(&key.2);
+            }
+        }
+    }
+
+    /// Invariant 18: node `i` starts a run of `task` of `queue` only if its view holds no cancel
+    /// of it.
+    pub(super) fn a_cancelled_task_never_starts(
+        &mut self,
+        i: usize,
+        queue: &QueueId,
+        task: &TaskId,
+    ) {
+        let cancelled = self.nodes[i]
+            .core
+            .view(queue)
+            .and_then(|v| v.task(task).map(|t| t.cancel_requested()))
+            .unwrap_or(false);
+        if cancelled {
+            self.violate(
+                18,
+                format!("node{i} starts {task} while its view holds a cancel of it"),
+            );
+        }
+    }
+}
