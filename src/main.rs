@@ -267,9 +267,10 @@ enum QueueCommand {
         /// The queue's id.
         queue_id: String,
         /// A field to change, as FIELD=VALUE (repeatable): order=lifo|fifo, concurrency=N,
-        /// max_attempts=N, and the durations rate_interval, timeout (a run's, for tasks without
+        /// max_attempts=N, the durations rate_interval, timeout (a run's, for tasks without
         /// their own), lease, retry_backoff, retry_backoff_max, heartbeat, takeover_after,
-        /// settle, pool_heartbeat (`30s`, `5m`, `250ms`).
+        /// settle, pool_heartbeat (`30s`, `5m`, `250ms`), and failure_policy=JSON (per kind:
+        /// "retry", "ignore" or {"pause_resource": {"resource": R, "restore_after_ms": N}}).
         #[arg(long = "set", value_name = "FIELD=VALUE")]
         set: Vec<String>,
         /// Print JSON.
@@ -1234,6 +1235,15 @@ fn config_patch(set: &[String]) -> anyhow::Result<ConfigPatch> {
                 field.to_owned(),
                 serde_json::json!(parse_order(value).map_err(anyhow::Error::msg)?),
             ),
+            "failure_policy" => (
+                field.to_owned(),
+                serde_json::from_str::<serde_json::Value>(value).with_context(|| {
+                    format!(
+                        "--set failure_policy: {value:?} is not JSON, such as \
+                         '{{\"logo\": \"ignore\"}}'"
+                    )
+                })?,
+            ),
             "concurrency" | "max_attempts" => {
                 (
                     field.to_owned(),
@@ -1249,7 +1259,7 @@ fn config_patch(set: &[String]) -> anyhow::Result<ConfigPatch> {
                 ),
             ),
             other => bail!(
-                "--set {other:?}: not a configuration field (order, concurrency, max_attempts, {})",
+                "--set {other:?}: not a configuration field (order, concurrency, max_attempts, failure_policy, {})",
                 DURATIONS.join(", ")
             ),
         };

@@ -1644,6 +1644,48 @@ fn steps_lifecycle() -> Vec<Step> {
             .post("/v1/queues/<queue:life>/tasks")
             .json(json!({ "kind": "noop", "timeout_ms": 0 }))
             .into(),
+        case(
+            "config_failure_policy",
+            "per-kind failure policies: fail is ignored, flaky pauses the server resource",
+        )
+        .patch("/v1/queues/<queue:life>/config")
+        .json(json!({ "failure_policy": {
+            "fail": "ignore",
+            "flaky": { "pause_resource": { "resource": "server", "restore_after_ms": 60000 } },
+        } }))
+        .into(),
+        case(
+            "config_bad_failure_policy",
+            "a policy that pauses a resource with an invalid name: 400",
+        )
+        .patch("/v1/queues/<queue:life>/config")
+        .json(json!({ "failure_policy": {
+            "x": { "pause_resource": { "resource": "no spaces", "restore_after_ms": 1 } },
+        } }))
+        .into(),
+        case("submit_ignored", "a failing task of an ignored kind, three attempts allowed")
+            .post("/v1/queues/<queue:life>/tasks")
+            .json(json!({ "kind": "fail", "input": { "times": 1 }, "max_attempts": 3 }))
+            .capture("task_id", "<task:ignored>")
+            .into(),
+        Step::Settle(Settle::Ended("<task:ignored>", TaskState::Failed)),
+        case("task_ignored", "dead-lettered at its first failure, marked ignored")
+            .get("/v1/tasks/<task:ignored>")
+            .into(),
+        case(
+            "submit_paused_kind",
+            "a task of a kind whose failures pause a resource: it requires the resource",
+        )
+        .post("/v1/queues/<queue:life>/tasks")
+        .json(json!({ "kind": "flaky" }))
+        .capture("task_id", "<task:flaky>")
+        .into(),
+        case(
+            "task_requires_by_policy",
+            "blocked on its kind (no handler here), requiring the server resource",
+        )
+        .get("/v1/tasks/<task:flaky>")
+        .into(),
     ]
 }
 

@@ -30,6 +30,64 @@ impl Order {
     }
 }
 
+/// What a worker does when a run of a kind fails ([`QueueConfig::failure_policy`]). As JSON:
+/// `"retry"`, `"ignore"`, or `{"pause_resource": {"resource": "…", "restore_after_ms": n}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailurePolicy {
+    /// Retried with backoff up to `max_attempts` failures, then dead-lettered (the default).
+    Retry,
+    /// The task ends `failed` at once, without retries; its attempt's error starts with
+    /// `ignored: ` ([`crate::Finished::ignored`]).
+    Ignore,
+    /// Tasks of the kind require `resource` (added to their rules when submitted); on a
+    /// failure, the pool that saw it withdraws the resource and holds it again after
+    /// `restore_after_ms`, and the attempt ends deferred (its error starts with `deferred: `,
+    /// [`crate::Finished::deferred`]): it does not count towards `max_attempts`, and the task
+    /// waits, blocked on the resource, until a pool holds it.
+    PauseResource {
+        /// The resource (a name like a tag).
+        resource: String,
+        /// When the pool holds it again (1 ms to 24 h).
+        restore_after_ms: u64,
+    },
+}
+
+/// The most kinds a queue's failure policy names.
+pub const MAX_FAILURE_POLICIES: usize = 64;
+
+impl FailurePolicy {
+    /// Why the policy for `kind` cannot work, if it cannot.
+    fn problem(&self, kind: &str) -> Option<String> {
+        if kind.is_empty() || kind.len() > crate::entry::MAX_KEY_LEN {
+            return Some(format!(
+                "failure_policy: a kind is 1 to {} bytes",
+                crate::entry::MAX_KEY_LEN
+            ));
+        }
+        match self {
+            FailurePolicy::PauseResource {
+                resource,
+                restore_after_ms,
+            } => {
+                if !crate::entry::valid_tag(resource) {
+                    return Some(format!(
+                        "failure_policy of {kind:?}: {resource:?} is not a resource name (1 to 64 ASCII letters, digits, '_', '-', '.' or ':')"
+                    ));
+                }
+                if !(1..=QueueConfig::MAX_RETRY_BACKOFF_MS).contains(restore_after_ms) {
+                    return Some(format!(
+                        "failure_policy of {kind:?}: restore_after_ms ({restore_after_ms}) must be between 1 and {}",
+                        QueueConfig::MAX_RETRY_BACKOFF_MS
+                    ));
+                }
+                None
+            }
+            FailurePolicy::Retry | FailurePolicy::Ignore => None,
+        }
+    }
+}
+
 /// A queue's timings and scheduling limits. All durations are in milliseconds.
 ///
 /// The defaults suit a LAN: a router heartbeat every 500 ms, takeover after 2.5 s of silence.
@@ -85,6 +143,9 @@ pub struct QueueConfig {
     /// A run of a task without its own `timeout_ms` that goes on this long is cancelled and
     /// recorded failed, "timed out after N ms" (0: no timeout).
     pub timeout_ms: u64,
+    /// What a failed run of each kind leads to; kinds not named are retried (at most
+    /// [`MAX_FAILURE_POLICIES`] kinds).
+    pub failure_policy: std::collections::BTreeMap<String, FailurePolicy>,
 }
 
 impl Default for QueueConfig {
@@ -102,6 +163,7 @@ impl Default for QueueConfig {
             rate_interval_ms: 0,
             order: Order::Fifo,
             timeout_ms: 0,
+            failure_policy: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -150,6 +212,9 @@ pub enum ConfigError {
         /// The configured longest retry delay.
         max: u64,
     },
+    /// A failure policy cannot work (the reason says why).
+    #[error("{0}")]
+    FailurePolicy(String),
 }
 
 // The relative minimums must fit under the absolute maximums, or clamping could not satisfy both.
@@ -297,7 +362,26 @@ impl QueueConfig {
             self.retry_backoff_ms,
             Self::MAX_RETRY_BACKOFF_MS,
         )?;
+        if self.failure_policy.len() > MAX_FAILURE_POLICIES {
+            return Err(ConfigError::FailurePolicy(format!(
+                "failure_policy names at most {MAX_FAILURE_POLICIES} kinds"
+            )));
+        }
+        if let Some(p) = self
+            .failure_policy
+            .iter()
+            .find_map(|(kind, p)| p.problem(kind))
+        {
+            return Err(ConfigError::FailurePolicy(p));
+        }
         Ok(())
+    }
+
+    /// The failure policy of `kind` (retry if the queue names none).
+    pub fn policy_of(&self, kind: &str) -> &FailurePolicy {
+        self.failure_policy
+            .get(kind)
+            .unwrap_or(&FailurePolicy::Retry)
     }
 
     /// This configuration with every field clamped into its range (see [`QueueConfig`]): the
@@ -340,6 +424,12 @@ impl QueueConfig {
             rate_interval_ms: self.rate_interval_ms.min(Self::MAX_RATE_INTERVAL_MS),
             order: self.order,
             timeout_ms: self.timeout_ms.min(crate::MAX_TIMEOUT_MS),
+            failure_policy: self
+                .failure_policy
+                .into_iter()
+                .filter(|(kind, p)| p.problem(kind).is_none())
+                .take(MAX_FAILURE_POLICIES)
+                .collect(),
         }
     }
 

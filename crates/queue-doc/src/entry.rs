@@ -84,13 +84,27 @@ impl Finished {
         let timed_out = outcome == AttemptOutcome::Failed
             && error
                 .as_deref()
-                .is_some_and(|e| e.starts_with("timed out after "));
+                .is_some_and(|e| e.trim_start_matches(IGNORED).starts_with("timed out after "));
         Finished {
             at,
             outcome,
             error,
             timed_out,
         }
+    }
+
+    /// The run failed and its kind's failure policy is `ignore`: the task is dead-lettered at
+    /// once (derived from the error's [`IGNORED`] mark, which only a pool writes).
+    pub fn ignored(&self) -> bool {
+        self.outcome == AttemptOutcome::Failed
+            && self.error.as_deref().is_some_and(|e| e.starts_with(IGNORED))
+    }
+
+    /// The run failed and its kind's failure policy paused a resource: the attempt is deferred,
+    /// not counted towards `max_attempts` (derived from the error's [`DEFERRED`] mark).
+    pub fn deferred(&self) -> bool {
+        self.outcome == AttemptOutcome::Failed
+            && self.error.as_deref().is_some_and(|e| e.starts_with(DEFERRED))
     }
 
     /// The end was recorded while the run's handler went on: asked to stop, it did not within
@@ -108,6 +122,14 @@ impl Finished {
 /// How a pool ends the error it records for a run whose handler did not stop within its grace
 /// time ([`Finished::overdue`]).
 pub const GRACE_RAN_OUT: &str = "(the handler did not stop within its grace time)";
+
+/// How a pool starts the error of a failed run whose kind's failure policy is `ignore`
+/// ([`Finished::ignored`]).
+pub const IGNORED: &str = "ignored: ";
+
+/// How a pool starts the error of a failed run whose kind's failure policy pauses a resource
+/// ([`Finished::deferred`]).
+pub const DEFERRED: &str = "deferred: ";
 
 /// One attempt at a task: an assignment to a worker, and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -459,13 +481,24 @@ impl TaskEntry {
         self.attempts.iter().filter(move |a| a.id.n > after)
     }
 
-    /// The number of failed attempts (errors and interruptions) since its latest requeue.
+    /// The number of failed attempts (errors and interruptions) since its latest requeue;
+    /// deferred ones (a failure policy paused a resource) do not count.
     pub fn failures(&self) -> u32 {
         let n = self
             .since_requeue()
-            .filter(|a| a.finished.as_ref().is_some_and(|f| f.outcome.is_failure()))
+            .filter(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome.is_failure() && !f.deferred())
+            })
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Whether a failure since its latest requeue was ignored by its kind's failure policy.
+    pub fn ignored(&self) -> bool {
+        self.since_requeue()
+            .any(|a| a.finished.as_ref().is_some_and(Finished::ignored))
     }
 
     /// How many runs of it started over its whole life (refusals do not count, a requeue does
@@ -497,16 +530,17 @@ impl TaskEntry {
     }
 
     /// The number of attempts not run (refused: fenced, busy worker, superseded; or the task's
-    /// document unavailable).
+    /// document unavailable) or deferred (a failure policy paused a resource).
     pub fn refusals(&self) -> u32 {
         let n = self
             .since_requeue()
             .filter(|a| {
                 a.finished.as_ref().is_some_and(|f| {
-                    matches!(
-                        f.outcome,
-                        AttemptOutcome::Refused | AttemptOutcome::Unavailable
-                    )
+                    f.deferred()
+                        || matches!(
+                            f.outcome,
+                            AttemptOutcome::Refused | AttemptOutcome::Unavailable
+                        )
                 })
             })
             .count();
@@ -605,7 +639,7 @@ impl TaskEntry {
         if self.duplicate_of.is_some() || self.cancelled_by().is_some() || self.cancel.is_some() {
             return TaskState::Cancelled;
         }
-        if self.failures() >= self.max_attempts {
+        if self.failures() >= self.max_attempts || self.ignored() {
             return TaskState::Failed;
         }
         let n = self.last_n();

@@ -253,6 +253,11 @@ pub(crate) fn write_config(
         tx.put(&obj, k, v)?;
     }
     tx.put(&obj, "order", c.order.as_str())?;
+    tx.put(
+        &obj,
+        "failure_policy",
+        crate::settings::policy_text(&c.failure_policy),
+    )?;
     Ok(obj)
 }
 

@@ -30,7 +30,7 @@ use crate::{am, keys};
 pub(crate) const PAUSED_AT: &str = "paused_at";
 
 /// The configuration's fields as the document names them, in the order they are written.
-pub(crate) const CONFIG_FIELDS: [&str; 12] = [
+pub(crate) const CONFIG_FIELDS: [&str; 13] = [
     "heartbeat_ms",
     "takeover_after_ms",
     "settle_ms",
@@ -43,6 +43,7 @@ pub(crate) const CONFIG_FIELDS: [&str; 12] = [
     "rate_interval_ms",
     "order",
     "timeout_ms",
+    "failure_policy",
 ];
 
 /// A change to some of a queue's configuration fields; the others keep their values.
@@ -85,6 +86,9 @@ pub struct ConfigPatch {
     /// See [`QueueConfig::timeout_ms`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// See [`QueueConfig::failure_policy`]: the whole map, replacing the queue's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<std::collections::BTreeMap<String, crate::FailurePolicy>>,
 }
 
 impl ConfigPatch {
@@ -104,6 +108,9 @@ impl ConfigPatch {
         c.max_attempts = self.max_attempts.unwrap_or(c.max_attempts);
         c.concurrency = self.concurrency.unwrap_or(c.concurrency);
         c.order = self.order.unwrap_or(c.order);
+        if let Some(p) = &self.failure_policy {
+            c.failure_policy = p.clone();
+        }
         c
     }
 
@@ -129,6 +136,9 @@ impl ConfigPatch {
             u("timeout_ms", self.timeout_ms),
             self.order
                 .map(|o| ("order", ScalarValue::Str(o.as_str().into()))),
+            self.failure_policy
+                .as_ref()
+                .map(|p| ("failure_policy", ScalarValue::Str(policy_text(p).into()))),
         ]
         .into_iter()
         .flatten()
@@ -417,4 +427,9 @@ impl Registers {
             config,
         }
     }
+}
+
+/// A failure policy map as the `config/failure_policy` register holds it: its JSON text.
+pub(crate) fn policy_text(p: &std::collections::BTreeMap<String, crate::FailurePolicy>) -> String {
+    serde_json::to_string(p).unwrap_or_else(|_| "{}".into())
 }

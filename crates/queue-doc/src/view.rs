@@ -889,6 +889,13 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
             "retry_backoff_max_ms" => c.retry_backoff_max_ms = u.unwrap_or(c.retry_backoff_max_ms),
             "rate_interval_ms" => c.rate_interval_ms = u.unwrap_or(c.rate_interval_ms),
             "timeout_ms" => c.timeout_ms = u.unwrap_or(c.timeout_ms),
+            // An unreadable map leaves the default (retry every kind), as a member can write
+            // anything.
+            "failure_policy" => {
+                if let Some(p) = am::as_str(v).and_then(|t| serde_json::from_str(t).ok()) {
+                    c.failure_policy = p;
+                }
+            }
             "max_attempts" => c.max_attempts = u.map_or(c.max_attempts, small),
             "concurrency" => c.concurrency = u.map_or(c.concurrency, small),
             "order" => c.order = am::as_str(v).and_then(Order::parse).unwrap_or(c.order),

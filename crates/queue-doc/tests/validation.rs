@@ -92,6 +92,7 @@ fn config_values_of_u64_max_read_clamped_to_the_maximums() {
             rate_interval_ms: QueueConfig::MAX_RATE_INTERVAL_MS,
             order: Order::Fifo,
             timeout_ms: 0,
+            failure_policy: Default::default(),
         }
     );
     assert_in_ranges(&view.config);
@@ -147,6 +148,7 @@ fn a_valid_config_reads_back_unchanged_and_an_out_of_range_one_is_refused() {
         rate_interval_ms: 86_400_000,
         order: Order::Lifo,
         timeout_ms: 0,
+        failure_policy: Default::default(),
     };
     queue::create(&mut doc, "q", &config, &me(), 0).unwrap();
     assert_eq!(QueueView::read(&doc).unwrap().config, config);
@@ -470,6 +472,7 @@ fn any_config() -> impl Strategy<Value = QueueConfig> {
                 rate_interval_ms: rate,
                 order: if lifo { Order::Lifo } else { Order::Fifo },
                 timeout_ms: 0,
+                failure_policy: Default::default(),
             },
         )
 }
@@ -550,6 +553,7 @@ fn documented_reading(raw: &[u64]) -> QueueConfig {
         rate_interval_ms: between(raw[9], 0, DAY),
         order: Order::Fifo,
         timeout_ms: 0,
+        failure_policy: Default::default(),
     }
 }
 
@@ -574,6 +578,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 rate_interval_ms: 11,
                 order: Order::Fifo,
                 timeout_ms: 0,
+                failure_policy: Default::default(),
             },
         ),
         // Relative minimums below their bases: raised to twice (or once) the base.
@@ -592,6 +597,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 rate_interval_ms: 0,
                 order: Order::Fifo,
                 timeout_ms: 0,
+                failure_policy: Default::default(),
             },
         ),
         // Bases above their maximums: the relative minimums follow the clamped bases (a
@@ -613,6 +619,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 rate_interval_ms: 86_400_000,
                 order: Order::Fifo,
                 timeout_ms: 0,
+                failure_policy: Default::default(),
             },
         ),
         // Counts beyond u32 and timings at the absolute ends.
@@ -642,6 +649,7 @@ fn document_configs_read_as_worked_out_by_hand() {
                 rate_interval_ms: 86_400_000,
                 order: Order::Fifo,
                 timeout_ms: 0,
+                failure_policy: Default::default(),
             },
         ),
     ];

@@ -16,7 +16,7 @@
 //! - A task that failed waits `retry_delay(failures)` with jitter
 //!   ([`piecework_queue_doc::QueueConfig::retry_delay_jittered_ms`]: a function of the task and its attempt number,
 //!   so a successor computes the same), measured on this router's clock from when it first saw
-//!   the failure. A requeued task with no attempt since goes at once. A task whose last attempt was refused (by a fenced, busy
+//!   the failure. A requeued task with no attempt since goes at once (it is not retrying). A task whose last attempt was refused (by a fenced, busy
 //!   or task-less worker) waits [`REFUSAL_BACKOFF`] doubled per refusal, at most
 //!   [`MAX_REFUSAL_BACKOFF`], so that a task no worker can run does not spin.
 //! - Idle workers are those of pools heard within three pool-heartbeat intervals (capped by the
@@ -138,16 +138,16 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
     for t in view.retrying() {
         plan.visited += 1;
         let (failures, refusals) = (t.failures(), t.refusals());
+        // A deferred attempt (its kind's failure policy paused a resource) waits like a
+        // refusal: another pool may hold the resource.
         let last_refused = t.current_attempts().all(|a| {
             a.finished
                 .as_ref()
-                .is_some_and(|f| f.outcome == AttemptOutcome::Refused)
+                .is_some_and(|f| f.outcome == AttemptOutcome::Refused || f.deferred())
         });
-        let delay = match (last_refused, failures) {
-            (true, _) => refusal_delay(refusals),
-            // Requeued, no attempt since: it goes at once.
-            (false, 0) => Duration::ZERO,
-            (false, _) => {
+        let delay = match last_refused {
+            true => refusal_delay(refusals),
+            false => {
                 Duration::from_millis(c.retry_delay_jittered_ms(failures, &t.id, t.last_n()))
             }
         };

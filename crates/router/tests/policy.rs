@@ -293,19 +293,23 @@ fn a_rate_interval_allows_one_assignment_per_interval() {
 }
 
 /// A failed task waits `retry_backoff_ms × 2^(failures − 1)`, capped at
-/// `retry_backoff_max_ms`, from when the router first saw the failure.
+/// `retry_backoff_max_ms`, with jitter over its upper half, from when the router first saw the
+/// failure.
 #[test]
 fn a_failed_task_waits_its_backoff_doubled_per_failure_up_to_the_cap() {
-    let mut l = Lone::new(QueueConfig {
+    let config = QueueConfig {
         retry_backoff_ms: 200,
         retry_backoff_max_ms: 500,
         max_attempts: 10,
         ..QueueConfig::default()
-    });
+    };
+    let mut l = Lone::new(config.clone());
     l.submit(0, false, 0);
     let mut at = 200;
     let mut a = l.to(at).pop().expect("routed");
-    for wait in [200, 400, 500, 500] {
+    for (failures, cap) in [(1, 200), (2, 400), (3, 500), (4, 500)] {
+        let wait = config.retry_delay_jittered_ms(failures, &a.task, a.attempt.n);
+        assert!((cap / 2..=cap).contains(&wait), "{wait} within the upper half of {cap}");
         l.end(&a, AttemptOutcome::Failed);
         // The router sees the failure at `at`.
         assert!(l.to(at).is_empty());

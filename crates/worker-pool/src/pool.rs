@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Attempt, AttemptId, AttemptOutcome, GRACE_RAN_OUT, PeerId, PoolBeat, QueueConfig, QueueId,
+    Attempt, AttemptId, AttemptOutcome, DEFERRED, FailurePolicy, GRACE_RAN_OUT, IGNORED, PeerId, PoolBeat, QueueConfig, QueueId,
     QueueView, RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
 };
 
@@ -140,6 +140,8 @@ pub struct Pool {
     slots: Vec<Option<Run>>,
     /// The timers of running slots, by worker index.
     watches: BTreeMap<u32, Watch>,
+    /// Each queue's failure policies, from its last view.
+    policies: BTreeMap<QueueId, BTreeMap<String, FailurePolicy>>,
     /// See [`Pool::set_cancel_grace`].
     grace: Duration,
     /// The time of the last [`Pool::handle_timeout`].
@@ -189,6 +191,7 @@ impl Pool {
             config,
             slots,
             watches: BTreeMap::new(),
+            policies: BTreeMap::new(),
             grace: CANCEL_GRACE,
             last_now: now,
             answered: BTreeSet::new(),
@@ -335,6 +338,10 @@ impl Pool {
         // A queue of a schema version this node does not know: its assignments are not run.
         if !view.routable_version() {
             return;
+        }
+        if self.policies.get(queue) != Some(&view.config.failure_policy) {
+            self.policies
+                .insert(queue.clone(), view.config.failure_policy.clone());
         }
         let me = &self.config.peer;
         // Only the document raises a fence: a heartbeat's claim the document does not hold
@@ -558,15 +565,21 @@ impl Pool {
         }
     }
 
-    /// The run on worker `index` ended: the end to record, which [`Action::Finish`] follows.
-    /// A run asked to stop ends `failed` whatever its handler returned if it timed out ("timed
-    /// out after N ms"), and if its task was cancelled, `failed` ("cancelled: ...") unless the
-    /// handler succeeded (a success stands). `None` (and nothing to record) if the worker was
-    /// not running, or its end was recorded already when its grace time ran out.
+    /// The run on worker `index` ended at `now`: the end to record, which [`Action::Finish`]
+    /// follows. A run asked to stop ends `failed` whatever its handler returned if it timed out
+    /// ("timed out after N ms"), and if its task was cancelled, `failed` ("cancelled: ...")
+    /// unless the handler succeeded (a success stands). `None` (and nothing to record) if the
+    /// worker was not running, or its end was recorded already when its grace time ran out.
+    ///
+    /// A failure (a timeout included) then follows its kind's failure policy in the queue's
+    /// configuration: `ignore` marks the error [`IGNORED`] (the task is dead-lettered at
+    /// once); `pause_resource` withdraws the resource from this pool until its restore time
+    /// and marks the error [`DEFERRED`] (the attempt does not count towards `max_attempts`).
     pub fn handle_finished(
         &mut self,
         index: u32,
         end: RunEnd,
+        now: Instant,
     ) -> Option<(AttemptOutcome, Option<String>)> {
         let run = self.slots.get_mut(index as usize).and_then(Option::take)?;
         let stop = self.watches.remove(&index).and_then(|w| w.stop);
@@ -588,6 +601,13 @@ impl Pool {
                 Some(why.error(Some("it returned a result"))),
             ),
         };
+        let cancelled = matches!(stop, Some((Why::Cancelled, ..)));
+        let error = match (outcome, error) {
+            (AttemptOutcome::Failed, Some(e)) if !cancelled => {
+                Some(self.apply_policy(&run, e, now))
+            }
+            (_, e) => e,
+        };
         self.actions.push_back(Action::Finish {
             worker: run.worker,
             queue: run.queue,
@@ -599,6 +619,27 @@ impl Pool {
             overdue: false,
         });
         Some((outcome, error))
+    }
+
+    /// What run's kind's failure policy makes of its failure `error`, at `now`.
+    fn apply_policy(&mut self, run: &Run, error: String, now: Instant) -> String {
+        let policy = self
+            .policies
+            .get(&run.queue)
+            .and_then(|p| p.get(&run.kind))
+            .cloned();
+        match policy {
+            None | Some(FailurePolicy::Retry) => error,
+            Some(FailurePolicy::Ignore) => format!("{IGNORED}{error}"),
+            Some(FailurePolicy::PauseResource {
+                resource,
+                restore_after_ms,
+            }) => {
+                let restore = Duration::from_millis(restore_after_ms);
+                self.withdraw_resource(&resource, now, Some(restore));
+                format!("{DEFERRED}resource {resource} paused for {restore_after_ms} ms: {error}")
+            }
+        }
     }
 
     /// The run on worker `index` could not start (its task document is unavailable, or the

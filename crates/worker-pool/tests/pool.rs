@@ -179,9 +179,9 @@ fn starts_an_assignment_on_an_idle_worker_and_records_its_end() {
         f.step().is_empty(),
         "an answered attempt is not answered twice"
     );
-    assert!(f.pool.handle_finished(1, RunEnd::Succeeded).is_some());
+    assert!(f.pool.handle_finished(1, RunEnd::Succeeded, f.t0).is_some());
     assert!(
-        f.pool.handle_finished(1, RunEnd::Succeeded).is_none(),
+        f.pool.handle_finished(1, RunEnd::Succeeded, f.t0).is_none(),
         "an idle worker has nothing to finish"
     );
     f.apply();
@@ -319,7 +319,7 @@ fn refuses_an_assignment_for_a_task_that_already_has_an_outcome() {
     let t = f.submit(1);
     f.assign(&t, &router(2, "a"), 0);
     assert!(matches!(&f.step()[..], [Action::Start(_)]));
-    assert!(f.pool.handle_finished(0, RunEnd::Succeeded).is_some());
+    assert!(f.pool.handle_finished(0, RunEnd::Succeeded, f.t0).is_some());
     f.apply();
     f.assign(&t, &router(2, "b"), 1);
     queue::claim_router(&mut f.doc, &router(2, "b"), 0).unwrap();
@@ -712,7 +712,7 @@ fn a_draining_pool_refuses_new_work_and_interrupts_what_outlives_the_grace() {
         "{actions:?}"
     );
     assert!(
-        f.pool.handle_finished(0, RunEnd::Succeeded).is_none(),
+        f.pool.handle_finished(0, RunEnd::Succeeded, f.t0).is_none(),
         "its end comes too late"
     );
     assert!(!f.pool.interrupt(0, "again".into()));
@@ -856,7 +856,7 @@ fn a_cancelled_run_is_signalled_once_and_its_error_ends_it_cancelled() {
     queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
     assert_eq!(cancels(&f.step()), 1, "the run is asked to stop");
     assert_eq!(cancels(&f.step()), 0, "once");
-    let end = f.pool.handle_finished(0, RunEnd::Failed("stopped".into()));
+    let end = f.pool.handle_finished(0, RunEnd::Failed("stopped".into()), f.t0);
     assert_eq!(
         end,
         Some((AttemptOutcome::Failed, Some("cancelled: stopped".into())))
@@ -872,7 +872,7 @@ fn a_cancelled_run_is_signalled_once_and_its_error_ends_it_cancelled() {
     let u = started(&mut g, 2, 0);
     queue::cancel(&mut g.doc, &u, &PeerId::new("m"), 5).unwrap();
     g.step();
-    let end = g.pool.handle_finished(0, RunEnd::Succeeded);
+    let end = g.pool.handle_finished(0, RunEnd::Succeeded, g.t0);
     assert_eq!(end, Some((AttemptOutcome::Succeeded, None)));
 }
 
@@ -915,7 +915,7 @@ fn a_handler_that_ignores_the_signal_is_recorded_after_its_grace_and_keeps_its_w
     let running = beat.unwrap().workers[0].running.clone().unwrap();
     assert!(running.overdue);
     // The handler returns at last: nothing more is recorded, the worker is free.
-    assert_eq!(f.pool.handle_finished(0, RunEnd::Succeeded), None);
+    assert_eq!(f.pool.handle_finished(0, RunEnd::Succeeded, f.t0), None);
     assert_eq!(f.pool.idle(), 1);
     assert!(
         f.apply()
@@ -935,7 +935,7 @@ fn a_run_past_its_timeout_is_asked_to_stop_and_recorded_timed_out() {
     f.pool.handle_timeout(at);
     assert_eq!(cancels(&f.apply()), 1);
     // Whatever the handler returns, the run failed: it timed out.
-    let end = f.pool.handle_finished(0, RunEnd::Succeeded);
+    let end = f.pool.handle_finished(0, RunEnd::Succeeded, f.t0);
     assert_eq!(
         end,
         Some((
@@ -1016,4 +1016,72 @@ fn a_queue_timeout_applies_to_tasks_without_their_own() {
     assert_eq!(cancels(&f.apply()), 0);
     f.pool.handle_timeout(f.t0 + Duration::from_millis(300));
     assert_eq!(cancels(&f.apply()), 1);
+}
+
+/// Sets the queue's failure policy of kind `k`.
+fn set_policy(f: &mut Fixture, policy: piecework_queue_doc::FailurePolicy) {
+    queue::set_config(
+        &mut f.doc,
+        &piecework_queue_doc::ConfigPatch {
+            failure_policy: Some([("k".to_owned(), policy)].into()),
+            ..Default::default()
+        },
+        1,
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_ignored_kind_is_dead_lettered_at_its_first_failure() {
+    let mut f = Fixture::new(1, 1);
+    set_policy(&mut f, piecework_queue_doc::FailurePolicy::Ignore);
+    let t = started(&mut f, 1, 0);
+    let end = f
+        .pool
+        .handle_finished(0, RunEnd::Failed("logo gone".into()), f.t0);
+    assert_eq!(
+        end,
+        Some((AttemptOutcome::Failed, Some("ignored: logo gone".into())))
+    );
+    f.apply();
+    let view = QueueView::read(&f.doc).unwrap();
+    let e = &view.tasks()[&t];
+    assert!(e.max_attempts > 1);
+    assert_eq!(e.state(), TaskState::Failed, "no retries");
+    assert!(e.attempts[0].finished.as_ref().unwrap().ignored());
+}
+
+#[test]
+fn a_failure_that_pauses_a_resource_withdraws_it_here_and_is_not_counted() {
+    let mut f = Fixture::new(1, 1);
+    f.pool.add_resource("server".into(), f.t0);
+    set_policy(
+        &mut f,
+        piecework_queue_doc::FailurePolicy::PauseResource {
+            resource: "server".into(),
+            restore_after_ms: 5_000,
+        },
+    );
+    let t = started(&mut f, 1, 0);
+    let end = f
+        .pool
+        .handle_finished(0, RunEnd::Failed("connection reset".into()), f.t0);
+    assert_eq!(
+        end,
+        Some((
+            AttemptOutcome::Failed,
+            Some("deferred: resource server paused for 5000 ms: connection reset".into())
+        ))
+    );
+    f.apply();
+    // Withdrawn from this pool until the restore time, then held again by itself.
+    let (held, withdrawn) = f.pool.resources();
+    assert!(!held.contains("server"));
+    assert_eq!(withdrawn.get("server"), Some(&(f.t0 + Duration::from_secs(5))));
+    f.pool.handle_timeout(f.t0 + Duration::from_secs(5));
+    assert!(f.pool.resources().0.contains("server"));
+    // The attempt does not count towards max_attempts: the task is pending, not failed.
+    let view = QueueView::read(&f.doc).unwrap();
+    let e = &view.tasks()[&t];
+    assert_eq!((e.state(), e.failures(), e.refusals()), (TaskState::Pending, 0, 1));
 }

@@ -32,7 +32,8 @@ impl Core {
         // The pool says what is recorded: a run asked to stop (cancelled, timed out) may end
         // otherwise than its handler said, and one whose grace time ran out was recorded
         // already.
-        let Some((outcome, error)) = self.pool.handle_finished(run.worker.index, end) else {
+        let Some((outcome, error)) = self.pool.handle_finished(run.worker.index, end, now.mono)
+        else {
             return;
         };
         let ok = outcome == AttemptOutcome::Succeeded;

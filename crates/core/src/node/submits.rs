@@ -207,6 +207,12 @@ impl Core {
             timeout_ms: req.timeout_ms.unwrap_or(0),
             requires: {
                 let mut r = req.requires.clone();
+                // A kind whose failures pause a resource requires it.
+                if let piecework_queue_doc::FailurePolicy::PauseResource { resource, .. } =
+                    view.config.policy_of(&req.kind)
+                {
+                    r.push(resource.clone());
+                }
                 r.sort();
                 r.dedup();
                 r

@@ -1,5 +1,6 @@
-//! The task life-cycle workload (the `lifecycle` mix): members cancel acknowledged tasks and
-//! requeue a queue's dead-lettered ones at run time, a share of the submits carry a timeout
+//! The task life-cycle workload (the `lifecycle` mix): members cancel acknowledged tasks,
+//! requeue a queue's dead-lettered ones and switch its failure policy (ignore the kind's
+//! failures, or retry them) at run time, a share of the submits carry a timeout
 //! shorter than some runs, and a handler asked to stop either returns an error soon or runs on
 //! past the (short) grace time. The requests go through a member's core as a user's would
 //! (`Command::CancelTask`, `Command::RequeueFailed`), across partitions, crashes and rotations.
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use piecework_core::{Command, Reply, api};
-use piecework_queue_doc::{QueueId, QueueView, TaskId};
+use piecework_queue_doc::{ConfigPatch, FailurePolicy, QueueId, QueueView, TaskId};
 use rand::Rng;
 
 use super::World;
@@ -55,7 +56,23 @@ impl World {
         let Some(i) = self.member_with_view(q) else {
             return;
         };
-        if self.rng.random_bool(0.7) {
+        if self.rng.random_bool(0.1) {
+            // The queue's failure policy: the kind's failures ignored (dead-lettered at once),
+            // or retried again.
+            let ignore = self.rng.random_bool(0.5);
+            let policy = if ignore {
+                [("sim".to_owned(), FailurePolicy::Ignore)].into()
+            } else {
+                Default::default()
+            };
+            self.count("life_policy_set");
+            self.trace(|| format!("node{i} sets {queue}'s failure policy, ignore: {ignore}"));
+            let patch = ConfigPatch {
+                failure_policy: Some(policy),
+                ..ConfigPatch::default()
+            };
+            self.send(i, Command::SetConfig { queue, patch });
+        } else if self.rng.random_bool(0.7) {
             let of_queue: Vec<&TaskId> = self
                 .submitted
                 .iter()
@@ -117,7 +134,9 @@ impl World {
             }
             for a in &t.attempts {
                 let Some(f) = &a.finished else { continue };
-                let what = if f.overdue() {
+                let what = if f.ignored() {
+                    "attempt_ignored"
+                } else if f.overdue() {
                     "attempt_overdue"
                 } else if f.timed_out {
                     "attempt_timed_out"
