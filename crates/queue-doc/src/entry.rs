@@ -82,9 +82,10 @@ impl Finished {
     /// An end, with [`Finished::timed_out`] derived from it.
     pub fn new(at: u64, outcome: AttemptOutcome, error: Option<String>) -> Finished {
         let timed_out = outcome == AttemptOutcome::Failed
-            && error
-                .as_deref()
-                .is_some_and(|e| e.trim_start_matches(IGNORED).starts_with("timed out after "));
+            && error.as_deref().is_some_and(|e| {
+                e.trim_start_matches(IGNORED)
+                    .starts_with("timed out after ")
+            });
         Finished {
             at,
             outcome,
@@ -97,14 +98,20 @@ impl Finished {
     /// once (derived from the error's [`IGNORED`] mark, which only a pool writes).
     pub fn ignored(&self) -> bool {
         self.outcome == AttemptOutcome::Failed
-            && self.error.as_deref().is_some_and(|e| e.starts_with(IGNORED))
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(IGNORED))
     }
 
     /// The run failed and its kind's failure policy paused a resource: the attempt is deferred,
     /// not counted towards `max_attempts` (derived from the error's [`DEFERRED`] mark).
     pub fn deferred(&self) -> bool {
         self.outcome == AttemptOutcome::Failed
-            && self.error.as_deref().is_some_and(|e| e.starts_with(DEFERRED))
+            && self
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(DEFERRED))
     }
 
     /// The end was recorded while the run's handler went on: asked to stop, it did not within

@@ -110,9 +110,9 @@ pub use beat::{
 pub use cache::{CacheStats, Changed, ViewCache};
 pub use config::{ConfigError, FailurePolicy, MAX_FAILURE_POLICIES, Order, QueueConfig};
 pub use entry::{
-    Attempt, AttemptOutcome, BOOST_WEIGHT, Bump, Cancel, DEFERRED, Finished, GRACE_RAN_OUT, IGNORED,
-    MAX_BOOST, MAX_DEPENDENCIES, MAX_KEY_LEN, MAX_TAG_LEN, MAX_TAGS, MAX_TIMEOUT_MS, Requeue, Rules, Started,
-    TaskEntry, TaskState, valid_tag,
+    Attempt, AttemptOutcome, BOOST_WEIGHT, Bump, Cancel, DEFERRED, Finished, GRACE_RAN_OUT,
+    IGNORED, MAX_BOOST, MAX_DEPENDENCIES, MAX_KEY_LEN, MAX_TAG_LEN, MAX_TAGS, MAX_TIMEOUT_MS,
+    Requeue, Rules, Started, TaskEntry, TaskState, valid_tag,
 };
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use packed::Output;

@@ -147,9 +147,7 @@ pub(crate) fn plan(input: &mut Input<'_>) -> Plan {
         });
         let delay = match last_refused {
             true => refusal_delay(refusals),
-            false => {
-                Duration::from_millis(c.retry_delay_jittered_ms(failures, &t.id, t.last_n()))
-            }
+            false => Duration::from_millis(c.retry_delay_jittered_ms(failures, &t.id, t.last_n())),
         };
         let entry = match input.retry_at.get(&t.id) {
             Some(e) if e.0 == (failures, refusals) => *e,

@@ -309,7 +309,10 @@ fn a_failed_task_waits_its_backoff_doubled_per_failure_up_to_the_cap() {
     let mut a = l.to(at).pop().expect("routed");
     for (failures, cap) in [(1, 200), (2, 400), (3, 500), (4, 500)] {
         let wait = config.retry_delay_jittered_ms(failures, &a.task, a.attempt.n);
-        assert!((cap / 2..=cap).contains(&wait), "{wait} within the upper half of {cap}");
+        assert!(
+            (cap / 2..=cap).contains(&wait),
+            "{wait} within the upper half of {cap}"
+        );
         l.end(&a, AttemptOutcome::Failed);
         // The router sees the failure at `at`.
         assert!(l.to(at).is_empty());

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
-    Attempt, AttemptId, AttemptOutcome, DEFERRED, FailurePolicy, GRACE_RAN_OUT, IGNORED, PeerId, PoolBeat, QueueConfig, QueueId,
-    QueueView, RunningReport, TaskEntry, TaskId, WorkerId, WorkerReport,
+    Attempt, AttemptId, AttemptOutcome, DEFERRED, FailurePolicy, GRACE_RAN_OUT, IGNORED, PeerId,
+    PoolBeat, QueueConfig, QueueId, QueueView, RunningReport, TaskEntry, TaskId, WorkerId,
+    WorkerReport,
 };
 
 /// A pool's fixed settings.

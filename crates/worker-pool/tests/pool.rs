@@ -856,7 +856,9 @@ fn a_cancelled_run_is_signalled_once_and_its_error_ends_it_cancelled() {
     queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
     assert_eq!(cancels(&f.step()), 1, "the run is asked to stop");
     assert_eq!(cancels(&f.step()), 0, "once");
-    let end = f.pool.handle_finished(0, RunEnd::Failed("stopped".into()), f.t0);
+    let end = f
+        .pool
+        .handle_finished(0, RunEnd::Failed("stopped".into()), f.t0);
     assert_eq!(
         end,
         Some((AttemptOutcome::Failed, Some("cancelled: stopped".into())))
@@ -1077,11 +1079,17 @@ fn a_failure_that_pauses_a_resource_withdraws_it_here_and_is_not_counted() {
     // Withdrawn from this pool until the restore time, then held again by itself.
     let (held, withdrawn) = f.pool.resources();
     assert!(!held.contains("server"));
-    assert_eq!(withdrawn.get("server"), Some(&(f.t0 + Duration::from_secs(5))));
+    assert_eq!(
+        withdrawn.get("server"),
+        Some(&(f.t0 + Duration::from_secs(5)))
+    );
     f.pool.handle_timeout(f.t0 + Duration::from_secs(5));
     assert!(f.pool.resources().0.contains("server"));
     // The attempt does not count towards max_attempts: the task is pending, not failed.
     let view = QueueView::read(&f.doc).unwrap();
     let e = &view.tasks()[&t];
-    assert_eq!((e.state(), e.failures(), e.refusals()), (TaskState::Pending, 0, 1));
+    assert_eq!(
+        (e.state(), e.failures(), e.refusals()),
+        (TaskState::Pending, 0, 1)
+    );
 }
