@@ -1325,4 +1325,28 @@ fn print_config(c: &QueueConfig) {
         d(c.settle_ms),
         d(c.pool_heartbeat_ms)
     );
+    let timeout = match c.timeout_ms {
+        0 => "none".to_owned(),
+        ms => d(ms),
+    };
+    let policies: Vec<String> = c
+        .failure_policy
+        .iter()
+        .map(|(kind, p)| match p {
+            piecework::queue_doc::FailurePolicy::Retry => format!("{kind} retry"),
+            piecework::queue_doc::FailurePolicy::Ignore => format!("{kind} ignore"),
+            piecework::queue_doc::FailurePolicy::PauseResource {
+                resource,
+                restore_after_ms,
+            } => format!("{kind} pauses {resource} for {}", d(*restore_after_ms)),
+        })
+        .collect();
+    println!(
+        "run timeout {timeout}, failure policy: {}",
+        if policies.is_empty() {
+            "retry every kind".to_owned()
+        } else {
+            policies.join(", ")
+        }
+    );
 }
