@@ -4,7 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod config_cli;
+mod print_cli;
 mod schedules_cli;
+
+use config_cli::{config_patch, parse_duration_ms, parse_order};
+use print_cli::{print_config, print_queue, print_task};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
@@ -875,56 +880,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn print_task(s: &api::TaskStatus, json: bool) -> anyhow::Result<()> {
-    if json {
-        return print_json(s);
-    }
-    println!("{} {}", s.id, s.state.as_str());
-    println!(
-        "  kind {}  queue {}  attempts {}",
-        s.kind,
-        s.queue,
-        s.attempts.len()
-    );
-    if let (Some(p), Some(u), Some(m)) = (s.priority, s.urgent, s.max_attempts) {
-        println!(
-            "  priority {p}{}  max attempts {m}",
-            if u { " (urgent)" } else { "" }
-        );
-    }
-    if !s.tags.is_empty() {
-        let eff = s
-            .effective_priority
-            .map_or(String::new(), |e| format!("  effective priority {e}"));
-        println!("  tags {}{eff}", s.tags.join(", "));
-    }
-    if !s.depends_on.is_empty() {
-        let d: Vec<&str> = s.depends_on.iter().map(|t| t.as_str()).collect();
-        println!("  depends on {}", d.join(", "));
-    }
-    if !s.requires.is_empty() {
-        println!("  requires {}", s.requires.join(", "));
-    }
-    if let Some(b) = &s.blocked_on {
-        println!(
-            "  blocked on {}",
-            serde_json::to_string(b).unwrap_or_default()
-        );
-    }
-    if let Some(r) = &s.cancel_reason {
-        println!("  cancelled: {r}");
-    } else if s.cancel_requested {
-        println!("  cancel requested");
-    }
-    if let Some(r) = &s.result {
-        println!("  result {r}");
-    }
-    if let Some(e) = &s.error {
-        println!("  last error {e}");
-    }
-    Ok(())
-}
-
 /// `piecework node`'s optional settings.
 struct Tuning {
     workers: Option<u32>,
@@ -1195,158 +1150,3 @@ fn fix_mmap_threshold() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn fix_mmap_threshold() {}
-
-/// `lifo` or `fifo`.
-fn parse_order(s: &str) -> Result<Order, String> {
-    match s {
-        "fifo" => Ok(Order::Fifo),
-        "lifo" => Ok(Order::Lifo),
-        _ => Err(format!("{s:?} is not an order: use fifo or lifo")),
-    }
-}
-
-/// A duration in humantime form (`30s`, `5m`, `250ms`), in milliseconds.
-fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    let d = humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration such as 30s, 5m or 250ms: {e}"))?;
-    u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too long"))
-}
-
-/// `queue config --set` arguments as a configuration change.
-fn config_patch(set: &[String]) -> anyhow::Result<ConfigPatch> {
-    const DURATIONS: [&str; 9] = [
-        "rate_interval",
-        "timeout",
-        "lease",
-        "retry_backoff",
-        "retry_backoff_max",
-        "heartbeat",
-        "takeover_after",
-        "settle",
-        "pool_heartbeat",
-    ];
-    let mut fields = serde_json::Map::new();
-    for arg in set {
-        let Some((field, value)) = arg.split_once('=') else {
-            bail!("--set {arg:?}: expected FIELD=VALUE, such as concurrency=4 or lease=30s");
-        };
-        let (key, value) = match field {
-            "order" => (
-                field.to_owned(),
-                serde_json::json!(parse_order(value).map_err(anyhow::Error::msg)?),
-            ),
-            "failure_policy" => (
-                field.to_owned(),
-                serde_json::from_str::<serde_json::Value>(value).with_context(|| {
-                    format!(
-                        "--set failure_policy: {value:?} is not JSON, such as \
-                         '{{\"logo\": \"ignore\"}}'"
-                    )
-                })?,
-            ),
-            "concurrency" | "max_attempts" => {
-                (
-                    field.to_owned(),
-                    serde_json::json!(value.parse::<u32>().with_context(|| format!(
-                        "--set {field}: {value:?} is not a whole number"
-                    ))?),
-                )
-            }
-            d if DURATIONS.contains(&d) => (
-                format!("{d}_ms"),
-                serde_json::json!(
-                    parse_duration_ms(value).map_err(|e| anyhow::anyhow!("--set {d}: {e}"))?
-                ),
-            ),
-            other => bail!(
-                "--set {other:?}: not a configuration field (order, concurrency, max_attempts, failure_policy, {})",
-                DURATIONS.join(", ")
-            ),
-        };
-        fields.insert(key, value);
-    }
-    Ok(serde_json::from_value(serde_json::Value::Object(fields))?)
-}
-
-/// A queue's status, as JSON or as lines.
-fn print_queue(q: &api::QueueStatus, json: bool) -> anyhow::Result<()> {
-    if json {
-        return print_json(q);
-    }
-    println!("queue {} ({})", q.name, q.id);
-    println!(
-        "router {} (this node: {}), {} members, epoch {}{}",
-        q.router.as_ref().map_or("-".into(), ToString::to_string),
-        q.role,
-        q.members,
-        q.epoch,
-        if q.paused { ", paused" } else { "" }
-    );
-    let t = &q.tasks;
-    println!(
-        "tasks: {} pending, {} assigned, {} running, {} succeeded, {} failed, {} cancelled, {} input unavailable",
-        t.pending, t.assigned, t.running, t.succeeded, t.failed, t.cancelled, t.input_unavailable
-    );
-    print_config(&q.config);
-    if !q.boosts.is_empty() {
-        let b: Vec<String> = q.boosts.iter().map(|(t, b)| format!("{t} {b}")).collect();
-        println!("boosts: {}", b.join(", "));
-    }
-    Ok(())
-}
-
-fn print_config(c: &QueueConfig) {
-    let d = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
-    println!(
-        "order {}, concurrency {}, rate interval {}, lease {}, max attempts {}, retry backoff {} up to {}",
-        match c.order {
-            Order::Fifo => "fifo",
-            Order::Lifo => "lifo",
-        },
-        if c.concurrency == 0 {
-            "unlimited".to_owned()
-        } else {
-            c.concurrency.to_string()
-        },
-        if c.rate_interval_ms == 0 {
-            "none".to_owned()
-        } else {
-            d(c.rate_interval_ms)
-        },
-        d(c.lease_ms),
-        c.max_attempts,
-        d(c.retry_backoff_ms),
-        d(c.retry_backoff_max_ms),
-    );
-    println!(
-        "heartbeat {}, takeover after {}, settle {}, pool heartbeat {}",
-        d(c.heartbeat_ms),
-        d(c.takeover_after_ms),
-        d(c.settle_ms),
-        d(c.pool_heartbeat_ms)
-    );
-    let timeout = match c.timeout_ms {
-        0 => "none".to_owned(),
-        ms => d(ms),
-    };
-    let policies: Vec<String> = c
-        .failure_policy
-        .iter()
-        .map(|(kind, p)| match p {
-            piecework::queue_doc::FailurePolicy::Retry => format!("{kind} retry"),
-            piecework::queue_doc::FailurePolicy::Ignore => format!("{kind} ignore"),
-            piecework::queue_doc::FailurePolicy::PauseResource {
-                resource,
-                restore_after_ms,
-            } => format!("{kind} pauses {resource} for {}", d(*restore_after_ms)),
-        })
-        .collect();
-    println!(
-        "run timeout {timeout}, failure policy: {}",
-        if policies.is_empty() {
-            "retry every kind".to_owned()
-        } else {
-            policies.join(", ")
-        }
-    );
-}

@@ -46,6 +46,28 @@ pub struct Run {
     pub number: u64,
 }
 
+impl Run {
+    /// The action that records this run's end.
+    fn finish(
+        self,
+        outcome: AttemptOutcome,
+        error: Option<String>,
+        started_by: Option<u64>,
+        overdue: bool,
+    ) -> Action {
+        Action::Finish {
+            worker: self.worker,
+            queue: self.queue,
+            task: self.task,
+            attempt: self.attempt,
+            outcome,
+            error,
+            started_by,
+            overdue,
+        }
+    }
+}
+
 /// How long a handler that was asked to stop (its task cancelled, or its run timed out) may
 /// go on before its end is recorded without it: [`Pool::set_cancel_grace`].
 pub const CANCEL_GRACE: Duration = Duration::from_secs(5);
@@ -609,16 +631,9 @@ impl Pool {
             }
             (_, e) => e,
         };
-        self.actions.push_back(Action::Finish {
-            worker: run.worker,
-            queue: run.queue,
-            task: run.task,
-            attempt: run.attempt,
-            outcome,
-            error: error.clone(),
-            started_by: Some(self.config.incarnation),
-            overdue: false,
-        });
+        let started_by = Some(self.config.incarnation);
+        let finish = run.finish(outcome, error.clone(), started_by, false);
+        self.actions.push_back(finish);
         Some((outcome, error))
     }
 
@@ -679,16 +694,8 @@ impl Pool {
             .and_then(|w| w.stop)
             .is_some_and(|(_, _, recorded)| recorded);
         if !overdue {
-            self.actions.push_back(Action::Finish {
-                worker: run.worker,
-                queue: run.queue,
-                task: run.task,
-                attempt: run.attempt,
-                outcome,
-                error: Some(reason),
-                started_by,
-                overdue: false,
-            });
+            let finish = run.finish(outcome, Some(reason), started_by, false);
+            self.actions.push_back(finish);
         }
         true
     }
@@ -709,16 +716,12 @@ impl Pool {
                 }
                 (Some((why, until, recorded)), _) if !*recorded && *until <= now => {
                     *recorded = true;
-                    self.actions.push_back(Action::Finish {
-                        worker: run.worker.clone(),
-                        queue: run.queue.clone(),
-                        task: run.task.clone(),
-                        attempt: run.attempt.clone(),
-                        outcome: AttemptOutcome::Failed,
-                        error: Some(why.error(None)),
-                        started_by: Some(self.config.incarnation),
-                        overdue: true,
-                    });
+                    let started_by = Some(self.config.incarnation);
+                    let error = Some(why.error(None));
+                    let finish =
+                        run.clone()
+                            .finish(AttemptOutcome::Failed, error, started_by, true);
+                    self.actions.push_back(finish);
                     self.next_beat = now;
                 }
                 _ => {}

@@ -813,8 +813,9 @@ fn heartbeats_carry_kinds_and_resources_and_the_pool_refuses_what_it_lacks() {
     assert_eq!(starts(&f.step()), 1);
 }
 
-/// Starts task `n` (with `timeout_ms`) on worker 0 and returns it.
-fn started(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
+/// Submits task `n` with `timeout_ms` and assigns it to worker 0; its start is the pool's next
+/// action.
+fn assigned(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
     queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
     let t = TaskId::new(format!("automerge:t{n}"));
     queue::submit(
@@ -836,6 +837,13 @@ fn started(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
     )
     .unwrap();
     f.assign(&t, &router(1, "r"), 0);
+    t
+}
+
+/// Starts task `n` (with `timeout_ms`) on worker 0, its handler handed over at `t0`, and
+/// returns it.
+fn started(f: &mut Fixture, n: u32, timeout_ms: u64) -> TaskId {
+    let t = assigned(f, n, timeout_ms);
     assert!(matches!(&f.step()[..], [Action::Start(run)] if run.number == 1));
     f.pool.handle_started(0, f.t0);
     t
@@ -961,27 +969,7 @@ fn a_run_past_its_timeout_is_asked_to_stop_and_recorded_timed_out() {
 #[test]
 fn a_timeout_runs_from_the_hand_over_of_the_handler() {
     let mut f = Fixture::new(1, 1);
-    queue::claim_router(&mut f.doc, &router(1, "r"), 0).unwrap();
-    let t = TaskId::new("automerge:t1");
-    queue::submit(
-        &mut f.doc,
-        &Submission {
-            id: t.clone(),
-            kind: "k".into(),
-            submitter: me(),
-            submitted_at: 1,
-            priority: 0,
-            urgent: false,
-            max_attempts: None,
-            input: None,
-            rules: piecework_queue_doc::Rules {
-                timeout_ms: 200,
-                ..Default::default()
-            },
-        },
-    )
-    .unwrap();
-    f.assign(&t, &router(1, "r"), 0);
+    let t = assigned(&mut f, 1, 200);
     assert!(matches!(&f.step()[..], [Action::Start(_)]));
     // Not handed over yet: a cancel does not signal it, and no time runs out.
     queue::cancel(&mut f.doc, &t, &PeerId::new("m"), 5).unwrap();
