@@ -280,6 +280,61 @@ impl Client {
             .await
     }
 
+    /// Submits the undo tasks a succeeded task's run recorded; their ids.
+    pub async fn undo_task(&self, id: &TaskId) -> anyhow::Result<api::TaskIds> {
+        self.post(&format!("/v1/tasks/{id}/undo"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Follows the node's event stream (of one queue, or of all), calling `each` with every
+    /// event (its SSE id and name, and the event's JSON) until the node closes the stream or
+    /// `each` says to stop.
+    pub async fn follow_events(
+        &self,
+        queue: Option<&QueueId>,
+        mut each: impl FnMut(Option<u64>, &str, serde_json::Value) -> bool,
+    ) -> anyhow::Result<()> {
+        let mut req = self.http.get(format!("{}/v1/events", self.base));
+        if let Some(q) = queue {
+            req = req.query(&[("queue", q.as_str())]);
+        }
+        let mut resp = req.send().await.with_context(|| self.unreachable())?;
+        if !resp.status().is_success() {
+            return self.parse::<serde_json::Value>(resp).await.map(|_| ());
+        }
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .context("the node's event stream broke off")?
+        {
+            buf.extend_from_slice(&chunk);
+            // One event per blank line.
+            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = buf.drain(..end + 2).collect();
+                let text = String::from_utf8_lossy(&block);
+                let (mut id, mut name, mut data) = (None, String::from("message"), String::new());
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = v.trim().parse().ok();
+                    } else if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_owned();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                let value = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+                if !each(id, &name, value) {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Requeues every dead-lettered task of a queue; their ids.
     pub async fn requeue_failed(&self, queue: &QueueId) -> anyhow::Result<api::TaskIds> {
         self.post(

@@ -133,6 +133,20 @@ enum Command {
         #[command(subcommand)]
         command: ResourceCommand,
     },
+    /// Follow the life of this node's queues and their tasks as it learns it (submitted,
+    /// assigned, started, progress, succeeded, attempt_failed, retrying, dead_lettered,
+    /// cancelled, requeued; queue_paused, router_elected, peer_up...), until interrupted.
+    Events {
+        /// Only this queue's events.
+        #[arg(long)]
+        queue: Option<String>,
+        /// One JSON object per line (with the event's `id`).
+        #[arg(long)]
+        json: bool,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// This node: its queues (router, term, task counts) and workers.
     Status {
         /// Print JSON.
@@ -437,6 +451,15 @@ enum TaskCommand {
     /// Requeue a dead-lettered (failed) task: pending again with a fresh budget of
     /// max_attempts failures, its history kept.
     Requeue {
+        /// The task's id (automerge:…).
+        task_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Undo a succeeded task: submit the undo tasks its run recorded (each made once, however
+    /// many members undo it); prints their ids.
+    Undo {
         /// The task's id (automerge:…).
         task_id: String,
         /// Print JSON.
@@ -806,7 +829,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     let status = client.requeue_task(&TaskId::new(task_id)).await?;
                     print_task(&status, json)
                 }
+                TaskCommand::Undo { task_id, json } => {
+                    let r = client.undo_task(&TaskId::new(task_id)).await?;
+                    if json {
+                        return print_json(&r);
+                    }
+                    for t in &r.task_ids {
+                        println!("{t}");
+                    }
+                    eprintln!("{} undo task(s)", r.task_ids.len());
+                    Ok(())
+                }
             }
+        }
+        Command::Events { queue, json, count } => {
+            let client = Client::new(&cli.node)?;
+            let queue = queue.map(QueueId::new);
+            let mut seen = 0u64;
+            client
+                .follow_events(queue.as_ref(), |id, name, data| {
+                    print_cli::print_event(id, name, &data, json);
+                    seen += 1;
+                    count.is_none_or(|c| seen < c)
+                })
+                .await
         }
         Command::Resource { command } => {
             let client = Client::new(&cli.node)?;

@@ -141,3 +141,38 @@ pub(crate) fn print_config(c: &QueueConfig) {
         }
     );
 }
+
+/// Prints one event of `piecework events`: a JSON object per line (with its `id`) with
+/// `json`, else a line of its time, name, task and what else it says.
+pub(crate) fn print_event(id: Option<u64>, name: &str, data: &serde_json::Value, json: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let mut v = data.clone();
+        if let (Some(id), Some(m)) = (id, v.as_object_mut()) {
+            m.insert("id".into(), serde_json::json!(id));
+        }
+        let _ = writeln!(out, "{v}");
+    } else {
+        let at = data["at"].as_u64().map_or_else(String::new, |ms| {
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            humantime::format_rfc3339_millis(t).to_string()
+        });
+        let mut rest = data.as_object().cloned().unwrap_or_default();
+        let subject = rest
+            .remove("task")
+            .or_else(|| rest.remove("queue"))
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        for k in ["event", "at", "queue"] {
+            rest.remove(k);
+        }
+        let extra = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", serde_json::Value::Object(rest))
+        };
+        let _ = writeln!(out, "{at} {name:<19} {subject}{extra}");
+    }
+    let _ = out.flush();
+}

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use piecework::node::{Config, Node, NodeHandle};
 use piecework::queue_doc::{QueueId, TaskId, TaskState};
-use piecework::worker_pool::{Context, HandlerError};
+use piecework::worker_pool::{Context, FollowUp, HandlerError, Progress};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use support::{GENEROUS, poll};
@@ -757,9 +757,9 @@ enum Settle {
     Finished(&'static str),
     /// The task runs on a worker, per its queue entry, its document and the pool.
     Running(&'static str),
-    /// The queue's document was rotated, the task is no longer in its current epoch, every
-    /// task is final and no worker runs anything.
-    Rotated(&'static str, &'static str),
+    /// The queue's document was rotated, the task is no longer in its current epoch and reads
+    /// in this state, every task is final and no worker runs anything.
+    Rotated(&'static str, &'static str, TaskState),
     /// The task ended in this state, every attempt of it ended, and no worker runs anything.
     Ended(&'static str, TaskState),
 }
@@ -980,7 +980,10 @@ impl Session {
         let value = answer
             .json()
             .as_ref()
-            .and_then(|b| b.get(field))
+            .and_then(|b| match field.starts_with('/') {
+                true => b.pointer(field),
+                false => b.get(field),
+            })
             .and_then(Value::as_str)
             .map(str::to_owned)
             .unwrap_or_else(|| {
@@ -1087,7 +1090,7 @@ impl Session {
                 })
                 .await;
             }
-            Settle::Rotated(q, t) => {
+            Settle::Rotated(q, t, state) => {
                 let (queue, task) = (
                     QueueId::new(self.value_of(q)),
                     TaskId::new(self.value_of(t)),
@@ -1111,7 +1114,7 @@ impl Session {
                             return Err(format!("{} is {:?}", t.id, t.state()));
                         }
                         let s = node.task_status(&task).await.map_err(|e| e.to_string())?;
-                        if s.state != TaskState::Succeeded {
+                        if s.state != state {
                             return Err(format!("{task} reads {:?}", s.state));
                         }
                         let status = node.status().await.map_err(|e| e.to_string())?;
@@ -1386,6 +1389,14 @@ fn registry() -> piecework::worker_pool::Registry {
         ctx.cancellation().cancelled().await;
         Err::<Value, _>(HandlerError::new("cancelled"))
     });
+    // Reports its progress, submits a follow-up and records an undo task.
+    r.register("chain", |ctx: Context, input: Value| async move {
+        ctx.progress(Progress::count(1, 2));
+        let next = ctx.submit(FollowUp::new("noop", json!({ "after": input["step"] })))?;
+        ctx.undo(FollowUp::new("noop", json!({ "undo": input["step"] })).priority(5))?;
+        ctx.progress(Progress::count(2, 2));
+        Ok(json!({ "next": next }))
+    });
     r
 }
 
@@ -1429,7 +1440,11 @@ fn steps_after_rotation() -> Vec<Step> {
             { "kind": "sha256", "input": { "data": "2", "rounds": 1 } }
         ]))
         .into(),
-        Step::Settle(Settle::Rotated("<queue:rot>", "<task:first>")),
+        Step::Settle(Settle::Rotated(
+            "<queue:rot>",
+            "<task:first>",
+            TaskState::Succeeded,
+        )),
         case(
             "task_after_rotation",
             "a task that ended before the rotation: its status from its summary",
@@ -1468,6 +1483,40 @@ fn steps_after_rotation() -> Vec<Step> {
             "the node's status after the rotation",
         )
         .get("/v1/status")
+        .into(),
+        case(
+            "submit_failing",
+            "a task that fails once, one attempt allowed: dead-lettered",
+        )
+        .post("/v1/queues/<queue:rot>/tasks")
+        .json(json!({ "kind": "fail", "input": { "times": 1 }, "max_attempts": 1 }))
+        .capture("task_id", "<task:failing>")
+        .into(),
+        Step::Settle(Settle::Ended("<task:failing>", TaskState::Failed)),
+        case(
+            "submit_to_rotate_again",
+            "one more task, whose end makes the queue rotate again, leaving the dead letter behind",
+        )
+        .post("/v1/queues/<queue:rot>/tasks")
+        .json(json!({ "kind": "sha256", "input": { "data": "5", "rounds": 1 } }))
+        .into(),
+        Step::Settle(Settle::Rotated(
+            "<queue:rot>",
+            "<task:failing>",
+            TaskState::Failed,
+        )),
+        case(
+            "requeue_after_rotation",
+            "requeueing the dead letter the live document no longer holds: back, pending",
+        )
+        .post("/v1/tasks/<task:failing>/requeue")
+        .into(),
+        Step::Settle(Settle::Ended("<task:failing>", TaskState::Succeeded)),
+        case(
+            "task_requeued_after_rotation",
+            "its second run (attempt 2 of its life) succeeded",
+        )
+        .get("/v1/tasks/<task:failing>")
         .into(),
     ]
 }
@@ -1686,6 +1735,55 @@ fn steps_lifecycle() -> Vec<Step> {
         )
         .get("/v1/tasks/<task:flaky>")
         .into(),
+        case(
+            "submit_chain",
+            "a task that reports progress, submits a follow-up and records an undo task",
+        )
+        .post("/v1/queues/<queue:life>/tasks")
+        .json(json!({ "kind": "chain", "input": { "step": 1 } }))
+        .capture("task_id", "<task:chain>")
+        .into(),
+        Step::Settle(Settle::Ended("<task:chain>", TaskState::Succeeded)),
+        case(
+            "task_with_follow_up",
+            "succeeded: its result names its follow-up, its run keeps its last progress",
+        )
+        .get("/v1/tasks/<task:chain>")
+        .capture("/result/next", "<task:next>")
+        .into(),
+        Step::Settle(Settle::Ended("<task:next>", TaskState::Succeeded)),
+        case(
+            "follow_up_status",
+            "the follow-up, submitted with the success: it follows its task and waited on it",
+        )
+        .get("/v1/tasks/<task:next>")
+        .into(),
+        case("undo_task", "undoing the task: its undo task is submitted")
+            .post("/v1/tasks/<task:chain>/undo")
+            .capture("/task_ids/0", "<task:undo>")
+            .into(),
+        case(
+            "undo_again",
+            "undoing it again: the same undo task, not a second one",
+        )
+        .post("/v1/tasks/<task:chain>/undo")
+        .into(),
+        Step::Settle(Settle::Ended("<task:undo>", TaskState::Succeeded)),
+        case("undo_task_status", "the undo task: it undoes its task")
+            .get("/v1/tasks/<task:undo>")
+            .into(),
+        case(
+            "undo_not_succeeded",
+            "undoing a task that did not succeed: 409",
+        )
+        .post("/v1/tasks/<task:fails>/undo")
+        .into(),
+        case("undo_unknown", "undoing a task nobody has: 404")
+            .post("/v1/tasks/<unknown-id>/undo")
+            .into(),
+        case("undo_bad_id", "undoing by a malformed id: 400")
+            .post("/v1/tasks/not-an-id/undo")
+            .into(),
     ]
 }
 
@@ -1786,4 +1884,154 @@ fn durations_are_normalised_and_nothing_else() {
 #[test]
 fn the_line_diff_marks_changed_lines() {
     assert_eq!(line_diff("a\nb\nc", "a\nx\nc"), "  a\n- b\n+ x\n  c\n");
+}
+
+/// `GET /v1/events`: the first events of a task's life on a fresh queue, as Server-Sent Events,
+/// and a resume from the first event's id (`Last-Event-ID`), compared with
+/// `golden/http/events.txt` (queue, task and peer ids, times and event ids normalised).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_begins_as_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = Config::new(tmp.path().join("node"), registry());
+    config.workers = 1;
+    let node = Node::start(config).await.expect("the node starts");
+    let handle = node.handle().clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(piecework::node::http::serve(handle.clone(), listener));
+    let http = reqwest::Client::new();
+
+    let created: Value = http
+        .post(format!("{base}/v1/queues"))
+        .json(&json!({ "name": "events" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let queue = created["queue_id"].as_str().unwrap().to_owned();
+    poll("the router to be active", || {
+        let node = handle.clone();
+        let id = QueueId::new(queue.as_str());
+        async move {
+            let status = node.status().await.map_err(|e| e.to_string())?;
+            match status.queues.iter().find(|q| q.id == id) {
+                Some(q) if q.role == "active" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+
+    let mut stream = http
+        .get(format!("{base}/v1/events?queue={queue}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert_eq!(
+        stream.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let submitted: Value = http
+        .post(format!("{base}/v1/queues/{queue}/tasks"))
+        .json(&json!({ "kind": "noop" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = submitted["task_id"].as_str().unwrap().to_owned();
+
+    // Events until the task's success.
+    let mut events: Vec<(u64, String, Value)> = vec![];
+    let mut buf = String::new();
+    tokio::time::timeout(GENEROUS, async {
+        while !events.iter().any(|(_, name, _)| name == "succeeded") {
+            let chunk = stream.chunk().await.unwrap().expect("the stream goes on");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                events.extend(parse_event(&block));
+            }
+        }
+    })
+    .await
+    .expect("the task's events come");
+
+    // A resume after the first event replays the ones after it (the node keeps them).
+    let mut resumed = http
+        .get(format!("{base}/v1/events?queue={queue}"))
+        .header("Last-Event-ID", events[0].0.to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut replayed: Vec<(u64, String, Value)> = vec![];
+    let mut buf = String::new();
+    tokio::time::timeout(GENEROUS, async {
+        while replayed.len() < events.len() - 1 {
+            let chunk = resumed.chunk().await.unwrap().expect("the stream goes on");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                replayed.extend(parse_event(&block));
+            }
+        }
+    })
+    .await
+    .expect("the replay comes");
+    assert_eq!(
+        replayed[..],
+        events[1..],
+        "a resume replays the events after its id"
+    );
+    for w in events.windows(2) {
+        assert_eq!(w[1].0, w[0].0 + 1, "event ids rise by one");
+    }
+
+    let peer = handle.peer_id().to_string();
+    let mut text = String::new();
+    for (_, name, data) in &events {
+        assert_eq!(data["event"], name.as_str(), "the data names its event");
+        assert!(data["at"].as_u64().is_some(), "every event has its time");
+        let mut data = data.clone();
+        data["at"] = json!("<at>");
+        let line = data
+            .to_string()
+            .replace(&queue, "<queue>")
+            .replace(&task, "<task>")
+            .replace(&peer, "<peer>");
+        writeln!(text, "id: <id>\nevent: {name}\ndata: {line}\n").unwrap();
+    }
+    let path = golden_dir().join("events.txt");
+    if std::env::var(BLESS_VAR).is_ok_and(|v| v == "1") {
+        std::fs::write(&path, &text).unwrap();
+    } else {
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}; run with {BLESS_VAR}=1", path.display()));
+        assert_eq!(
+            text,
+            want,
+            "the event stream differs from {} (run with {BLESS_VAR}=1 to accept)",
+            path.display()
+        );
+    }
+    drop(node);
+}
+
+/// The event of one SSE block (`id:`, `event:`, `data:` lines), if it is one.
+fn parse_event(block: &str) -> Option<(u64, String, Value)> {
+    let (mut id, mut name, mut data) = (None, None, None);
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("event:") {
+            name = Some(v.trim().to_owned());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data = serde_json::from_str(v.trim()).ok();
+        }
+    }
+    Some((id?, name?, data?))
 }

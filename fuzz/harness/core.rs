@@ -210,6 +210,7 @@ impl Node {
                 let ok = RunResult {
                     result: Ok(serde_json::json!(1)),
                     logs: vec![],
+                    planned: Default::default(),
                 };
                 self.core.handle_run_ended(now, r.id, ok);
             }

@@ -438,6 +438,17 @@ pub struct TaskStatus {
     /// `cancelled`, unless a run of it succeeded (a success outranks a cancel).
     #[serde(default)]
     pub cancel_requested: bool,
+    /// How far it is: while it runs, as its handler last reported (carried by its pool's
+    /// heartbeats); once a run ended, as that run's record keeps it. `{"fraction": f}` or
+    /// `{"done": n, "total": n}`; null if never reported.
+    #[serde(default)]
+    pub progress: Option<piecework_queue_doc::Progress>,
+    /// The task whose successful run submitted this one as a follow-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<TaskId>,
+    /// The task whose undo submitted this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undoes: Option<TaskId>,
     /// The result of the first successful run, once this node has it.
     pub result: Option<serde_json::Value>,
     /// The last error, if an attempt failed.
@@ -448,6 +459,45 @@ pub struct TaskStatus {
     /// a running one shows in its attempt).
     pub runs: Vec<Run>,
 }
+
+/// One step in the life of a queue or of one of its tasks, as a node's replica learned it
+/// (whoever made it): `GET /v1/events` streams them, [`EVENT_NAMES`] lists their names.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueEvent {
+    /// The event's name (one of [`EVENT_NAMES`]).
+    pub event: String,
+    /// The queue.
+    pub queue: QueueId,
+    /// The task it is about, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskId>,
+    /// When the node learned it (unix ms, its clock).
+    pub at: u64,
+    /// What else it says (an attempt's number and worker, an error, a progress...).
+    #[serde(flatten)]
+    pub data: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The names of the events, a task's in the order of its life, then the queue's.
+pub const EVENT_NAMES: [&str; 17] = [
+    "submitted",
+    "blocked",
+    "assigned",
+    "started",
+    "progress",
+    "succeeded",
+    "attempt_failed",
+    "retrying",
+    "dead_lettered",
+    "cancelled",
+    "requeued",
+    "queue_paused",
+    "queue_resumed",
+    "router_elected",
+    "router_stepped_down",
+    "peer_up",
+    "peer_down",
+];
 
 /// An error from the HTTP API.
 #[derive(Clone, Debug, Serialize, Deserialize)]

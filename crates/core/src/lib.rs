@@ -509,6 +509,12 @@ pub enum Command {
         /// The task.
         task: TaskId,
     },
+    /// Submit the undo tasks a succeeded task's run recorded: [`Reply::Undone`], their ids
+    /// ([`api::TaskError::Conflict`] if the task did not succeed).
+    UndoTask {
+        /// The task.
+        task: TaskId,
+    },
     /// Requeue every dead-lettered task of a queue: [`Reply::TaskIds`], those requeued.
     RequeueFailed {
         /// The queue.
@@ -595,6 +601,8 @@ pub enum Reply {
     Task(Box<Result<api::TaskStatus, api::TaskError>>),
     /// To [`Command::RequeueFailed`]: the tasks it wrote a record for.
     TaskIds(Result<Vec<TaskId>, api::QueueError>),
+    /// To [`Command::UndoTask`]: the undo tasks (made now, or by an earlier undo).
+    Undone(Result<Vec<TaskId>, api::TaskError>),
     /// To [`Command::Status`].
     Status(Status),
     /// To [`Command::QueueDocument`]: the epoch number and the saved document.
@@ -886,6 +894,9 @@ pub struct RunResult {
     pub result: Result<serde_json::Value, String>,
     /// Log lines the handler wrote.
     pub logs: Vec<String>,
+    /// Its follow-up tasks, undo tasks and last progress (follow-ups and undo tasks are kept
+    /// only if the run is recorded succeeded).
+    pub planned: piecework_queue_doc::Planned,
 }
 
 impl RunResult {
@@ -1062,6 +1073,8 @@ pub enum Event {
         /// What happened.
         event: piecework_router::Event,
     },
+    /// A step in the life of a queue or of one of its tasks ([`api::QueueEvent`]).
+    Queue(api::QueueEvent),
     /// A queue's view changed.
     View {
         /// The queue.

@@ -87,6 +87,7 @@ fn write_seed_corpus() {
             claim: Claim::new(2, other.clone()),
         },
         overdue: false,
+        progress: None,
     };
     let pool = |draining: bool| {
         Wire::Pool(PoolBeat {
@@ -239,6 +240,7 @@ fn wire() -> impl Strategy<Value = Wire> {
                     task: TaskId::new(task),
                     attempt: AttemptId { n, claim },
                     overdue: false,
+                    progress: None,
                 },
             ),
         ),

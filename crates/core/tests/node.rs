@@ -217,6 +217,7 @@ impl One {
             let ok = RunResult {
                 result: Ok(serde_json::json!(1)),
                 logs: vec![],
+                planned: Default::default(),
             };
             self.core.handle_run_ended(self.now, run.id, ok);
             self.drain();
@@ -415,6 +416,7 @@ fn documents_loaded_for_a_lookup_leave_memory_when_idle() {
         RunResult {
             result: Ok(serde_json::json!(1)),
             logs: vec![],
+            planned: Default::default(),
         },
     );
     one.drain();
@@ -965,6 +967,7 @@ fn an_inline_task_runs_with_no_task_document_and_its_status_outlives_its_epoch()
         let r = RunResult {
             result: Ok(serde_json::json!({"echo": 7})),
             logs: vec!["ran".into()],
+            planned: Default::default(),
         };
         one.core.handle_run_ended(one.now, run.id, r);
         one.drain();
@@ -1617,6 +1620,7 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
             let ok = RunResult {
                 result: Ok(serde_json::json!(1)),
                 logs: vec![],
+                planned: Default::default(),
             };
             a.core.handle_run_ended(a.now, run.id, ok);
             a.drain();
@@ -1627,6 +1631,7 @@ fn a_follower_that_skips_an_epoch_still_answers_for_the_tasks_that_ended_there()
             let ok = RunResult {
                 result: Ok(serde_json::json!("late")),
                 logs: vec![],
+                planned: Default::default(),
             };
             a.core.handle_run_ended(a.now, run.id, ok);
             a.drain();
@@ -2447,6 +2452,7 @@ fn a_stopping_router_hands_over_at_once_and_interrupts_the_runs_that_outlive_its
         let ok = RunResult {
             result: Ok(serde_json::json!(1)),
             logs: vec![],
+            planned: Default::default(),
         };
         a.core.handle_run_ended(a.now, run.id, ok);
         a.drain();
@@ -2487,6 +2493,7 @@ fn a_stop_waits_for_runs_that_end_within_its_grace() {
         let ok = RunResult {
             result: Ok(serde_json::json!(1)),
             logs: vec![],
+            planned: Default::default(),
         };
         a.core.handle_run_ended(a.now, run.id, ok);
         a.drain();

@@ -164,6 +164,8 @@ pub fn router(node: NodeHandle) -> Router {
         .route("/v1/tasks/{id}/wait", get(wait_task))
         .route("/v1/tasks/{id}/cancel", post(cancel_task))
         .route("/v1/tasks/{id}/requeue", post(requeue_task))
+        .route("/v1/tasks/{id}/undo", post(undo_task))
+        .route("/v1/events", get(events))
         .route("/v1/queues/{id}/requeue", post(requeue_failed))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)
@@ -452,6 +454,92 @@ async fn requeue_task(
     Path(id): Path<String>,
 ) -> Result<Json<api::TaskStatus>, ApiError> {
     Ok(Json(node.requeue_task(&TaskId::new(id)).await?))
+}
+
+async fn undo_task(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<api::TaskIds>, ApiError> {
+    let task_ids = node.undo_task(&TaskId::new(id)).await?;
+    Ok(Json(api::TaskIds { task_ids }))
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    queue: Option<String>,
+}
+
+/// How often an idle event stream gets a keep-alive comment.
+const EVENTS_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// `GET /v1/events[?queue=Q]`: the queue events as Server-Sent Events (`id:` the event's id,
+/// `event:` its name, `data:` the event as JSON), from now on, or with `Last-Event-ID` from
+/// after that id as far as the node still keeps them (a `lost` event first says how many it
+/// forgot). A subscriber too slow to keep up gets a `lost` event where it fell behind.
+async fn events(
+    State(node): State<NodeHandle>,
+    headers: axum::http::HeaderMap,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let Query(q) = q?;
+    let queue = q.queue.map(QueueId::new);
+    let after = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError(
+                        StatusCode::BAD_REQUEST,
+                        "Last-Event-ID is not an event id (a number)".into(),
+                    )
+                })?,
+        ),
+    };
+    let sub = node.queue_events(after);
+    let lost = (sub.lost > 0).then(|| {
+        Event::default()
+            .event("lost")
+            .data(serde_json::json!({ "lost": sub.lost }).to_string())
+    });
+    let sse = |e: &crate::Logged| {
+        Event::default()
+            .id(e.id.to_string())
+            .event(e.event.event.as_str())
+            .data(serde_json::to_string(&e.event).unwrap_or_default())
+    };
+    let wanted = move |e: &crate::Logged| queue.as_ref().is_none_or(|q| e.event.queue == *q);
+    let first: Vec<Event> = lost
+        .into_iter()
+        .chain(sub.replay.iter().filter(|e| wanted(e)).map(|e| sse(e)))
+        .collect();
+    let live = futures::stream::unfold(sub.live, move |mut rx| {
+        let wanted = wanted.clone();
+        async move {
+            loop {
+                match rx.recv().await {
+                    Ok(e) if wanted(&e) => return Some((sse(&e), rx)),
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let lost = Event::default()
+                            .event("lost")
+                            .data(serde_json::json!({ "lost": n }).to_string());
+                        return Some((lost, rx));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        }
+    });
+    let stream = futures::StreamExt::map(
+        futures::StreamExt::chain(futures::stream::iter(first), live),
+        Ok::<Event, std::convert::Infallible>,
+    );
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(EVENTS_KEEP_ALIVE))
+        .into_response())
 }
 
 async fn requeue_failed(

@@ -43,6 +43,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod events;
 pub mod http;
 pub mod identity;
 mod shell;
@@ -60,6 +61,7 @@ use piecework_router::Event as RouterEvent;
 use piecework_worker_pool::Registry;
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
+pub use events::{EVENT_LOG, Logged, Subscription};
 pub use net::Multiaddr;
 pub use piecework_core::api;
 pub use piecework_core::api::{QueueError, SubmitError, TaskError};
@@ -231,6 +233,8 @@ pub(crate) struct Shared {
     pub(crate) net: net::Client,
     pub(crate) registry: Registry,
     pub(crate) events: broadcast::Sender<NodeEvent>,
+    /// The queue events, numbered and kept for subscribers that resume.
+    pub(crate) queue_events: events::EventLog,
     pub(crate) listen: RwLock<Vec<Multiaddr>>,
     pub(crate) views: RwLock<HashMap<QueueId, watch::Receiver<Arc<QueueView>>>>,
     pub(crate) commands: mpsc::Sender<shell::Request>,
@@ -315,6 +319,12 @@ impl Node {
             net: net.client.clone(),
             registry: config.registry.clone(),
             events,
+            queue_events: events::EventLog::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_millis() as u64)
+                    .saturating_mul(1_000),
+            ),
             listen: RwLock::new(vec![]),
             views: RwLock::new(HashMap::new()),
             commands,
@@ -797,6 +807,24 @@ impl NodeHandle {
             Some(Reply::Task(r)) => *r,
             _ => Err(TaskError::Ended(self.ended())),
         }
+    }
+
+    /// Submits the undo tasks a succeeded task's run recorded ([`piecework_worker_pool::Context::undo`]);
+    /// returns their ids. Each is made once, however many members undo the task
+    /// ([`TaskError::Conflict`] if it did not succeed).
+    pub async fn undo_task(&self, id: &TaskId) -> Result<Vec<TaskId>, TaskError> {
+        let command = Command::UndoTask { task: id.clone() };
+        match self.ask(command).await {
+            Some(Reply::Undone(r)) => r,
+            _ => Err(TaskError::Ended(self.ended())),
+        }
+    }
+
+    /// The life of this node's queues and their tasks as events ([`api::QueueEvent`]), as its
+    /// replica learns it: the events kept after id `after` (none if `None`), then the live
+    /// ones. The node keeps the last [`EVENT_LOG`] events.
+    pub fn queue_events(&self, after: Option<u64>) -> Subscription {
+        self.shared.queue_events.subscribe(after)
     }
 
     /// Requeues every dead-lettered task of a queue; returns their ids.

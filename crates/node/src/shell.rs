@@ -52,6 +52,11 @@ enum Input {
         id: RunId,
         result: RunResult,
     },
+    /// A running handler reported its progress.
+    Progress {
+        id: RunId,
+        progress: piecework_worker_pool::Progress,
+    },
     Archived {
         task: TaskId,
         status: Option<Vec<u8>>,
@@ -466,6 +471,7 @@ impl Shell {
             ),
             Input::Saved { .. } => "a save's answer".to_owned(),
             Input::RunEnded { .. } => "a run's end".to_owned(),
+            Input::Progress { .. } => "a run's progress".to_owned(),
             Input::Archived { .. } => "an archive lookup".to_owned(),
             Input::Listed { .. } => "a listing's finished tasks".to_owned(),
             Input::Rotated(_) => "an epoch job's answer".to_owned(),
@@ -482,6 +488,7 @@ impl Shell {
                 self.handlers.remove(&id);
                 self.core.handle_run_ended(now(), id, result)
             }
+            Input::Progress { id, progress } => self.core.handle_progress(id, progress),
             Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
             Input::Listed { cmd, entries } => self.core.handle_listed(now(), cmd, entries),
             Input::Rotated(built) => self.core.handle_rotated(now(), built),
@@ -862,11 +869,26 @@ impl Shell {
             .with_attempt(req.number);
         let id = req.id;
         let cancel = ctx.cancellation().clone();
+        // The handler's progress reports, to the core (the latest only, as they come).
+        let mut progress = ctx.watch_progress();
+        let progress_tx = tx.clone();
+        tokio::spawn(async move {
+            while progress.changed().await.is_ok() {
+                let Some(p) = *progress.borrow_and_update() else {
+                    continue;
+                };
+                let input = Input::Progress { id, progress: p };
+                if progress_tx.send(input).await.is_err() {
+                    break;
+                }
+            }
+        });
         let handle = tokio::spawn(tracing::Instrument::in_current_span(async move {
             let outcome = execute(&registry, &req.kind, ctx, req.input).await;
             let result = RunResult {
                 result: outcome.result,
                 logs: outcome.logs,
+                planned: outcome.planned,
             };
             let _ = tx.send(Input::RunEnded { id: req.id, result }).await;
         }));
@@ -896,6 +918,7 @@ impl Shell {
                 }
                 let _ = self.shared.events.send(NodeEvent::Router { queue, event });
             }
+            Event::Queue(e) => self.shared.queue_events.push(e),
             Event::View { queue, view } => {
                 let tx = self.views.entry(queue.clone()).or_insert_with(|| {
                     let (tx, rx) = watch::channel(view.clone());

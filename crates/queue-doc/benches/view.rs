@@ -99,6 +99,7 @@ fn life_as_a_node(doc: &mut Automerge, cache: &mut ViewCache, task: &TaskId) {
             outcome: AttemptOutcome::Succeeded,
             error: None,
             output: None,
+            follow_ups: vec![],
         },
     ];
     for w in writes {

@@ -49,6 +49,9 @@ pub struct RunningReport {
     /// the worker is still busy.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub overdue: bool,
+    /// How far the run is, as its handler last reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::Progress>,
 }
 
 /// The most workers a pool has (and a pool heartbeat reports): a node runs at most this many.

@@ -40,6 +40,11 @@ impl TaskEnd {
         &self.entry
     }
 
+    /// The outputs kept of its runs (an inline task's results and logs, any task's undo tasks).
+    pub fn outputs(&self) -> &[(AttemptId, Output)] {
+        &self.outputs
+    }
+
     /// The task's entry, shared.
     pub fn shared_entry(&self) -> Arc<TaskEntry> {
         Arc::clone(&self.entry)
@@ -149,10 +154,55 @@ fn kept_value<R: automerge::ReadDoc>(
 /// # Errors
 /// `into` is not a queue document, or Automerge refuses a write.
 pub fn write_ends(into: &mut Automerge, ends: &[&TaskEnd]) -> Result<usize, WriteError> {
+    write_kept(into, ends, false)
+}
+
+/// [`write_ends`], and each task's entry where `into` does not index it: the task is back in
+/// `into` whole, as it ended (a requeue of a dead letter a rotation left behind starts here).
+///
+/// # Errors
+/// As [`write_ends`].
+pub fn restore_ends(into: &mut Automerge, ends: &[&TaskEnd]) -> Result<usize, WriteError> {
+    write_kept(into, ends, true)
+}
+
+fn write_kept(into: &mut Automerge, ends: &[&TaskEnd], entries: bool) -> Result<usize, WriteError> {
     let mut writes = 0;
     into.transact(|tx| {
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
+        }
+        if entries {
+            let tasks = match am::object(tx, &ROOT, keys::TASKS, ObjType::Map) {
+                Some(m) => m,
+                None => tx.put_object(ROOT, keys::TASKS, ObjType::Map)?,
+            };
+            for e in ends {
+                let t = e.entry();
+                if crate::epoch::indexes(&*tx, &t.id) {
+                    continue;
+                }
+                // Its dependencies ended long ago: their outcomes go with it, as a rotation
+                // records them.
+                let mut r = t.rules.clone();
+                for d in &t.rules.depends_on {
+                    if let Some(s) = t.dependencies.get(d).filter(|s| s.is_final()) {
+                        r.outcomes.insert(d.clone(), *s);
+                    }
+                }
+                let entry = packed::Entry {
+                    k: t.kind.clone(),
+                    t: t.submitted_at,
+                    s: t.submitter.to_string(),
+                    p: t.priority,
+                    u: t.urgent,
+                    m: u64::from(t.max_attempts),
+                    i: t.input.clone(),
+                    r,
+                };
+                tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
+                writes += 1;
+            }
         }
         for (i, key, theirs) in ends.iter().flat_map(|e| e.records()) {
             let Some(v) = kept_value(i, theirs, tx, &key) else {
@@ -206,6 +256,7 @@ mod tests {
         let out = Output {
             result: Some("y".repeat(500)),
             logs: vec!["z".repeat(250)],
+            ..Output::default()
         };
         let with_output = TaskEnd::new(Arc::new(entry(None)), vec![(id, out)]);
         assert!(with_output.bytes() >= bare.bytes() + 750);

@@ -310,6 +310,13 @@ pub struct Rules {
     /// ms" (0: the queue's `timeout_ms`; readers clamp it to [`MAX_TIMEOUT_MS`]).
     #[serde(skip_serializing_if = "is_zero")]
     pub timeout_ms: u64,
+    /// The task whose successful run submitted this one as a follow-up (see
+    /// [`crate::PlannedTask`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub follows: Option<TaskId>,
+    /// The task whose `undo` submitted this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undoes: Option<TaskId>,
 }
 
 /// The longest per-task timeout, and the longest queue default: 7 days.

@@ -52,7 +52,7 @@ pub use crate::chain::{
     Latest, Link, MAX_LINEAGE, Prev, Retired, Seal, read_latest, read_lineage, read_retired,
     read_seals, winner,
 };
-pub use crate::ends::{TaskEnd, write_ends};
+pub use crate::ends::{TaskEnd, restore_ends, write_ends};
 pub use crate::successor::{SuccessorCheck, check_successor, counted_seals};
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at
@@ -932,6 +932,16 @@ pub fn carry_covering(
             } else {
                 BTreeMap::new()
             };
+            // A document off `into`'s chain (a losing branch) absorbed the chain's documents
+            // its own way: its covers of them do not say what `into` absorbed (the tasks this
+            // carry leaves to the chain's own carries would count as absorbed, and no carry
+            // would bring them). Only its own cover is handed on.
+            if let Some((id, _)) = cover {
+                let lineage = crate::chain::read_lineage(&*tx);
+                if !lineage.iter().any(|l| l.doc == id) {
+                    covers.retain(|d, _| !lineage.iter().any(|l| l.doc == *d));
+                }
+            }
             if let Some((id, _)) = cover {
                 covers.entry(id.to_owned()).or_default().merge(&looked);
             }
@@ -1228,6 +1238,10 @@ fn carry_entry<R: ReadDoc>(
         }
         if let Some(s) = settled_state(from, &d, SETTLED_DEPTH).filter(|s| s.is_final()) {
             entry.r.outcomes.insert(d, s);
+            recorded = true;
+        } else if entry.r.follows.as_ref() == Some(&d) {
+            // A follow-up's task succeeded: the follow-up was written with its success.
+            entry.r.outcomes.insert(d, crate::TaskState::Succeeded);
             recorded = true;
         } else {
             unresolved.push(d);

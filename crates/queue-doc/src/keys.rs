@@ -51,6 +51,7 @@ pub(crate) const ERROR: &str = "error";
 
 pub(crate) const RUNS: &str = "runs";
 pub(crate) const RESULT: &str = "result";
+pub(crate) const PROGRESS: &str = "progress";
 pub(crate) const LOGS: &str = "logs";
 
 // Epochs (`epoch.rs`, `chain.rs`).

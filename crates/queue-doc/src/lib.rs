@@ -95,6 +95,7 @@ pub mod epoch;
 mod ids;
 mod keys;
 mod packed;
+mod planned;
 pub mod queue;
 mod read;
 pub mod schedule;
@@ -116,6 +117,10 @@ pub use entry::{
 };
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use packed::Output;
+pub use planned::{
+    MAX_PLANNED, MAX_PLANNED_INPUT_BYTES, PlanError, Planned, PlannedTask, Progress, follow_up_id,
+    undo_id,
+};
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;
 pub use schedule::{Every, Firing, Schedule, ScheduleError};

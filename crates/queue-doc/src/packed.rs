@@ -11,7 +11,7 @@
 //! | `started` | attempt key | [`Start`] (time, pool incarnation) | the worker's pool |
 //! | `ended` | attempt key | [`End`] (time, outcome, error) | the worker's pool, or a router |
 //! | `seen` | task id | the attempt number up to which its input was seen available | members |
-//! | `output` | attempt key | [`Output`] (result, logs) of an inline task's run | the worker's pool, with the end |
+//! | `output` | attempt key | [`Output`] (result, logs, progress) of an inline task's run, and the undo tasks of any successful run | the worker's pool, with the end |
 //! | `bumps` | task id | a dedup bump (time, priority, urgency) | a member that took a submit with the task's dedup key |
 //! | `cancels` | task id | a cancel request (time, member) | any member |
 //! | `requeues` | task id | a requeue (attempt number, runs started, time) | any member |
@@ -103,6 +103,14 @@ pub struct Output {
     /// The log lines the handler wrote.
     #[serde(default, rename = "l", skip_serializing_if = "Vec::is_empty")]
     pub logs: Vec<String>,
+    /// The tasks that undo a successful run, which an `undo` of the task submits (any task's
+    /// run, inline or not; see [`crate::PlannedTask`]).
+    #[serde(default, rename = "u", skip_serializing_if = "Vec::is_empty")]
+    pub undo: Vec<crate::PlannedTask>,
+    /// The progress the handler last reported (an inline task's; a task with a document
+    /// keeps it in its run record).
+    #[serde(default, rename = "p", skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::Progress>,
 }
 
 /// An assignment.

@@ -445,20 +445,7 @@ pub fn submit_fired(
                     return Err(SubmitError::UnknownDependency(d.clone()));
                 }
             }
-            let max_attempts = s
-                .max_attempts
-                .unwrap_or(default_max)
-                .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
-            let entry = packed::Entry {
-                k: s.kind.clone(),
-                t: s.submitted_at,
-                s: s.submitter.to_string(),
-                p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
-                u: s.urgent,
-                m: u64::from(max_attempts),
-                i: s.input.clone(),
-                r: s.rules.clone().normalized(&s.id),
-            };
+            let entry = entry_of(s, default_max);
             tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
         }
         if let Some(map) = am::object(tx, &ROOT, packed::IDEMPOTENCY, ObjType::Map) {
@@ -915,6 +902,40 @@ fn write_finish(
     Ok(())
 }
 
+/// Indexes a successful run's follow-up tasks (in its end's change): each id not indexed yet.
+fn write_follow_ups(tx: &mut Transaction<'_>, subs: &[Submission]) -> Result<(), AttemptError> {
+    let tasks = match am::object(tx, &ROOT, keys::TASKS, ObjType::Map) {
+        Some(t) => t,
+        None => tx.put_object(ROOT, keys::TASKS, ObjType::Map)?,
+    };
+    for s in subs {
+        if s.kind.is_empty() || tx.get(&tasks, s.id.as_str())?.is_some() {
+            continue;
+        }
+        let entry = entry_of(s, 1);
+        tx.put(&tasks, s.id.as_str(), packed::encode(&entry))?;
+    }
+    Ok(())
+}
+
+/// A submission's index entry, with `default_max` attempts where it names none.
+fn entry_of(s: &Submission, default_max: u32) -> packed::Entry {
+    let max_attempts = s
+        .max_attempts
+        .unwrap_or(default_max)
+        .clamp(QueueConfig::MIN_MAX_ATTEMPTS, QueueConfig::MAX_MAX_ATTEMPTS);
+    packed::Entry {
+        k: s.kind.clone(),
+        t: s.submitted_at,
+        s: s.submitter.to_string(),
+        p: s.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+        u: s.urgent,
+        m: u64::from(max_attempts),
+        i: s.input.clone(),
+        r: s.rules.clone().normalized(&s.id),
+    }
+}
+
 /// One write about an attempt, for [`record_attempts`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptWrite {
@@ -944,6 +965,10 @@ pub enum AttemptWrite {
         /// What the run produced, for an inline task (written with the end, in the `output`
         /// map; nothing is written for an empty one).
         output: Option<crate::Output>,
+        /// The run's follow-up tasks, indexed in the same change as a success (nothing is
+        /// written for another outcome). An id the document indexes already (another run of
+        /// the task made it) is left as it is.
+        follow_ups: Vec<Submission>,
     },
 }
 
@@ -1028,9 +1053,13 @@ fn attempts_checked(
                     outcome,
                     error,
                     output,
+                    follow_ups,
                     ..
                 } => {
                     f.check_finish(task, attempt, *outcome)?;
+                    if *outcome == AttemptOutcome::Succeeded && !follow_ups.is_empty() {
+                        write_follow_ups(&mut tx, follow_ups)?;
+                    }
                     write_finish(
                         &mut tx,
                         task,

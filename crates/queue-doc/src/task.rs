@@ -51,6 +51,9 @@ pub struct RunEnd {
     pub error: Option<String>,
     /// Log lines the handler wrote.
     pub logs: Vec<String>,
+    /// The progress the handler last reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::Progress>,
 }
 
 /// One run of a task, as its task document records it.
@@ -321,6 +324,9 @@ fn end_run(
     if let Some(r) = result {
         tx.put(&f, keys::RESULT, r)?;
     }
+    if let Some(p) = &end.progress {
+        tx.put(&f, keys::PROGRESS, serde_json::to_string(p)?)?;
+    }
     Ok(())
 }
 
@@ -385,6 +391,8 @@ fn read_run<R: ReadDoc>(doc: &R, r: &ObjId) -> Option<Run> {
             result: am::string(doc, &f, keys::RESULT).and_then(|s| serde_json::from_str(&s).ok()),
             error: am::string(doc, &f, keys::ERROR),
             logs,
+            progress: am::string(doc, &f, keys::PROGRESS)
+                .and_then(|s| serde_json::from_str(&s).ok()),
         })
     });
     Some(Run {

@@ -589,6 +589,15 @@ impl QueueView {
                 e.dependencies.insert(d.clone(), s);
             }
         }
+        // A follow-up waits on its task as this view holds it: where branches meet, a view
+        // can hold the follow-up (from the branch where the task succeeded) and the task not
+        // succeeded yet (the success comes with the rest of that branch).
+        if let Some(p) = &e.rules.follows
+            && self.task(p).is_some()
+            && self.final_state(p).is_none()
+        {
+            e.dependencies.remove(p);
+        }
     }
 
     /// Sets the boosts, re-keying the pending tasks whose tags' boosts changed: O(those

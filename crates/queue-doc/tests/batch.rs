@@ -80,6 +80,7 @@ fn finish(task: &TaskId, w: u32, outcome: AttemptOutcome) -> AttemptWrite {
         outcome,
         error: None,
         output: None,
+        follow_ups: vec![],
     }
 }
 
@@ -201,6 +202,7 @@ fn a_run_and_the_summary_go_into_the_task_document_as_one_change() {
         result: Some(serde_json::json!("ok")),
         error: None,
         logs: vec!["one".into(), "two".into()],
+        progress: Some(piecework_queue_doc::Progress::count(3, 4)),
     };
     let summary = Summary {
         state: TaskState::Succeeded,

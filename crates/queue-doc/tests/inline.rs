@@ -59,6 +59,7 @@ fn run(doc: &mut Automerge, task: &TaskId, n: u64, outcome: AttemptOutcome, outp
             outcome,
             error: (outcome == AttemptOutcome::Failed).then(|| "boom".into()),
             output: Some(output),
+            follow_ups: vec![],
         },
     ];
     for r in record_attempts(doc, &writes, 10 * n + 1) {
@@ -90,6 +91,7 @@ fn an_inline_task_keeps_its_input_and_outputs_in_the_queue_document() {
     let failed = Output {
         result: None,
         logs: vec!["first try".into()],
+        ..Output::default()
     };
     run(&mut doc, &inline, 1, AttemptOutcome::Failed, failed.clone());
     let outs = read_outputs(&doc, &inline);
@@ -133,6 +135,7 @@ fn an_inline_task_keeps_its_input_and_outputs_in_the_queue_document() {
     let ok = Output {
         result: Some("42".into()),
         logs: vec![],
+        ..Output::default()
     };
     run(&mut doc, &inline, 2, AttemptOutcome::Succeeded, ok.clone());
     let carried = epoch::carry(&doc, &since, &mut succ, &|_| false, None, usize::MAX).unwrap();

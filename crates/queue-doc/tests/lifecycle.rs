@@ -5,8 +5,8 @@
 use automerge::{ActorId, Automerge};
 use piecework_queue_doc::epoch::{self, Rotation};
 use piecework_queue_doc::{
-    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, Rules,
-    Submission, TaskId, TaskState, ViewCache, WorkerId, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, PlannedTask, QueueConfig, QueueId,
+    QueueView, Rules, Submission, TaskId, TaskState, ViewCache, WorkerId, follow_up_id, queue,
 };
 
 fn new_queue() -> Automerge {
@@ -251,4 +251,158 @@ fn cancels_and_requeues_reach_the_successor_by_rotation_and_by_carry() {
     // Carrying again writes nothing.
     let again = epoch::carry(&doc, &since, &mut succ, &none, None, usize::MAX).unwrap();
     assert_eq!(again.writes, 0);
+}
+
+/// Ends attempt `n` of `task` (assigned and started) with `outcome`, with `follow_ups` in the
+/// same batch.
+fn finish_with(
+    doc: &mut Automerge,
+    task: &TaskId,
+    n: u64,
+    outcome: AttemptOutcome,
+    follow_ups: Vec<Submission>,
+) -> Vec<Result<(), queue::AttemptError>> {
+    let a = attempt(task, n);
+    queue::record_assignments(doc, std::slice::from_ref(&a), 10).unwrap();
+    queue::record_start(doc, task, &a.attempt, &a.worker, 1, 11).unwrap();
+    let error = (outcome != AttemptOutcome::Succeeded).then(|| "no".to_owned());
+    queue::record_attempts(
+        doc,
+        &[queue::AttemptWrite::Finish {
+            task: task.clone(),
+            attempt: a.attempt.clone(),
+            worker: a.worker.clone(),
+            outcome,
+            error,
+            output: None,
+            follow_ups,
+        }],
+        12,
+    )
+}
+
+fn follow_ups_of(task: &TaskId, n: usize) -> Vec<Submission> {
+    (0..n)
+        .map(|i| {
+            PlannedTask::new("next", format!("{{\"i\":{i}}}")).submission(
+                follow_up_id(task, i),
+                PeerId::new("w"),
+                12,
+                |r| {
+                    r.follows = Some(task.clone());
+                    r.depends_on = vec![task.clone()];
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn follow_ups_are_written_with_the_success_and_only_with_it() {
+    let mut doc = new_queue();
+    let t = submit(&mut doc, "t", Rules::default());
+    // A failure writes none.
+    finish_with(
+        &mut doc,
+        &t,
+        1,
+        AttemptOutcome::Failed,
+        follow_ups_of(&t, 2),
+    )
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    assert_eq!(
+        view(&doc).tasks().len(),
+        1,
+        "a failed run submits no follow-up"
+    );
+    // The success writes both, in the change that ends the attempt.
+    let before = doc.get_heads();
+    finish_with(
+        &mut doc,
+        &t,
+        2,
+        AttemptOutcome::Succeeded,
+        follow_ups_of(&t, 2),
+    )
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    let v = view(&doc);
+    assert_eq!(v.task(&t).unwrap().state(), TaskState::Succeeded);
+    for i in 0..2 {
+        let f = v
+            .task(&follow_up_id(&t, i))
+            .expect("the follow-up is indexed");
+        assert_eq!(f.rules.follows.as_ref(), Some(&t));
+        assert_eq!(f.input.as_deref(), Some(format!("{{\"i\":{i}}}").as_str()));
+        assert_eq!(
+            f.state(),
+            TaskState::Pending,
+            "its task succeeded: it may run"
+        );
+        assert!(f.dependencies_met());
+    }
+    // The success and the follow-ups are one change (after the assignment's and the
+    // start's): a replica that has it has both, one that lacks it has neither.
+    let last = doc.get_changes(&before).last().unwrap().hash();
+    let without_last: Vec<_> = doc
+        .get_changes(&[])
+        .into_iter()
+        .filter(|c| c.hash() != last)
+        .collect();
+    let mut lacking = Automerge::new();
+    lacking.apply_changes(without_last).unwrap();
+    let lv = view(&lacking);
+    assert_eq!(lv.task(&t).unwrap().state(), TaskState::Running);
+    assert_eq!(lv.tasks().len(), 1, "without the success, no follow-up");
+    // Another successful run of the task (two routers apart) makes no second follow-up.
+    let mut other = fork(&doc, 3);
+    finish_with(
+        &mut other,
+        &t,
+        3,
+        AttemptOutcome::Succeeded,
+        follow_ups_of(&t, 2),
+    )
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    doc.merge(&mut other).unwrap();
+    assert_eq!(
+        view(&doc).tasks().len(),
+        3,
+        "one task and its two follow-ups"
+    );
+}
+
+#[test]
+fn a_follow_up_held_where_its_task_has_not_succeeded_waits_on_it() {
+    // Where branches meet: a document holds the follow-up (carried from the branch where its
+    // task succeeded) and the task still running.
+    let mut doc = new_queue();
+    let t = submit(&mut doc, "t", Rules::default());
+    run(&mut doc, &t, 1, None);
+    queue::submit_many(&mut doc, &follow_ups_of(&t, 1)).unwrap();
+    let f = follow_up_id(&t, 0);
+    let v = view(&doc);
+    assert_eq!(v.task(&t).unwrap().state(), TaskState::Running);
+    assert!(
+        !v.task(&f).unwrap().dependencies_met(),
+        "it waits on its task"
+    );
+    assert!(v.routable().all(|e| e.id != f), "and is not routed");
+    // The success arrives: it may run.
+    let a = attempt(&t, 1);
+    queue::record_finish(
+        &mut doc,
+        &t,
+        &a.attempt,
+        &a.worker,
+        AttemptOutcome::Succeeded,
+        None,
+        13,
+    )
+    .unwrap();
+    let v = view(&doc);
+    assert!(v.task(&f).unwrap().dependencies_met());
+    assert!(v.routable().any(|e| e.id == f));
 }

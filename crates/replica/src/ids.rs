@@ -30,6 +30,22 @@ impl DocId {
         DocId(format!("{URL_PREFIX}{text}"))
     }
 
+    /// The id every member derives from the same `parts`: the first 16 bytes of their SHA-256
+    /// (each part prefixed by its length), in automerge-repo's form. Used for the ids of tasks
+    /// that more than one member may make (a run's follow-ups, an undo's tasks), so that they
+    /// make one task.
+    pub fn derived(parts: &[&[u8]]) -> Self {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for p in parts {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p);
+        }
+        let digest = h.finalize();
+        let text = bs58::encode(&digest[..16]).with_check().into_string();
+        DocId(format!("{URL_PREFIX}{text}"))
+    }
+
     /// Parses an id, checking its form: 16 bytes in base58check (automerge-repo's form), or
     /// in plain base58 (the form of ids written by earlier versions).
     pub fn parse(s: &str) -> Option<Self> {

@@ -153,6 +153,7 @@ impl Lone {
                         task: task.clone(),
                         attempt: attempt.clone(),
                         overdue: false,
+                        progress: None,
                     }),
             })
             .collect()

@@ -968,6 +968,7 @@ fn an_earlier_attempt_still_running_counts_against_the_limit() {
             task: first.clone(),
             attempt: mine.attempt.clone(),
             overdue: false,
+            progress: None,
         });
         beat
     };

@@ -44,6 +44,7 @@ mod pool;
 #[cfg(feature = "runner")]
 pub mod runner;
 
+pub use piecework_queue_doc::{Planned, PlannedTask, Progress};
 pub use pool::{Action, CANCEL_GRACE, Config, Pool, Run, RunEnd};
 #[cfg(feature = "runner")]
-pub use runner::{Context, Handler, HandlerError, Outcome, Registry, execute};
+pub use runner::{Context, FollowUp, Handler, HandlerError, Outcome, Registry, execute};

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use piecework_queue_doc::{
     Attempt, AttemptId, AttemptOutcome, DEFERRED, FailurePolicy, GRACE_RAN_OUT, IGNORED, PeerId,
-    PoolBeat, QueueConfig, QueueId, QueueView, RunningReport, TaskEntry, TaskId, WorkerId,
-    WorkerReport,
+    PoolBeat, Progress, QueueConfig, QueueId, QueueView, RunningReport, TaskEntry, TaskId,
+    WorkerId, WorkerReport,
 };
 
 /// A pool's fixed settings.
@@ -108,6 +108,8 @@ struct Watch {
     /// Asked to stop: why, until when it may go on, and whether its end was recorded without
     /// it (the worker stays busy until the handler returns).
     stop: Option<(Why, Instant, bool)>,
+    /// The progress its handler last reported.
+    progress: Option<Progress>,
 }
 
 /// Something the driver must do for the pool.
@@ -497,6 +499,7 @@ impl Pool {
                         };
                         let watch = Watch {
                             timeout_ms,
+                            progress: None,
                             timeout: None,
                             started: false,
                             stop: None,
@@ -586,6 +589,19 @@ impl Pool {
                 (at, w.timeout_ms)
             });
         }
+    }
+
+    /// The handler of the run on worker `index` reported `progress`: the pool's next heartbeats
+    /// carry it (not a document change per report).
+    pub fn handle_progress(&mut self, index: u32, progress: Progress) {
+        if let Some(w) = self.watches.get_mut(&index) {
+            w.progress = Some(progress);
+        }
+    }
+
+    /// The progress the handler of the run on worker `index` last reported.
+    pub fn progress(&self, index: u32) -> Option<Progress> {
+        self.watches.get(&index).and_then(|w| w.progress)
     }
 
     /// The run on worker `index` ended at `now`: the end to record, which [`Action::Finish`]
@@ -753,6 +769,7 @@ impl Pool {
                             .get(&index)
                             .and_then(|w| w.stop)
                             .is_some_and(|(_, _, recorded)| recorded),
+                        progress: self.watches.get(&index).and_then(|w| w.progress),
                     }),
                 })
                 .collect();

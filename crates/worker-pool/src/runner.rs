@@ -7,7 +7,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
-use piecework_queue_doc::{AttemptId, TaskId, WorkerId};
+use piecework_queue_doc::{
+    AttemptId, MAX_PLANNED, PlanError, Planned, PlannedTask, Progress, TaskId, WorkerId,
+    follow_up_id,
+};
 use tokio_util::sync::CancellationToken;
 
 /// The most log lines one run keeps; later lines are counted, not kept.
@@ -47,6 +50,85 @@ pub struct Context {
     logs: Arc<Mutex<Logs>>,
     cancel: CancellationToken,
     number: u64,
+    plans: Arc<Mutex<Plans>>,
+    progress: Arc<tokio::sync::watch::Sender<Option<Progress>>>,
+}
+
+#[derive(Debug, Default)]
+struct Plans {
+    follow_ups: Vec<PlannedTask>,
+    undo: Vec<PlannedTask>,
+}
+
+/// A task a handler asks for ([`Context::submit`], [`Context::undo`]): a kind, an input and
+/// the options of a submit that apply to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FollowUp {
+    planned: PlannedTask,
+    input: Result<String, String>,
+}
+
+impl FollowUp {
+    /// A task of `kind` with `input`.
+    pub fn new(kind: impl Into<String>, input: serde_json::Value) -> Self {
+        FollowUp {
+            planned: PlannedTask::new(kind, String::new()),
+            input: serde_json::to_string(&input).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// With this relative priority (greater runs first).
+    pub fn priority(mut self, priority: i64) -> Self {
+        self.planned.priority = priority;
+        self
+    }
+
+    /// Urgent: runs before every task that is not.
+    pub fn urgent(mut self) -> Self {
+        self.planned.urgent = true;
+        self
+    }
+
+    /// With this priority tag (the queue's boost of it adds to the priority).
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.planned.rules.tags.push(tag.into());
+        self
+    }
+
+    /// Needing this resource on the pool that runs it.
+    pub fn requires(mut self, resource: impl Into<String>) -> Self {
+        self.planned.rules.requires.push(resource.into());
+        self
+    }
+
+    /// Not run before this wall-clock time (unix ms).
+    pub fn not_before(mut self, unix_ms: u64) -> Self {
+        self.planned.rules.not_before = unix_ms;
+        self
+    }
+
+    /// With this many failed attempts before it is dead-lettered.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.planned.max_attempts = Some(n);
+        self
+    }
+
+    /// With this run timeout.
+    pub fn timeout_ms(mut self, ms: u64) -> Self {
+        self.planned.rules.timeout_ms = ms;
+        self
+    }
+
+    fn planned(self) -> Result<PlannedTask, HandlerError> {
+        let input = self.input.map_err(HandlerError)?;
+        let p = PlannedTask {
+            input,
+            ..self.planned
+        }
+        .normalized();
+        p.check().map_err(HandlerError::new)?;
+        Ok(p)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +148,58 @@ impl Context {
             logs: Arc::default(),
             cancel: CancellationToken::new(),
             number: 1,
+            plans: Arc::default(),
+            progress: Arc::new(tokio::sync::watch::channel(None).0),
+        }
+    }
+
+    /// Submits a follow-up task: it is indexed in the same change as this run's success, so
+    /// that no member ever sees one without the other, and dropped if the run does not
+    /// succeed. Its id, returned, is derived from (this task, the follow-up's index), so that
+    /// another successful run of this task makes the same task, not a second one.
+    ///
+    /// At most [`MAX_PLANNED`] per run, each input at most
+    /// [`piecework_queue_doc::MAX_PLANNED_INPUT_BYTES`] of JSON.
+    pub fn submit(&self, task: FollowUp) -> Result<TaskId, HandlerError> {
+        let p = task.planned()?;
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.follow_ups.len() >= MAX_PLANNED {
+            return Err(HandlerError::new(PlanError::TooMany));
+        }
+        plans.follow_ups.push(p);
+        Ok(follow_up_id(&self.task, plans.follow_ups.len() - 1))
+    }
+
+    /// Records a task that undoes this run, kept with its success: an `undo` of the task
+    /// submits the tasks recorded (ids derived from (this task, index)). Dropped if the run
+    /// does not succeed. Limits as [`Context::submit`].
+    pub fn undo(&self, task: FollowUp) -> Result<(), HandlerError> {
+        let p = task.planned()?;
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.undo.len() >= MAX_PLANNED {
+            return Err(HandlerError::new(PlanError::TooMany));
+        }
+        plans.undo.push(p);
+        Ok(())
+    }
+
+    /// Reports how far the run is: members see it while the task runs (it travels with the
+    /// pool's heartbeats), and the run's record keeps the last one.
+    pub fn progress(&self, progress: Progress) {
+        self.progress.send_replace(Some(progress));
+    }
+
+    /// The progress reports of this run, as they come (for the driver that carries them).
+    pub fn watch_progress(&self) -> tokio::sync::watch::Receiver<Option<Progress>> {
+        self.progress.subscribe()
+    }
+
+    fn take_planned(&self) -> Planned {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        Planned {
+            follow_ups: std::mem::take(&mut plans.follow_ups),
+            undo: std::mem::take(&mut plans.undo),
+            progress: *self.progress.borrow(),
         }
     }
 
@@ -189,6 +323,8 @@ pub struct Outcome {
     pub result: Result<serde_json::Value, String>,
     /// The run's log lines.
     pub logs: Vec<String>,
+    /// Its follow-ups, undo tasks and last progress.
+    pub planned: Planned,
 }
 
 /// Runs the handler for `kind` in its own tokio task and waits for it. A missing handler, an
@@ -204,6 +340,7 @@ pub async fn execute(
         return Outcome {
             result: Err(format!("no handler for kind {kind:?} on this node")),
             logs: vec![],
+            planned: Planned::default(),
         };
     };
     let task = tokio::spawn(handler.call(ctx.clone(), input));
@@ -230,5 +367,6 @@ pub async fn execute(
     Outcome {
         result,
         logs: ctx.take_logs(),
+        planned: ctx.take_planned(),
     }
 }

@@ -1081,3 +1081,33 @@ fn a_failure_that_pauses_a_resource_withdraws_it_here_and_is_not_counted() {
         (TaskState::Pending, 0, 1)
     );
 }
+
+/// A handler's progress travels with the pool's heartbeats, not as a document change: the next
+/// beat reports it for the run, and the run's end forgets it.
+#[test]
+fn a_runs_progress_goes_out_with_the_next_heartbeat() {
+    let mut f = Fixture::new(1, 1);
+    started(&mut f, 1, 0);
+    let heads = f.doc.get_heads();
+    f.pool
+        .handle_progress(0, piecework_queue_doc::Progress::count(3, 10));
+    assert_eq!(
+        f.pool.progress(0),
+        Some(piecework_queue_doc::Progress::count(3, 10))
+    );
+    f.pool.handle_timeout(f.t0 + Duration::from_secs(60));
+    let beat = std::iter::from_fn(|| f.pool.poll_action())
+        .find_map(|a| match a {
+            Action::Beat(b) => Some(b),
+            _ => None,
+        })
+        .expect("a heartbeat is due");
+    let running = beat.workers[0].running.clone().unwrap();
+    assert_eq!(
+        running.progress,
+        Some(piecework_queue_doc::Progress::count(3, 10))
+    );
+    assert_eq!(f.doc.get_heads(), heads, "no document change");
+    f.pool.handle_finished(0, RunEnd::Succeeded, f.t0);
+    assert_eq!(f.pool.progress(0), None);
+}

@@ -23,6 +23,7 @@ impl Core {
                     Some(Reply::Task(Box::new(Err(TaskError::Stopped))))
                 }
                 Command::RequeueFailed { .. } => Some(Reply::TaskIds(Err(QueueError::Stopped))),
+                Command::UndoTask { .. } => Some(Reply::Undone(Err(TaskError::Stopped))),
                 Command::SubmitMany { .. } => Some(Reply::SubmittedMany(Err(SubmitError::Stopped))),
                 Command::AddResource { .. } | Command::WithdrawResource { .. } => {
                     Some(Reply::Resources(Err(api::ResourceError::Stopped)))
@@ -168,6 +169,10 @@ impl Core {
             }
             Command::RequeueTask { task } => {
                 self.life_command(now, cmd, task, lifecycle::Life::Requeue);
+            }
+            Command::UndoTask { task } => {
+                let r = self.undo_task(now, &task);
+                self.replies.push_back((cmd, Reply::Undone(r)));
             }
             Command::RequeueFailed { queue } => {
                 let r = self.requeue_failed(now, &queue);
@@ -496,6 +501,7 @@ impl Core {
                     task: r.task.clone(),
                     attempt: r.attempt.clone(),
                     overdue: false,
+                    progress: self.pool.progress(i),
                 }),
             })
             .collect();

@@ -1,7 +1,11 @@
 //! A task's life-cycle commands: cancel a task, requeue a dead-lettered one, requeue every
-//! dead-lettered task of a queue. Each writes one record into the queue's current document
-//! (`cancels/<task>`, `requeues/<task>`) and answers the task's status as this node's view
-//! then shows it.
+//! dead-lettered task of a queue, undo a succeeded one. Each writes into the queue's current
+//! document (`cancels/<task>`, `requeues/<task>`, the undo tasks' entries) and answers the
+//! task's status, or the tasks made, as this node's view then shows them.
+//!
+//! A dead-lettered task that already left the live document (a rotation dropped it as ended)
+//! is requeued from the end this node kept of it: its entry and records are written back,
+//! then the requeue.
 
 use super::*;
 
@@ -32,13 +36,20 @@ impl Core {
             .find_map(|(id, q)| q.view.task(task).map(|t| (id.clone(), q.doc.clone(), t)));
         let Some((queue, doc, entry)) = found else {
             // Not in a live queue document this node follows: ended and left behind (its
-            // archived status says so), or unknown here.
+            // kept end or its archived status says so), or unknown here.
+            if let Some(end) = self.ends.get(task) {
+                let state = end.entry().state();
+                if what == Life::Requeue && state == TaskState::Failed {
+                    return self.requeue_left(now, task);
+                }
+                return Err(TaskError::Conflict(conflict(task, what, state)));
+            }
             return Err(
                 match self.archive.recent(task).map(|j| archived_status(task, j)) {
                     Some(Ok(s)) if what == Life::Requeue && s.state == TaskState::Failed => {
                         TaskError::Conflict(format!(
-                            "task {task} left the live queue document (it ended before a \
-                             rotation): requeueing such a task is not supported yet"
+                            "task {task} left the live queue document long ago (this node no \
+                             longer keeps its entry): it cannot be requeued from here"
                         ))
                     }
                     Some(Ok(s)) => TaskError::Conflict(conflict(task, what, s.state)),
@@ -70,6 +81,143 @@ impl Core {
         self.stale.remove(&queue);
         self.refresh(now, &queue);
         Ok(())
+    }
+
+    /// Requeues a dead-lettered task that left its queue's live document, from the end this
+    /// node kept of it: its entry and records are written back (as a branch that lost them
+    /// gets them, with its entry: `epoch::restore_ends`), then the requeue record.
+    fn requeue_left(&mut self, now: Time, task: &TaskId) -> Result<(), TaskError> {
+        let Some(queue) = self.ends.queue_of(task).cloned() else {
+            return Err(TaskError::NotFound(task.clone()));
+        };
+        let Some(doc) = self.queues.get(&queue).map(|q| q.doc.clone()) else {
+            return Err(TaskError::NotFound(task.clone()));
+        };
+        let Some(end) = self.ends.get(task).cloned() else {
+            return Err(TaskError::NotFound(task.clone()));
+        };
+        let requeue = end.entry().requeue_now(now.unix_ms);
+        let written = self.change(&doc, |d| {
+            piecework_queue_doc::epoch::restore_ends(d, &[&end])?;
+            queue::requeue(d, task, requeue)
+        });
+        match written {
+            Some(Ok(())) => {}
+            Some(Err(queue::WriteError::UnknownTask(_))) | None => {
+                return Err(TaskError::NotIndexed(task.clone(), queue));
+            }
+            Some(Err(e)) => return Err(TaskError::Write(e.to_string())),
+        }
+        self.stale.remove(&queue);
+        self.refresh(now, &queue);
+        Ok(())
+    }
+
+    /// [`Command::UndoTask`]: submits the undo tasks the task's successful run recorded, into
+    /// its queue's live document, each under an id derived from (task, index); one already
+    /// made (by an earlier undo, here or on another member) is not made again.
+    pub(super) fn undo_task(&mut self, now: Time, task: &TaskId) -> Result<Vec<TaskId>, TaskError> {
+        if task_doc(task).is_none() {
+            return Err(TaskError::BadId(task.to_string()));
+        }
+        let live = self
+            .queues
+            .iter()
+            .find_map(|(id, q)| q.view.task(task).map(|t| (id.clone(), Arc::new(t.clone()))));
+        let (queue, entry, outputs) = match live {
+            Some((queue, entry)) => {
+                let doc = self.queues.get(&queue).map(|q| q.doc.clone());
+                let outputs = doc
+                    .and_then(|d| self.replica.get(&d))
+                    .map(|d| read_outputs(d, task))
+                    .unwrap_or_default();
+                (queue, entry, outputs)
+            }
+            None => match (self.ends.get(task), self.ends.queue_of(task)) {
+                (Some(end), Some(q)) => (q.clone(), end.shared_entry(), end.outputs().to_vec()),
+                _ => {
+                    return Err(
+                        match self.archive.recent(task).map(|j| archived_status(task, j)) {
+                            Some(Ok(s)) if s.state != TaskState::Succeeded => {
+                                TaskError::Conflict(format!(
+                                    "task {task} is {}: only a succeeded task can be undone",
+                                    s.state.as_str()
+                                ))
+                            }
+                            Some(Ok(_)) => TaskError::Conflict(format!(
+                                "task {task} left the live queue document long ago (this node \
+                                 no longer keeps its undo tasks)"
+                            )),
+                            _ => TaskError::NotFound(task.clone()),
+                        },
+                    );
+                }
+            },
+        };
+        let state = entry.state();
+        if state != TaskState::Succeeded {
+            return Err(TaskError::Conflict(format!(
+                "task {task} is {}: only a succeeded task can be undone",
+                state.as_str()
+            )));
+        }
+        // The undo tasks of its first successful run that recorded any.
+        let succeeded: BTreeSet<&piecework_queue_doc::AttemptId> = entry
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.finished
+                    .as_ref()
+                    .is_some_and(|f| f.outcome == AttemptOutcome::Succeeded)
+            })
+            .map(|a| &a.id)
+            .collect();
+        let plans = outputs
+            .iter()
+            .filter(|(a, o)| succeeded.contains(a) && !o.undo.is_empty())
+            .map(|(_, o)| o.undo.clone())
+            .next()
+            .unwrap_or_default();
+        let Some(q) = self.queues.get(&queue) else {
+            return Err(TaskError::NotJoined(task.clone(), queue));
+        };
+        let max = q.view.config.max_attempts;
+        let doc = q.doc.clone();
+        let ids: Vec<TaskId> = (0..plans.len().min(MAX_PLANNED))
+            .map(|i| undo_id(task, i))
+            .collect();
+        let subs: Vec<Submission> = plans
+            .iter()
+            .zip(&ids)
+            .filter(|(_, id)| q.view.task(id).is_none() && self.ends.get(id).is_none())
+            .map(|(p, id)| {
+                let mut s = p.submission(id.clone(), self.config.peer.clone(), now.unix_ms, |r| {
+                    r.undoes = Some(task.clone())
+                });
+                s.max_attempts = Some(s.max_attempts.unwrap_or(max));
+                s
+            })
+            .collect();
+        if !subs.is_empty() {
+            // The document may hold some already (another member's undo merged in since the
+            // view was read): those are left as they are.
+            let written = self.change(&doc, |d| {
+                let new: Vec<Submission> = subs
+                    .iter()
+                    .filter(|s| !epoch::indexes(d, &s.id))
+                    .cloned()
+                    .collect();
+                queue::submit_many(d, &new)
+            });
+            match written {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return Err(TaskError::Write(e.to_string())),
+                None => return Err(TaskError::NotJoined(task.clone(), queue)),
+            }
+            self.stale.remove(&queue);
+            self.refresh(now, &queue);
+        }
+        Ok(ids)
     }
 
     /// [`Command::RequeueFailed`]: every dead-lettered task the queue's live document holds, in

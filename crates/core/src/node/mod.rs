@@ -8,9 +8,9 @@ use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::epoch::{self, Latest, Link, Seal, TaskEnd};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptOutcome, Changed, Claim, Every, Firing, Output, PeerId, QueueConfig, QueueId, QueueView,
-    RunningReport, ScheduleError, Submission, TaskEntry, TaskId, TaskState, ViewCache, queue,
-    read_outputs,
+    AttemptOutcome, Changed, Claim, Every, Firing, MAX_PLANNED, Output, PeerId, PlannedTask,
+    QueueConfig, QueueId, QueueView, RunningReport, ScheduleError, Submission, TaskEntry, TaskId,
+    TaskState, ViewCache, follow_up_id, queue, read_outputs, undo_id,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};
@@ -35,6 +35,7 @@ mod commands;
 mod documents;
 mod evict;
 mod follow;
+mod life_events;
 mod lifecycle;
 mod queue_state;
 mod queues;
@@ -120,6 +121,9 @@ pub struct Core {
     io: VecDeque<Io>,
     replies: VecDeque<(CommandId, Reply)>,
     events: VecDeque<Event>,
+    /// The progress of running tasks of this node's queues, as pool heartbeats last reported
+    /// it: at most one per running task (forgotten when the task ends or its report does).
+    progress: BTreeMap<TaskId, piecework_queue_doc::Progress>,
     /// Fencing switched off (the `broken` feature's test variant only).
     #[cfg(feature = "broken")]
     broken: bool,
@@ -197,6 +201,7 @@ impl Core {
             io: VecDeque::new(),
             replies: VecDeque::new(),
             events: VecDeque::new(),
+            progress: BTreeMap::new(),
             #[cfg(feature = "broken")]
             broken: false,
         }
@@ -388,9 +393,15 @@ impl Core {
     pub fn handle_connected(&mut self, now: Time, peer: PeerId) {
         self.submits.mark_dirty();
         self.members.connected(peer.clone());
-        for q in self.queues.values_mut() {
+        for (id, q) in self.queues.iter_mut() {
             if q.view.members.contains_key(&peer) {
                 q.router.handle_member_connected(now.mono);
+                self.events.push_back(Event::Queue(life_events::peer_event(
+                    id,
+                    &peer,
+                    true,
+                    now.unix_ms,
+                )));
             }
         }
         self.replica.handle_connected(peer);
@@ -430,6 +441,16 @@ impl Core {
     pub fn handle_disconnected(&mut self, now: Time, peer: &PeerId) {
         self.submits.mark_dirty();
         self.members.disconnected(peer);
+        for (id, q) in &self.queues {
+            if q.view.members.contains_key(peer) {
+                self.events.push_back(Event::Queue(life_events::peer_event(
+                    id,
+                    peer,
+                    false,
+                    now.unix_ms,
+                )));
+            }
+        }
         self.replica.handle_disconnected(peer);
         // Its answers will not come.
         for (task, cmds) in self.lookup.peer_gone(peer) {

@@ -54,10 +54,42 @@ impl Core {
                     self.stale.insert(id.clone());
                 }
                 q.router.handle_pool_beat(now.mono, &beat);
+                self.saw_progress(now, &id, &beat);
             }
             _ => self.events.push_back(reject(format!(
                 "gossip on {id} claiming another sender or queue"
             ))),
+        }
+    }
+
+    /// A pool heartbeat of `queue` (this node's, or a member's): the progress of its running
+    /// tasks, an event for each that changed.
+    pub(super) fn saw_progress(
+        &mut self,
+        now: Time,
+        queue: &QueueId,
+        beat: &piecework_queue_doc::PoolBeat,
+    ) {
+        for r in beat.workers.iter().filter_map(|w| w.running.as_ref()) {
+            let Some(p) = r.progress else { continue };
+            if r.queue != *queue || self.progress.get(&r.task) == Some(&p) {
+                continue;
+            }
+            let running = self
+                .queues
+                .get(queue)
+                .and_then(|q| q.view.task(&r.task))
+                .is_some_and(|t| t.state() == TaskState::Running);
+            if !running {
+                continue;
+            }
+            self.progress.insert(r.task.clone(), p);
+            self.events.push_back(Event::Queue(life_events::progress(
+                queue,
+                &r.task,
+                p,
+                now.unix_ms,
+            )));
         }
     }
 
@@ -237,6 +269,20 @@ impl Core {
             Changed::Everything => view.tasks().values().collect(),
             Changed::Tasks(ids) => ids.iter().filter_map(|id| view.tasks().get(id)).collect(),
         };
+        // The life of the changed tasks, as events (not for the first read of the queue,
+        // which learns its history at once).
+        let first = matches!(changed_ids, Changed::Everything) && old.tasks().is_empty();
+        if !first {
+            let mut evs = Vec::new();
+            life_events::queue_events(id, &old, &view, now.unix_ms, &mut evs);
+            for t in &changed {
+                life_events::task_events(id, &view, old.task(&t.id), t, now.unix_ms, &mut evs);
+                if t.state() != TaskState::Running {
+                    self.progress.remove(&t.id);
+                }
+            }
+            self.events.extend(evs.into_iter().map(Event::Queue));
+        }
         let mut summarize = Vec::new();
         let mut retired = Vec::new();
         for t in changed {
@@ -252,8 +298,9 @@ impl Core {
             if before == Some(final_now) {
                 continue;
             }
-            // Inline: no task document; its runs' outputs are in the queue document.
-            let outputs = match (final_now && t.input.is_some(), self.replica.get(&q.doc)) {
+            // Inline: no task document; its runs' outputs are in the queue document. Any
+            // task's successful run may have recorded undo tasks there.
+            let outputs = match (final_now, self.replica.get(&q.doc)) {
                 (true, Some(d)) => read_outputs(d, tid),
                 _ => Vec::new(),
             };
@@ -475,6 +522,15 @@ impl Core {
             }
             if let Some(q) = self.queues.get_mut(id) {
                 while let Some(event) = q.router.poll_event() {
+                    if let piecework_router::Event::SteppedDown { claim, by } = &event {
+                        self.events
+                            .push_back(Event::Queue(life_events::stepped_down(
+                                id,
+                                claim,
+                                by,
+                                now.unix_ms,
+                            )));
+                    }
                     self.events.push_back(Event::Router {
                         queue: id.clone(),
                         event,

@@ -15,6 +15,13 @@ impl Core {
         self.turn(now);
     }
 
+    /// The handler of run `id` reported its progress: the pool's next heartbeats carry it.
+    pub fn handle_progress(&mut self, id: RunId, progress: piecework_queue_doc::Progress) {
+        if let Some(r) = self.runs.get(&id) {
+            self.pool.handle_progress(r.run.worker.index, progress);
+        }
+    }
+
     /// A run ended with `result` (its handler returned, or it was cancelled before its handler
     /// was handed over): the pool says what is recorded, in the queue document with the
     /// attempt's end and in the task document's run record.
@@ -37,18 +44,33 @@ impl Core {
             return;
         };
         let ok = outcome == AttemptOutcome::Succeeded;
+        let planned = result.planned;
         let task_end = TaskRunEnd {
             outcome,
             at: now.unix_ms,
             result: result.result.ok().filter(|_| ok),
             error,
             logs: result.logs,
+            progress: planned.progress,
         };
         self.events.push_back(Event::RunEnded {
             queue: run.queue.clone(),
             task: run.task.clone(),
             ok,
         });
+        // A success's follow-ups are indexed with its end, in the same change; its undo tasks
+        // are kept in its output record. Neither is kept for another outcome.
+        let (follow_ups, undo) = if ok {
+            (self.follow_ups(&run, planned.follow_ups, now), planned.undo)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let undo: Vec<PlannedTask> = undo
+            .into_iter()
+            .take(MAX_PLANNED)
+            .filter(|p| p.check().is_ok())
+            .map(PlannedTask::normalized)
+            .collect();
         if inline {
             // Written with the attempt's end, in the queue document.
             let output = Output {
@@ -59,12 +81,56 @@ impl Core {
                     .filter(|v| !v.is_null())
                     .and_then(|v| serde_json::to_string(v).ok()),
                 logs: task_end.logs,
+                undo,
+                progress: task_end.progress,
             };
+            self.runs.keep_output(
+                run.task.clone(),
+                run.attempt.clone(),
+                Some(output),
+                follow_ups,
+            );
+        } else {
+            let output = (!undo.is_empty()).then(|| Output {
+                undo,
+                ..Output::default()
+            });
             self.runs
-                .keep_output(run.task.clone(), run.attempt.clone(), output);
-        } else if let Some(tdoc) = task_doc(&run.task) {
-            self.runs.record_run(tdoc, start, task_end);
+                .keep_output(run.task.clone(), run.attempt.clone(), output, follow_ups);
+            if let Some(tdoc) = task_doc(&run.task) {
+                self.runs.record_run(tdoc, start, task_end);
+            }
         }
+    }
+
+    /// The submissions of a successful run's follow-ups: ids derived from (task, index),
+    /// inline, the queue's default attempts where they name none. Ones a handler could not
+    /// have made (too many, too large) are left out.
+    fn follow_ups(&self, run: &Run, planned: Vec<PlannedTask>, now: Time) -> Vec<Submission> {
+        let max = self
+            .queues
+            .get(&run.queue)
+            .map_or(1, |q| q.view.config.max_attempts);
+        planned
+            .into_iter()
+            .take(MAX_PLANNED)
+            .enumerate()
+            .filter(|(_, p)| p.check().is_ok())
+            .map(|(i, p)| {
+                let mut s = p.submission(
+                    follow_up_id(&run.task, i),
+                    self.config.peer.clone(),
+                    now.unix_ms,
+                    |r| {
+                        // It runs after its task's success, which it is written with.
+                        r.follows = Some(run.task.clone());
+                        r.depends_on = vec![run.task.clone()];
+                    },
+                );
+                s.max_attempts = Some(s.max_attempts.unwrap_or(max));
+                s
+            })
+            .collect()
     }
 
     pub(super) fn pool_action(&mut self, now: Time, action: PoolAction) {
@@ -117,7 +183,7 @@ impl Core {
                         reason: error.clone().unwrap_or_default(),
                     });
                 }
-                let output = self.runs.take_output(&task, &attempt);
+                let (output, follow_ups) = self.runs.take_output(&task, &attempt);
                 let inline = self.inline_input(&qid, &task).is_some();
                 // No handler end records these runs in their task document: an interrupted
                 // one, and one whose handler outran its grace time.
@@ -145,6 +211,7 @@ impl Core {
                         result: None,
                         error: error.clone(),
                         logs: vec![],
+                        progress: None,
                     };
                     // Best effort: the task document may not be here.
                     self.runs.record_run(doc, start, end);
@@ -159,12 +226,17 @@ impl Core {
                             outcome,
                             error,
                             output,
+                            follow_ups,
                         },
                         started: None,
                     },
                 );
             }
             PoolAction::Beat(beat) => {
+                let ids: Vec<QueueId> = self.queues.keys().cloned().collect();
+                for id in &ids {
+                    self.saw_progress(now, id, &beat);
+                }
                 for q in self.queues.values_mut() {
                     q.router.handle_pool_beat(now.mono, &beat);
                     // Each queue's copy names this node's epoch document of that queue.
@@ -333,6 +405,7 @@ impl Core {
                         let result = RunResult {
                             result: Err("cancelled before its handler started".into()),
                             logs: vec![],
+                            planned: Default::default(),
                         };
                         self.run_ended(now, run, start, result);
                         aborted = true;

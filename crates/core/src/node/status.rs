@@ -354,6 +354,9 @@ impl Core {
             blocked_on: None,
             cancel_reason,
             cancel_requested,
+            progress: last_progress(&t.runs),
+            follows: rules.follows,
+            undoes: rules.undoes,
             error,
             attempts,
             runs: t.runs,
@@ -370,6 +373,11 @@ impl Core {
             return s;
         };
         s.effective_priority = Some(q.view.effective_priority(t));
+        if s.state == TaskState::Running
+            && let Some(p) = self.progress.get(&s.id)
+        {
+            s.progress = Some(*p);
+        }
         if s.state == TaskState::Pending {
             s.blocked_on = blocked_on(&q.view, t, now.unix_ms).or_else(|| {
                 q.router.lack(now.mono, t).map(|l| match l {

@@ -53,6 +53,7 @@ pub(super) fn status_with_outputs(
                             .then_some(serde_json::Value::Null)),
                     error: f.error.clone(),
                     logs: out.map(|o| o.logs.clone()).unwrap_or_default(),
+                    progress: out.and_then(|o| o.progress),
                 }),
             })
         })
@@ -86,11 +87,21 @@ pub(super) fn status_with_outputs(
         blocked_on: None,
         cancel_reason: t.cancel_reason(),
         cancel_requested: t.cancel_requested(),
+        progress: last_progress(&runs),
+        follows: t.rules.follows.clone(),
+        undoes: t.rules.undoes.clone(),
         result,
         error: last_error(t),
         attempts: t.attempts.clone(),
         runs,
     }
+}
+
+/// The progress the last run that reported any kept at its end.
+pub(super) fn last_progress(runs: &[task::Run]) -> Option<piecework_queue_doc::Progress> {
+    runs.iter()
+        .rev()
+        .find_map(|r| r.end.as_ref().and_then(|e| e.progress))
 }
 
 /// An archived status, as the archive keeps it: the task's final status when it was archived.

@@ -190,6 +190,8 @@ impl Core {
             },
             depends_on: req.depends_on.clone(),
             outcomes: Default::default(),
+            follows: None,
+            undoes: None,
             dedup_key: req.dedup_key.clone(),
             // The key's tasks this node sees (none pending, or the submit bumps one instead):
             // the new task is no copy of them.

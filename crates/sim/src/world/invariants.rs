@@ -368,26 +368,35 @@ impl World {
         view: &Arc<QueueView>,
     ) {
         let interval_us = self.qconfig.rate_interval_ms * 1000;
-        if interval_us > 0 && self.nodes[i].core.is_active(queue) {
+        if interval_us > 0 {
             let me = self.nodes[i].peer.clone();
             // Each new attempt with the router's own record of when it assigned it: the
             // view may show an assignment a little after it was made (a rotation's last
             // catch-up holds the router's writes for a moment).
             let mut fresh: Vec<(Claim, u64)> = vec![];
+            let mut which = vec![];
             for t in view.tasks().values() {
                 for a in t.attempts.iter().filter(|a| a.id.claim.peer == me) {
                     let key = (t.id.clone(), a.id.n, a.id.claim.clone());
                     if self.assigned.insert(key) {
                         fresh.push((a.id.claim.clone(), a.assigned_at));
+                        which.push(format!("{} {}", t.id, a.id));
                     }
                 }
+            }
+            // Its own attempts that reach it while it is not active (written before it
+            // stepped down, carried later) are remembered, not judged: only the assignments of
+            // an active router are.
+            if !self.nodes[i].core.is_active(queue) {
+                return;
             }
             if fresh.len() > 1 {
                 self.violate(
                     6,
                     format!(
-                        "node{i} assigned {} tasks at once under a rate interval",
-                        fresh.len()
+                        "node{i} assigned {} tasks at once under a rate interval ({})",
+                        fresh.len(),
+                        which.join(", ")
                     ),
                 );
             }

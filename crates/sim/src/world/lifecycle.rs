@@ -5,7 +5,15 @@
 //! past the (short) grace time. The requests go through a member's core as a user's would
 //! (`Command::CancelTask`, `Command::RequeueFailed`), across partitions, crashes and rotations.
 //!
+//! A share of the successful runs submit follow-up tasks (which may have their own), and
+//! record an undo task; with each requeue of a queue's dead letters, a member undoes a
+//! succeeded task.
+//!
 //! Invariant 18: no run starts on a node whose view of the queue holds a cancel of its task.
+//! Invariant 19: no view holds a success without its follow-ups (or their ends), and no
+//! follow-up starts on a node whose view holds its task not succeeded. (Every change that
+//! writes a success writes its follow-ups; only where branches of a double seal meet can a
+//! view hold a follow-up before its task's success, and the follow-up then waits on it.)
 //! Invariant 2 (in `invariants.rs`) allows a final state to reopen only by a requeue (the task's,
 //! or for a task cancelled by its dependency's failure, the dependency's).
 //!
@@ -17,7 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use piecework_core::{Command, Reply, api};
-use piecework_queue_doc::{ConfigPatch, FailurePolicy, QueueId, QueueView, TaskId};
+use piecework_queue_doc::{
+    ConfigPatch, FailurePolicy, Planned, PlannedTask, QueueId, QueueView, TaskId, TaskState,
+    follow_up_id,
+};
 use rand::Rng;
 
 use super::World;
@@ -35,6 +46,25 @@ const TIMEOUT_MS: (u64, u64) = (200, 1_500);
 #[derive(Default)]
 pub(super) struct Lifecycle {
     seen_ends: BTreeSet<(TaskId, u64, String)>,
+    /// Succeeded tasks undone already.
+    undone: BTreeSet<TaskId>,
+}
+
+/// How many follow-ups a successful run of `task` submits in the `lifecycle` mix: 1 or 2 for
+/// three tasks in ten, a function of the task (every run of it submits the same), so that the
+/// chains of follow-ups end.
+pub(super) fn follow_ups_of(task: &TaskId) -> usize {
+    let h = task
+        .as_str()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    if h % 10 < 3 {
+        1 + (h / 10 % 2) as usize
+    } else {
+        0
+    }
 }
 
 /// The grace time cores get in this run.
@@ -90,6 +120,118 @@ impl World {
             self.count("life_requeue_sent");
             self.trace(|| format!("node{i} requeues the dead letters of {queue}"));
             self.send(i, Command::RequeueFailed { queue });
+            // And undoes a succeeded task it has not undone yet (no randomness drawn).
+            let task = self
+                .ever_succeeded
+                .iter()
+                .find(|t| !self.life.undone.contains(*t) && follow_ups_of(t) > 0)
+                .cloned();
+            if let Some(task) = task {
+                self.life.undone.insert(task.clone());
+                self.count("life_undo_sent");
+                self.trace(|| format!("node{i} undoes {task}"));
+                self.send(i, Command::UndoTask { task });
+            }
+        }
+    }
+
+    /// What a run of `task` plans in the `lifecycle` mix if it succeeds: its follow-ups and an
+    /// undo task for tasks that have follow-ups.
+    pub(super) fn planned_for(&self, task: &TaskId) -> Planned {
+        if self.config.mix.lifecycle <= 0.0 {
+            return Planned::default();
+        }
+        let n = follow_ups_of(task);
+        Planned {
+            follow_ups: (0..n)
+                .map(|i| PlannedTask::new("sim", format!("{{\"follows\":{i}}}")))
+                .collect(),
+            undo: (0..n.min(1))
+                .map(|_| PlannedTask::new("sim", "{\"undo\":true}"))
+                .collect(),
+            progress: None,
+        }
+    }
+
+    /// Invariant 19 on node `i`'s view: a task it holds succeeded holds its follow-ups (or they
+    /// ended and left it), and a follow-up it holds has its task succeeded (or not held).
+    pub(super) fn follow_ups_with_their_success(&mut self, i: usize, view: &Arc<QueueView>) {
+        if self.config.mix.lifecycle <= 0.0 {
+            return;
+        }
+        let mut bad = Vec::new();
+        let mut seen = Vec::new();
+        let mut held = Vec::new();
+        for (id, t) in view.tasks() {
+            if let Some(p) = &t.rules.follows {
+                seen.push(id.clone());
+                // Where branches meet: held back (waiting on its task) until the success
+                // arrives. Invariant 19's other half checks that it never starts meanwhile.
+                if view
+                    .task(p)
+                    .is_some_and(|pt| pt.state() != TaskState::Succeeded)
+                {
+                    held.push(id.clone());
+                }
+            }
+            if t.state() == TaskState::Succeeded {
+                for j in 0..follow_ups_of(id) {
+                    let f = follow_up_id(id, j);
+                    if view.task(&f).is_none() && !self.ever_final.contains(&f) {
+                        bad.push(format!(
+                            "node{i} holds {id} succeeded without its follow-up {f}"
+                        ));
+                    }
+                }
+            }
+        }
+        for id in seen {
+            if self
+                .life
+                .seen_ends
+                .insert((id, 0, "follow_up_seen".to_owned()))
+            {
+                self.count("follow_up_seen");
+            }
+        }
+        for id in held {
+            if self
+                .life
+                .seen_ends
+                .insert((id, 0, "follow_up_held_back".to_owned()))
+            {
+                self.count("follow_up_held_back");
+            }
+        }
+        for what in bad {
+            self.violate(19, what);
+        }
+    }
+
+    /// Invariant 19, the other half: node `i` starts a follow-up only if its view holds its
+    /// task succeeded (or not at all: it ended and was left behind).
+    pub(super) fn a_follow_up_starts_after_its_success(
+        &mut self,
+        i: usize,
+        queue: &QueueId,
+        task: &TaskId,
+    ) {
+        let Some(view) = self.nodes[i].core.view(queue) else {
+            return;
+        };
+        let Some(p) = view.task(task).and_then(|t| t.rules.follows.clone()) else {
+            return;
+        };
+        if let Some(state) = view.task(&p).map(|t| t.state())
+            && state != TaskState::Succeeded
+        {
+            self.violate(
+                19,
+                format!(
+                    "node{i} starts follow-up {task} while its view holds its task {p} {}",
+                    state.as_str()
+                ),
+            );
         }
     }
 
@@ -115,6 +257,12 @@ impl World {
                     self.count("life_requeued");
                 }
             }
+            Reply::Undone(Ok(ids)) => {
+                for _ in ids {
+                    self.count("life_undo_task");
+                }
+            }
+            Reply::Undone(Err(_)) => self.count("life_undo_refused"),
             _ => {}
         }
     }

@@ -121,6 +121,11 @@ impl World {
                 false => Err("simulated failure".into()),
             },
             logs: vec![],
+            planned: if ok {
+                self.planned_for(&live.task)
+            } else {
+                Default::default()
+            },
         };
         let t = self.time(node);
         self.nodes[node].core.handle_run_ended(t, run, result);
@@ -208,6 +213,7 @@ impl World {
                 self.check_start(i, &req.queue, &req.task, &claim, tainted);
                 self.a_run_starts_only_where_its_kind_and_resources_are(i, &req.task);
                 self.a_cancelled_task_never_starts(i, &req.queue, &req.task);
+                self.a_follow_up_starts_after_its_success(i, &req.queue, &req.task);
                 self.no_task_is_assigned_before_its_not_before(
                     i,
                     &req.queue,
@@ -408,6 +414,7 @@ impl World {
             | Reply::Tasks(_)
             | Reply::Task(_)
             | Reply::TaskIds(_)
+            | Reply::Undone(_)
             | Reply::Status(_)
             | Reply::Document(_)
             | Reply::Resources(_)
@@ -432,6 +439,7 @@ impl World {
     fn event(&mut self, i: usize, ev: Event) {
         match ev {
             Event::View { queue, view } => self.watch_view(i, &queue, &view),
+            Event::Queue(e) => self.count(&format!("event_{}", e.event)),
             Event::Router { event, queue } => match event {
                 RouterEvent::BecameActive(c) => {
                     self.activations += 1;
@@ -562,6 +570,7 @@ impl World {
         self.no_two_fresh_pending_tasks_share_a_dedup_key(i, view);
         self.watch_schedule_tasks(i, view);
         self.watch_life_ends(view);
+        self.follow_ups_with_their_success(i, view);
         if self.config.mix.scheduling > 0.0 {
             self.no_assignment_to_a_pool_that_lacked_it(view);
         }

@@ -91,6 +91,11 @@ impl Ends {
         self.ends.get(task)
     }
 
+    /// The queue of the kept end of `task`, if known.
+    pub(in crate::node) fn queue_of(&self, task: &TaskId) -> Option<&QueueId> {
+        self.queues.get(task)
+    }
+
     /// The ends kept of `queue`'s tasks: O(ends kept).
     pub(in crate::node) fn of_queue<'a>(
         &'a self,

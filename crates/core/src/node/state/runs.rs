@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use piecework_queue_doc::task::{RunStart, Summary};
-use piecework_queue_doc::{AttemptId, Output, QueueId, TaskId};
+use piecework_queue_doc::{AttemptId, Output, QueueId, Submission, TaskId};
 use piecework_replica::DocId;
 use piecework_worker_pool::Run;
 
@@ -32,9 +32,10 @@ pub(in crate::node) struct Runs {
     /// change per document at the end of the turn. At most one run per worker plus the tasks
     /// that became final in this turn.
     task_writes: BTreeMap<DocId, TaskWrites>,
-    /// What the runs of inline tasks produced, from their end until the pool's finish writes
-    /// it with the end: at most one per worker.
-    outputs: BTreeMap<(TaskId, AttemptId), Output>,
+    /// What runs produced for the queue document (an inline task's output, a success's undo
+    /// tasks, and its follow-ups), from their end until the pool's finish writes it with the
+    /// end: at most one per worker.
+    outputs: BTreeMap<(TaskId, AttemptId), (Option<Output>, Vec<Submission>)>,
     /// Tasks seen in `InputUnavailable` to try to revive (queue, task, attempt number): at
     /// most the tasks indexed in that state, drained every turn.
     to_revive: BTreeSet<(QueueId, TaskId, u64)>,
@@ -116,23 +117,30 @@ impl Runs {
         self.live.values().any(|r| r.run.task == *task)
     }
 
-    /// What an inline task's run produced, kept until the pool's finish writes it.
+    /// What a run produced for the queue document (its output record, its follow-ups), kept
+    /// until the pool's finish writes it with the end.
     pub(in crate::node) fn keep_output(
         &mut self,
         task: TaskId,
         attempt: AttemptId,
-        output: Output,
+        output: Option<Output>,
+        follow_ups: Vec<Submission>,
     ) {
-        self.outputs.insert((task, attempt), output);
+        if output.is_some() || !follow_ups.is_empty() {
+            self.outputs.insert((task, attempt), (output, follow_ups));
+        }
     }
 
-    /// What an inline task's run produced, taken (to write with the attempt's end, or to drop).
+    /// What a run produced for the queue document, taken (to write with the attempt's end, or
+    /// to drop).
     pub(in crate::node) fn take_output(
         &mut self,
         task: &TaskId,
         attempt: &AttemptId,
-    ) -> Option<Output> {
-        self.outputs.remove(&(task.clone(), attempt.clone()))
+    ) -> (Option<Output>, Vec<Submission>) {
+        self.outputs
+            .remove(&(task.clone(), attempt.clone()))
+            .unwrap_or_default()
     }
 
     /// An attempt's start or end, to write into `queue`'s document with the others.
