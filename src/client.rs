@@ -286,53 +286,57 @@ impl Client {
             .await
     }
 
-    /// Follows the node's event stream (of one queue, or of all), calling `each` with every
-    /// event (its SSE id and name, and the event's JSON) until the node closes the stream or
-    /// `each` says to stop.
+    /// Follows the node's event stream (of one queue, or of all): `connected` once the node
+    /// answered, then `each` with every event (its SSE id and name, and the event's JSON)
+    /// until `each` says to stop. A stream the node closes (it stopped) is opened again after
+    /// a second, resuming after the last event seen (`Last-Event-ID`); an answer that is not
+    /// a stream (an error) ends it.
     pub async fn follow_events(
         &self,
         queue: Option<&QueueId>,
+        connected: impl FnOnce(),
         mut each: impl FnMut(Option<u64>, &str, serde_json::Value) -> bool,
     ) -> anyhow::Result<()> {
-        let mut req = self.http.get(format!("{}/v1/events", self.base));
-        if let Some(q) = queue {
-            req = req.query(&[("queue", q.as_str())]);
-        }
-        let mut resp = req.send().await.with_context(|| self.unreachable())?;
-        if !resp.status().is_success() {
-            return self.parse::<serde_json::Value>(resp).await.map(|_| ());
-        }
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .context("the node's event stream broke off")?
-        {
-            buf.extend_from_slice(&chunk);
-            // One event per blank line.
-            while let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = buf.drain(..end + 2).collect();
-                let text = String::from_utf8_lossy(&block);
-                let (mut id, mut name, mut data) = (None, String::from("message"), String::new());
-                for line in text.lines() {
-                    if let Some(v) = line.strip_prefix("id:") {
-                        id = v.trim().parse().ok();
-                    } else if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim().to_owned();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+        let mut connected = Some(connected);
+        let mut last: Option<u64> = None;
+        loop {
+            let mut req = self.http.get(format!("{}/v1/events", self.base));
+            if let Some(q) = queue {
+                req = req.query(&[("queue", q.as_str())]);
+            }
+            if let Some(id) = last {
+                req = req.header("Last-Event-ID", id.to_string());
+            }
+            let mut resp = match req.send().await {
+                Ok(r) => r,
+                Err(_) if last.is_some() || connected.is_none() => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(e) => return Err(e).with_context(|| self.unreachable()),
+            };
+            if !resp.status().is_success() {
+                return self.parse::<serde_json::Value>(resp).await.map(|_| ());
+            }
+            if let Some(c) = connected.take() {
+                c();
+            }
+            let mut sse = SseParser::default();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                for (id, name, data) in sse.feed(&chunk) {
+                    if id.is_some() {
+                        last = id;
+                    }
+                    let value =
+                        serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+                    if !each(id, &name, value) {
+                        return Ok(());
                     }
                 }
-                if data.is_empty() {
-                    continue; // a keep-alive comment
-                }
-                let value = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
-                if !each(id, &name, value) {
-                    return Ok(());
-                }
             }
+            eprintln!("the node closed the event stream; opening it again");
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        Ok(())
     }
 
     /// Requeues every dead-lettered task of a queue; their ids.
@@ -389,6 +393,87 @@ impl Client {
                 continue;
             }
             return self.parse(resp).await;
+        }
+    }
+}
+
+/// Server-Sent Events, parsed as they arrive: lines end with LF, CRLF or CR; an event ends at
+/// a blank line; its `data:` lines are joined with LF; comments and events without data are
+/// skipped.
+#[derive(Debug, Default)]
+struct SseParser {
+    line: Vec<u8>,
+    /// The last byte was a CR (a LF right after it ends no second line).
+    after_cr: bool,
+    id: Option<u64>,
+    name: Option<String>,
+    data: Option<String>,
+}
+
+impl SseParser {
+    /// The events `bytes` completes: (id, name, data).
+    fn feed(&mut self, bytes: &[u8]) -> Vec<(Option<u64>, String, String)> {
+        let mut out = Vec::new();
+        for &b in bytes {
+            let after_cr = std::mem::replace(&mut self.after_cr, b == b'\r');
+            match b {
+                b'\n' if after_cr => {}
+                b'\n' | b'\r' => {
+                    let line =
+                        String::from_utf8_lossy(&std::mem::take(&mut self.line)).into_owned();
+                    if let Some(e) = self.line_done(&line) {
+                        out.push(e);
+                    }
+                }
+                _ => self.line.push(b),
+            }
+        }
+        out
+    }
+
+    fn line_done(&mut self, line: &str) -> Option<(Option<u64>, String, String)> {
+        if line.is_empty() {
+            let name = self.name.take().unwrap_or_else(|| "message".to_owned());
+            let id = self.id.take();
+            return self.data.take().map(|d| (id, name, d));
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => self.id = value.parse().ok(),
+            "event" => self.name = Some(value.to_owned()),
+            "data" => match &mut self.data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => self.data = Some(value.to_owned()),
+            },
+            _ => {}
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SseParser;
+
+    #[test]
+    fn events_parse_whatever_their_line_ends_and_however_they_are_cut() {
+        let text = "id: 7\r\nevent: started\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n: keep-alive\n\nevent: lost\rdata: {}\r\r";
+        for cut in 0..text.len() {
+            let mut p = SseParser::default();
+            let mut got = p.feed(&text.as_bytes()[..cut]);
+            got.extend(p.feed(&text.as_bytes()[cut..]));
+            assert_eq!(
+                got,
+                vec![
+                    (Some(7), "started".to_owned(), "{\"a\":\n1}".to_owned()),
+                    (None, "lost".to_owned(), "{}".to_owned()),
+                ],
+                "cut at {cut}"
+            );
         }
     }
 }

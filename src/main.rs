@@ -843,15 +843,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Events { queue, json, count } => {
+            if count == Some(0) {
+                return Ok(());
+            }
             let client = Client::new(&cli.node)?;
             let queue = queue.map(QueueId::new);
             let mut seen = 0u64;
             client
-                .follow_events(queue.as_ref(), |id, name, data| {
-                    print_cli::print_event(id, name, &data, json);
-                    seen += 1;
-                    count.is_none_or(|c| seen < c)
-                })
+                .follow_events(
+                    queue.as_ref(),
+                    || eprintln!("following the events of {}", cli.node),
+                    |id, name, data| {
+                        print_cli::print_event(id, name, &data, json);
+                        seen += 1;
+                        count.is_none_or(|c| seen < c)
+                    },
+                )
                 .await
         }
         Command::Resource { command } => {

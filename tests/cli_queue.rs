@@ -398,3 +398,83 @@ async fn a_schedule_fires_one_task_per_slot_from_the_cli() {
     let left = json(&cli(&a, &["queue", "unschedule", &queue, "tick", "--json"]));
     assert_eq!(left["schedules"], serde_json::json!([]), "{left:#}");
 }
+
+/// `piecework events --queue Q --json --count 4` prints a task's life as JSON lines, once it
+/// says it follows the node; `task undo` prints the undo tasks (none for a `noop`), and
+/// answers an error for a task that did not succeed or that nobody has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_and_undo_from_the_cli() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = tempfile::tempdir().unwrap();
+    let a = spawn_node(&dir.path().join("a"), None);
+    let queue = cli(&a, &["queue", "create", "lives"]);
+    let mut events = Command::new(BIN)
+        .args(["--node", &a.http, "events", "--queue", &queue, "--json"])
+        .args(["--count", "4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // It says so once the node answered: a submit after that is followed.
+    let mut said = String::new();
+    BufReader::new(events.stderr.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    assert!(said.starts_with("following the events of "), "{said}");
+    let task = cli(&a, &["task", "submit", &queue, "--kind", "noop"]);
+    let done = tokio::task::spawn_blocking(move || {
+        let mut out = String::new();
+        events
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (events.wait().unwrap(), out)
+    });
+    let (status, out) = tokio::time::timeout(support::GENEROUS, done)
+        .await
+        .expect("four events come")
+        .unwrap();
+    assert!(status.success(), "{out}");
+    let lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    let names: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["submitted", "assigned", "started", "succeeded"],
+        "{out}"
+    );
+    for l in &lines {
+        assert_eq!(l["task"], task.as_str(), "{l}");
+        assert_eq!(l["queue"], queue.as_str(), "{l}");
+        assert!(l["id"].is_u64() && l["at"].is_u64(), "{l}");
+    }
+
+    // A noop records no undo task: an empty list.
+    let undone = json(&cli(&a, &["task", "undo", &task, "--json"]));
+    assert_eq!(undone, serde_json::json!({ "task_ids": [] }));
+    let failing = cli(
+        &a,
+        &[
+            "task",
+            "submit",
+            &queue,
+            "--kind",
+            "fail",
+            "--input",
+            r#"{"times": 5}"#,
+            "--max-attempts",
+            "1",
+        ],
+    );
+    let all = [a.http.clone()];
+    let s = wait_final(&all, &a.http, &piecework::queue_doc::TaskId::new(&failing)).await;
+    assert_eq!(s.state, TaskState::Failed, "{s:#?}");
+    let refused = Command::new(BIN)
+        .args(["--node", &a.http, "task", "undo", &failing])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("only a succeeded task can be undone"), "{err}");
+}

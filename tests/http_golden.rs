@@ -1511,13 +1511,9 @@ fn steps_after_rotation() -> Vec<Step> {
         )
         .post("/v1/tasks/<task:failing>/requeue")
         .into(),
+        // Its second run (attempt 2 of its life) succeeds. (Its status then is not recorded:
+        // whether a rotation has left it behind again by then is a matter of timing.)
         Step::Settle(Settle::Ended("<task:failing>", TaskState::Succeeded)),
-        case(
-            "task_requeued_after_rotation",
-            "its second run (attempt 2 of its life) succeeded",
-        )
-        .get("/v1/tasks/<task:failing>")
-        .into(),
     ]
 }
 

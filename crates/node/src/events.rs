@@ -5,7 +5,8 @@
 //! Ids rise by one per event; a node's first id is its start time in unix ms × 1,000, so ids
 //! keep rising across restarts (unless a node logged more than 1,000 events per millisecond of
 //! its previous life). A resume from an id older than the buffer's oldest event starts with the
-//! oldest one, after a `lost` event that says so.
+//! oldest one, after a `lost` event that says how many were forgotten (`null`: an id of an
+//! earlier life, whose count is not known).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -32,8 +33,9 @@ pub struct Logged {
 pub struct Subscription {
     /// Kept events to send first, oldest first.
     pub replay: Vec<Arc<Logged>>,
-    /// Events forgotten between the id resumed from and the oldest kept (0 if none).
-    pub lost: u64,
+    /// Events forgotten between the id resumed from and the oldest kept: 0 if none, `None` if
+    /// the id is from an earlier life of the node (how many it logged then is not known).
+    pub lost: Option<u64>,
     /// The live events, from the one after the last replayed.
     pub live: broadcast::Receiver<Arc<Logged>>,
 }
@@ -41,6 +43,8 @@ pub struct Subscription {
 #[derive(Debug)]
 struct Inner {
     kept: VecDeque<Arc<Logged>>,
+    /// This life's first id.
+    first: u64,
     next: u64,
 }
 
@@ -57,6 +61,7 @@ impl EventLog {
         EventLog {
             inner: Mutex::new(Inner {
                 kept: VecDeque::with_capacity(EVENT_LOG),
+                first: first.max(1),
                 next: first.max(1),
             }),
             tx: broadcast::channel(EVENT_LOG).0,
@@ -85,13 +90,16 @@ impl EventLog {
         let live = self.tx.subscribe();
         let oldest = inner.kept.front().map_or(inner.next, |e| e.id);
         let (replay, lost) = match after {
-            None => (Vec::new(), 0),
+            None => (Vec::new(), Some(0)),
             Some(a) => {
                 let replay: Vec<Arc<Logged>> =
                     inner.kept.iter().filter(|e| e.id > a).cloned().collect();
-                // Ids of an earlier life of the node are below this one's first.
-                let lost = oldest.saturating_sub(a.saturating_add(1));
-                let lost = if a >= inner.next { 0 } else { lost };
+                let lost = if a.saturating_add(1) < inner.first {
+                    // An id of an earlier life (or none this node gave).
+                    None
+                } else {
+                    Some(oldest.saturating_sub(a.saturating_add(1)))
+                };
                 (replay, lost)
             }
         };
@@ -121,12 +129,15 @@ mod tests {
         }
         // Kept: ids 110 ..= 100 + EVENT_LOG + 9.
         let s = log.subscribe(Some(105));
-        assert_eq!(s.lost, 4);
+        assert_eq!(s.lost, Some(4));
         assert_eq!(s.replay.first().map(|e| e.id), Some(110));
         assert_eq!(s.replay.len(), EVENT_LOG);
         let last = 100 + EVENT_LOG as u64 + 9;
         let s = log.subscribe(Some(last - 2));
-        assert_eq!((s.lost, s.replay.len()), (0, 2));
+        assert_eq!((s.lost, s.replay.len()), (Some(0), 2));
+        // An id of an earlier life: every kept event, how many were lost unknown.
+        let s = log.subscribe(Some(7));
+        assert_eq!((s.lost, s.replay.len()), (None, EVENT_LOG));
         let mut s = log.subscribe(None);
         assert!(s.replay.is_empty());
         log.push(ev(1));

@@ -475,7 +475,8 @@ const EVENTS_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// `GET /v1/events[?queue=Q]`: the queue events as Server-Sent Events (`id:` the event's id,
 /// `event:` its name, `data:` the event as JSON), from now on, or with `Last-Event-ID` from
 /// after that id as far as the node still keeps them (a `lost` event first says how many it
-/// forgot). A subscriber too slow to keep up gets a `lost` event where it fell behind.
+/// forgot, `null` for an id of the node's earlier life). A subscriber too slow to keep up gets a
+/// `lost` event where it fell behind. `lost` events have no id and are not in the log.
 async fn events(
     State(node): State<NodeHandle>,
     headers: axum::http::HeaderMap,
@@ -499,7 +500,7 @@ async fn events(
         ),
     };
     let sub = node.queue_events(after);
-    let lost = (sub.lost > 0).then(|| {
+    let lost = (sub.lost != Some(0)).then(|| {
         Event::default()
             .event("lost")
             .data(serde_json::json!({ "lost": sub.lost }).to_string())

@@ -118,8 +118,8 @@ pub use entry::{
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
 pub use packed::Output;
 pub use planned::{
-    MAX_PLANNED, MAX_PLANNED_INPUT_BYTES, PlanError, Planned, PlannedTask, Progress, follow_up_id,
-    undo_id,
+    MAX_PLANNED, MAX_PLANNED_INPUT_BYTES, MAX_PLANNED_TOTAL_BYTES, PlanError, Planned, PlannedTask,
+    Progress, follow_up_id, undo_id,
 };
 pub use queue::{Assignment, Submission};
 pub use read::read_outputs;

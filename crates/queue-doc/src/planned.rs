@@ -17,6 +17,9 @@ pub const MAX_PLANNED: usize = 32;
 /// queue document alone (it is written with the success, in the same change), whatever its
 /// size up to this.
 pub const MAX_PLANNED_INPUT_BYTES: usize = 8 * 1024;
+/// The most bytes one run's follow-up and undo tasks take together (their inputs, kinds,
+/// tags and resources): what one success adds to the queue document every member syncs.
+pub const MAX_PLANNED_TOTAL_BYTES: usize = 64 * 1024;
 
 /// A task a run asks for: a follow-up, submitted with its success, or an undo task, recorded
 /// with it.
@@ -58,11 +61,20 @@ pub enum PlanError {
         "the input of a follow-up or undo task is {0} bytes of JSON, the limit is {MAX_PLANNED_INPUT_BYTES}"
     )]
     InputTooLarge(usize),
-    /// The run planned [`MAX_PLANNED`] tasks of this sort already.
+    /// The run planned [`MAX_PLANNED`] tasks of this sort already, or
+    /// [`MAX_PLANNED_TOTAL_BYTES`] in all.
     #[error(
-        "a run submits at most {MAX_PLANNED} follow-up tasks and records at most {MAX_PLANNED} undo tasks"
+        "a run submits at most {MAX_PLANNED} follow-up tasks and records at most {MAX_PLANNED} undo tasks, {MAX_PLANNED_TOTAL_BYTES} bytes in all"
     )]
     TooMany,
+    /// A tag or resource is not 1 to 64 letters, digits, `_`, `-`, `.` or `:`, or there are
+    /// too many.
+    #[error(
+        "invalid tag or resource {0:?}: 1 to {max} ASCII letters, digits, '_', '-', '.' or ':', at most {tags} of each",
+        max = crate::entry::MAX_TAG_LEN,
+        tags = crate::entry::MAX_TAGS
+    )]
+    BadTag(String),
 }
 
 impl PlannedTask {
@@ -79,7 +91,8 @@ impl PlannedTask {
     }
 
     /// Checks what a handler controls: a kind, an input within
-    /// [`MAX_PLANNED_INPUT_BYTES`].
+    /// [`MAX_PLANNED_INPUT_BYTES`], valid tags and resources (at most
+    /// [`MAX_TAGS`](crate::entry::MAX_TAGS) of each).
     pub fn check(&self) -> Result<(), PlanError> {
         if self.kind.is_empty() {
             return Err(PlanError::EmptyKind);
@@ -87,7 +100,51 @@ impl PlannedTask {
         if self.input.len() > MAX_PLANNED_INPUT_BYTES {
             return Err(PlanError::InputTooLarge(self.input.len()));
         }
+        for names in [&self.rules.tags, &self.rules.requires] {
+            if let Some(t) = names.iter().find(|t| !crate::entry::valid_tag(t)) {
+                return Err(PlanError::BadTag(t.clone()));
+            }
+            if names.len() > crate::entry::MAX_TAGS {
+                return Err(PlanError::BadTag(names[crate::entry::MAX_TAGS].clone()));
+            }
+        }
         Ok(())
+    }
+
+    /// About how many bytes it adds to the queue document (see
+    /// [`MAX_PLANNED_TOTAL_BYTES`]).
+    pub fn bytes(&self) -> usize {
+        let names: usize = self
+            .rules
+            .tags
+            .iter()
+            .chain(&self.rules.requires)
+            .map(|t| t.len() + 3)
+            .sum();
+        64 + self.kind.len() + self.input.len() + names
+    }
+
+    /// The tasks of `planned` a run may keep: valid ones ([`PlannedTask::check`]), at most
+    /// [`MAX_PLANNED`], within `budget` bytes (taken from it), in order; the rest are left
+    /// out, each with its reason.
+    pub fn within_limits(
+        planned: Vec<PlannedTask>,
+        budget: &mut usize,
+    ) -> (Vec<PlannedTask>, Vec<PlanError>) {
+        let mut kept = Vec::new();
+        let mut refused = Vec::new();
+        for p in planned {
+            let p = p.normalized();
+            if let Err(e) = p.check() {
+                refused.push(e);
+            } else if kept.len() >= MAX_PLANNED || p.bytes() > *budget {
+                refused.push(PlanError::TooMany);
+            } else {
+                *budget -= p.bytes();
+                kept.push(p);
+            }
+        }
+        (kept, refused)
     }
 
     /// The task as it is kept: the rules a planned task may carry (tags, delay, resources,
@@ -275,5 +332,25 @@ mod tests {
             PlannedTask::new("k", "x".repeat(MAX_PLANNED_INPUT_BYTES + 1)).check(),
             Err(PlanError::InputTooLarge(MAX_PLANNED_INPUT_BYTES + 1))
         );
+        let mut bad = PlannedTask::new("k", "{}");
+        bad.rules.requires = vec!["no spaces".into()];
+        assert_eq!(bad.check(), Err(PlanError::BadTag("no spaces".into())));
+    }
+
+    #[test]
+    fn a_runs_planned_tasks_are_kept_within_its_limits_in_order() {
+        let big = "x".repeat(MAX_PLANNED_INPUT_BYTES);
+        let mut bad = PlannedTask::new("k", "{}");
+        bad.rules.tags = vec!["a b".into()];
+        let mut planned = vec![bad];
+        planned.extend((0..12).map(|i| PlannedTask::new(format!("k{i}"), big.clone())));
+        let mut budget = MAX_PLANNED_TOTAL_BYTES;
+        let (kept, refused) = PlannedTask::within_limits(planned, &mut budget);
+        // 64 KiB hold 7 inputs of 8 KiB with their overhead.
+        assert_eq!(kept.len(), 7);
+        assert_eq!(kept[0].kind, "k0");
+        assert_eq!(refused[0], PlanError::BadTag("a b".into()));
+        assert!(refused[1..].iter().all(|e| *e == PlanError::TooMany));
+        assert!(budget < MAX_PLANNED_INPUT_BYTES);
     }
 }

@@ -181,6 +181,10 @@ pub enum AttemptError {
     /// The attempt already ended.
     #[error("attempt {1} of task {0} already ended")]
     AlreadyFinished(TaskId, AttemptId),
+    /// A success's follow-ups could not be written with it: the whole batch was abandoned,
+    /// this write with it.
+    #[error("the batch was abandoned: {0}")]
+    Aborted(String),
     /// Automerge refused the change.
     #[error(transparent)]
     Automerge(#[from] AutomergeError),
@@ -1023,6 +1027,7 @@ fn attempts_checked(
     // What the batch's earlier writes did.
     let mut written: std::collections::HashMap<(&TaskId, &AttemptId), Facts> = Default::default();
     let mut results = Vec::with_capacity(writes.len());
+    let mut aborted: Option<String> = None;
     for w in writes {
         let (task, attempt, worker) = match w {
             AttemptWrite::Start {
@@ -1057,9 +1062,6 @@ fn attempts_checked(
                     ..
                 } => {
                     f.check_finish(task, attempt, *outcome)?;
-                    if *outcome == AttemptOutcome::Succeeded && !follow_ups.is_empty() {
-                        write_follow_ups(&mut tx, follow_ups)?;
-                    }
                     write_finish(
                         &mut tx,
                         task,
@@ -1069,6 +1071,15 @@ fn attempts_checked(
                         output.as_ref(),
                         now_ms,
                     )?;
+                    // In the same change: a failure here abandons the whole batch, so that
+                    // no success is written without its follow-ups.
+                    if *outcome == AttemptOutcome::Succeeded
+                        && !follow_ups.is_empty()
+                        && let Err(e) = write_follow_ups(&mut tx, follow_ups)
+                    {
+                        aborted = Some(e.to_string());
+                        return Err(e);
+                    }
                     f.finished = true;
                 }
             }
@@ -1076,6 +1087,13 @@ fn attempts_checked(
             Ok(())
         });
         results.push(result);
+    }
+    if let Some(why) = aborted {
+        tx.rollback();
+        return writes
+            .iter()
+            .map(|_| Err(AttemptError::Aborted(why.clone())))
+            .collect();
     }
     if tx.pending_ops() == 0 {
         tx.rollback();

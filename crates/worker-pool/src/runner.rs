@@ -58,6 +58,26 @@ pub struct Context {
 struct Plans {
     follow_ups: Vec<PlannedTask>,
     undo: Vec<PlannedTask>,
+    bytes: usize,
+}
+
+impl Plans {
+    /// Takes `p` into the follow-ups (or the undo tasks) if the run's limits allow it.
+    fn take(&mut self, p: PlannedTask, undo: bool) -> Result<usize, HandlerError> {
+        let list = if undo {
+            &mut self.undo
+        } else {
+            &mut self.follow_ups
+        };
+        if list.len() >= MAX_PLANNED
+            || self.bytes + p.bytes() > piecework_queue_doc::MAX_PLANNED_TOTAL_BYTES
+        {
+            return Err(HandlerError::new(PlanError::TooMany));
+        }
+        self.bytes += p.bytes();
+        list.push(p);
+        Ok(list.len() - 1)
+    }
 }
 
 /// A task a handler asks for ([`Context::submit`], [`Context::undo`]): a kind, an input and
@@ -159,15 +179,15 @@ impl Context {
     /// another successful run of this task makes the same task, not a second one.
     ///
     /// At most [`MAX_PLANNED`] per run, each input at most
-    /// [`piecework_queue_doc::MAX_PLANNED_INPUT_BYTES`] of JSON.
+    /// [`piecework_queue_doc::MAX_PLANNED_INPUT_BYTES`] of JSON, and
+    /// [`piecework_queue_doc::MAX_PLANNED_TOTAL_BYTES`] for a run's follow-up and undo tasks
+    /// together; tags and resources valid. A call made after the handler returned (from a task
+    /// it spawned) is not kept.
     pub fn submit(&self, task: FollowUp) -> Result<TaskId, HandlerError> {
         let p = task.planned()?;
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if plans.follow_ups.len() >= MAX_PLANNED {
-            return Err(HandlerError::new(PlanError::TooMany));
-        }
-        plans.follow_ups.push(p);
-        Ok(follow_up_id(&self.task, plans.follow_ups.len() - 1))
+        let index = plans.take(p, false)?;
+        Ok(follow_up_id(&self.task, index))
     }
 
     /// Records a task that undoes this run, kept with its success: an `undo` of the task
@@ -176,11 +196,7 @@ impl Context {
     pub fn undo(&self, task: FollowUp) -> Result<(), HandlerError> {
         let p = task.planned()?;
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if plans.undo.len() >= MAX_PLANNED {
-            return Err(HandlerError::new(PlanError::TooMany));
-        }
-        plans.undo.push(p);
-        Ok(())
+        plans.take(p, true).map(|_| ())
     }
 
     /// Reports how far the run is: members see it while the task runs (it travels with the

@@ -70,9 +70,23 @@ pub(crate) fn task_events(
 ) {
     let task = Some(&new.id);
     let mut ev = |name: &'static str, data: Value| out.push(event(name, queue, task, at, data));
-    let old_state = old.map(TaskEntry::state);
     let state = new.state();
-    if old.is_none() {
+    // A dead letter written back into the document with its requeue (it had left it): the
+    // requeue is the news, not its past.
+    let restored = old.is_none() && new.requeue.is_some() && !new.attempts.is_empty();
+    let since = if restored {
+        new.requeue.map_or(0, |r| r.n)
+    } else {
+        0
+    };
+    let old_state = if restored {
+        Some(TaskState::Failed)
+    } else {
+        old.map(TaskEntry::state)
+    };
+    if restored {
+        ev("requeued", json!({}));
+    } else if old.is_none() {
         let mut data = json!({"kind": new.kind});
         if let Some(p) = &new.rules.follows {
             data["follows"] = json!(p);
@@ -93,7 +107,7 @@ pub(crate) fn task_events(
         ev("requeued", json!({}));
     }
     let mut failed = false;
-    for a in &new.attempts {
+    for a in new.attempts.iter().filter(|a| a.id.n > since) {
         let before = old.and_then(|o| o.attempt(&a.id));
         let data = || json!({"attempt": a.id.n, "worker": a.worker.to_string()});
         if before.is_none() {

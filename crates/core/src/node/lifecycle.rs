@@ -84,8 +84,8 @@ impl Core {
     }
 
     /// Requeues a dead-lettered task that left its queue's live document, from the end this
-    /// node kept of it: its entry and records are written back (as a branch that lost them
-    /// gets them, with its entry: `epoch::restore_ends`), then the requeue record.
+    /// node kept of it: its entry, its records and the requeue record are written back in one
+    /// change (`epoch::restore_ends`).
     fn requeue_left(&mut self, now: Time, task: &TaskId) -> Result<(), TaskError> {
         let Some(queue) = self.ends.queue_of(task).cloned() else {
             return Err(TaskError::NotFound(task.clone()));
@@ -96,10 +96,14 @@ impl Core {
         let Some(end) = self.ends.get(task).cloned() else {
             return Err(TaskError::NotFound(task.clone()));
         };
-        let requeue = end.entry().requeue_now(now.unix_ms);
+        // The entry as it ended, with the requeue merged into its record: written back in one
+        // change, so no replica sees the dead letter back without its requeue.
+        let mut entry = end.entry().clone();
+        let requeue = entry.requeue_now(now.unix_ms);
+        entry.requeue = Some(entry.requeue.map_or(requeue, |r| r.merge(requeue)));
+        let back = TaskEnd::new(Arc::new(entry), end.outputs().to_vec());
         let written = self.change(&doc, |d| {
-            piecework_queue_doc::epoch::restore_ends(d, &[&end])?;
-            queue::requeue(d, task, requeue)
+            piecework_queue_doc::epoch::restore_ends(d, &[&back]).map(|_| ())
         });
         match written {
             Some(Ok(())) => {}
@@ -178,14 +182,15 @@ impl Core {
             .map(|(_, o)| o.undo.clone())
             .next()
             .unwrap_or_default();
+        // As any member may have written them: the valid ones, within a run's limits.
+        let mut budget = MAX_PLANNED_TOTAL_BYTES;
+        let (plans, _) = PlannedTask::within_limits(plans, &mut budget);
         let Some(q) = self.queues.get(&queue) else {
             return Err(TaskError::NotJoined(task.clone(), queue));
         };
         let max = q.view.config.max_attempts;
         let doc = q.doc.clone();
-        let ids: Vec<TaskId> = (0..plans.len().min(MAX_PLANNED))
-            .map(|i| undo_id(task, i))
-            .collect();
+        let ids: Vec<TaskId> = (0..plans.len()).map(|i| undo_id(task, i)).collect();
         let subs: Vec<Submission> = plans
             .iter()
             .zip(&ids)

@@ -8,9 +8,9 @@ use automerge::{ActorId, Automerge, ChangeHash};
 use piecework_queue_doc::epoch::{self, Latest, Link, Seal, TaskEnd};
 use piecework_queue_doc::task::{self, NewTask, RunStart};
 use piecework_queue_doc::{
-    AttemptOutcome, Changed, Claim, Every, Firing, MAX_PLANNED, Output, PeerId, PlannedTask,
-    QueueConfig, QueueId, QueueView, RunningReport, ScheduleError, Submission, TaskEntry, TaskId,
-    TaskState, ViewCache, follow_up_id, queue, read_outputs, undo_id,
+    AttemptOutcome, Changed, Claim, Every, Firing, MAX_PLANNED_TOTAL_BYTES, Output, PeerId,
+    PlannedTask, QueueConfig, QueueId, QueueView, RunningReport, ScheduleError, Submission,
+    TaskEntry, TaskId, TaskState, ViewCache, follow_up_id, queue, read_outputs, undo_id,
 };
 use piecework_replica::{DocId, Event as ReplicaEvent, Message, Replica, Scope};
 use piecework_router::{Action as RouterAction, Role, Router};
@@ -122,8 +122,15 @@ pub struct Core {
     replies: VecDeque<(CommandId, Reply)>,
     events: VecDeque<Event>,
     /// The progress of running tasks of this node's queues, as pool heartbeats last reported
-    /// it: at most one per running task (forgotten when the task ends or its report does).
-    progress: BTreeMap<TaskId, piecework_queue_doc::Progress>,
+    /// it for their running attempt: at most one per task a view shows running (forgotten when
+    /// the task stops running).
+    progress: BTreeMap<
+        TaskId,
+        (
+            piecework_queue_doc::AttemptId,
+            piecework_queue_doc::Progress,
+        ),
+    >,
     /// Fencing switched off (the `broken` feature's test variant only).
     #[cfg(feature = "broken")]
     broken: bool,

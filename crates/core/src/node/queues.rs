@@ -63,7 +63,8 @@ impl Core {
     }
 
     /// A pool heartbeat of `queue` (this node's, or a member's): the progress of its running
-    /// tasks, an event for each that changed.
+    /// tasks, an event for each that changed. Only a report of the task's running attempt, by
+    /// the pool it was assigned to, counts.
     pub(super) fn saw_progress(
         &mut self,
         now: Time,
@@ -72,18 +73,24 @@ impl Core {
     ) {
         for r in beat.workers.iter().filter_map(|w| w.running.as_ref()) {
             let Some(p) = r.progress else { continue };
-            if r.queue != *queue || self.progress.get(&r.task) == Some(&p) {
+            if r.queue != *queue {
+                continue;
+            }
+            let seen = (r.attempt.clone(), p);
+            if self.progress.get(&r.task) == Some(&seen) {
                 continue;
             }
             let running = self
                 .queues
                 .get(queue)
                 .and_then(|q| q.view.task(&r.task))
-                .is_some_and(|t| t.state() == TaskState::Running);
+                .filter(|t| t.state() == TaskState::Running)
+                .and_then(|t| t.attempt(&r.attempt))
+                .is_some_and(|a| a.is_open() && a.started.is_some() && a.worker.peer == beat.peer);
             if !running {
                 continue;
             }
-            self.progress.insert(r.task.clone(), p);
+            self.progress.insert(r.task.clone(), seen);
             self.events.push_back(Event::Queue(life_events::progress(
                 queue,
                 &r.task,
@@ -280,6 +287,13 @@ impl Core {
                 if t.state() != TaskState::Running {
                     self.progress.remove(&t.id);
                 }
+            }
+            if matches!(changed_ids, Changed::Everything) {
+                // A move to another document: what it does not show running is forgotten.
+                self.progress.retain(|task, _| {
+                    view.task(task)
+                        .is_none_or(|t| t.state() == TaskState::Running)
+                });
             }
             self.events.extend(evs.into_iter().map(Event::Queue));
         }

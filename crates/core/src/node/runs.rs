@@ -60,17 +60,16 @@ impl Core {
         });
         // A success's follow-ups are indexed with its end, in the same change; its undo tasks
         // are kept in its output record. Neither is kept for another outcome.
+        // Within the run's limits (a handler's context refuses more; a driver's result is
+        // cut to them here).
+        let mut budget = MAX_PLANNED_TOTAL_BYTES;
         let (follow_ups, undo) = if ok {
-            (self.follow_ups(&run, planned.follow_ups, now), planned.undo)
+            let (f, _) = PlannedTask::within_limits(planned.follow_ups, &mut budget);
+            let (u, _) = PlannedTask::within_limits(planned.undo, &mut budget);
+            (self.follow_ups(&run, f, now), u)
         } else {
             (Vec::new(), Vec::new())
         };
-        let undo: Vec<PlannedTask> = undo
-            .into_iter()
-            .take(MAX_PLANNED)
-            .filter(|p| p.check().is_ok())
-            .map(PlannedTask::normalized)
-            .collect();
         if inline {
             // Written with the attempt's end, in the queue document.
             let output = Output {
@@ -104,8 +103,7 @@ impl Core {
     }
 
     /// The submissions of a successful run's follow-ups: ids derived from (task, index),
-    /// inline, the queue's default attempts where they name none. Ones a handler could not
-    /// have made (too many, too large) are left out.
+    /// inline, the queue's default attempts where they name none.
     fn follow_ups(&self, run: &Run, planned: Vec<PlannedTask>, now: Time) -> Vec<Submission> {
         let max = self
             .queues
@@ -113,9 +111,7 @@ impl Core {
             .map_or(1, |q| q.view.config.max_attempts);
         planned
             .into_iter()
-            .take(MAX_PLANNED)
             .enumerate()
-            .filter(|(_, p)| p.check().is_ok())
             .map(|(i, p)| {
                 let mut s = p.submission(
                     follow_up_id(&run.task, i),

@@ -374,7 +374,7 @@ impl Core {
         };
         s.effective_priority = Some(q.view.effective_priority(t));
         if s.state == TaskState::Running
-            && let Some(p) = self.progress.get(&s.id)
+            && let Some((_, p)) = self.progress.get(&s.id)
         {
             s.progress = Some(*p);
         }
