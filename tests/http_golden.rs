@@ -1942,20 +1942,7 @@ async fn the_event_stream_begins_as_recorded() {
     let task = submitted["task_id"].as_str().unwrap().to_owned();
 
     // Events until the task's success.
-    let mut events: Vec<(u64, String, Value)> = vec![];
-    let mut buf = String::new();
-    tokio::time::timeout(GENEROUS, async {
-        while !events.iter().any(|(_, name, _)| name == "succeeded") {
-            let chunk = stream.chunk().await.unwrap().expect("the stream goes on");
-            buf.push_str(std::str::from_utf8(&chunk).unwrap());
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                events.extend(parse_event(&block));
-            }
-        }
-    })
-    .await
-    .expect("the task's events come");
+    let events = read_events(&mut stream, |e| e.iter().any(|(_, n, _)| n == "succeeded")).await;
 
     // A resume after the first event replays the ones after it (the node keeps them).
     let mut resumed = http
@@ -1964,20 +1951,7 @@ async fn the_event_stream_begins_as_recorded() {
         .send()
         .await
         .unwrap();
-    let mut replayed: Vec<(u64, String, Value)> = vec![];
-    let mut buf = String::new();
-    tokio::time::timeout(GENEROUS, async {
-        while replayed.len() < events.len() - 1 {
-            let chunk = resumed.chunk().await.unwrap().expect("the stream goes on");
-            buf.push_str(std::str::from_utf8(&chunk).unwrap());
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                replayed.extend(parse_event(&block));
-            }
-        }
-    })
-    .await
-    .expect("the replay comes");
+    let replayed = read_events(&mut resumed, |e| e.len() >= events.len() - 1).await;
     assert_eq!(
         replayed[..],
         events[1..],
@@ -2015,6 +1989,28 @@ async fn the_event_stream_begins_as_recorded() {
         );
     }
     drop(node);
+}
+
+/// The events of an SSE stream, read until `enough` says so (within a generous deadline).
+async fn read_events(
+    stream: &mut reqwest::Response,
+    enough: impl Fn(&[(u64, String, Value)]) -> bool,
+) -> Vec<(u64, String, Value)> {
+    let mut events = vec![];
+    let mut buf = String::new();
+    tokio::time::timeout(GENEROUS, async {
+        while !enough(&events) {
+            let chunk = stream.chunk().await.unwrap().expect("the stream goes on");
+            buf.push_str(std::str::from_utf8(&chunk).unwrap());
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                events.extend(parse_event(&block));
+            }
+        }
+    })
+    .await
+    .expect("the events come");
+    events
 }
 
 /// The event of one SSE block (`id:`, `event:`, `data:` lines), if it is one.

@@ -190,16 +190,7 @@ fn write_kept(into: &mut Automerge, ends: &[&TaskEnd], entries: bool) -> Result<
                         r.outcomes.insert(d.clone(), *s);
                     }
                 }
-                let entry = packed::Entry {
-                    k: t.kind.clone(),
-                    t: t.submitted_at,
-                    s: t.submitter.to_string(),
-                    p: t.priority,
-                    u: t.urgent,
-                    m: u64::from(t.max_attempts),
-                    i: t.input.clone(),
-                    r,
-                };
+                let entry = packed::Entry::of(t, r);
                 tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
                 writes += 1;
             }

@@ -449,16 +449,7 @@ pub fn build_successor(
                 continue;
             }
             stats.carried += 1;
-            let entry = packed::Entry {
-                k: t.kind.clone(),
-                t: t.submitted_at,
-                s: t.submitter.to_string(),
-                p: t.priority,
-                u: t.urgent,
-                m: u64::from(t.max_attempts),
-                i: t.input.clone(),
-                r: carried_rules(t, view),
-            };
+            let entry = packed::Entry::of(t, carried_rules(t, view));
             tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
             // What the ended runs of an inline task produced (its failed runs' logs).
             if t.input.is_some() {

@@ -94,6 +94,22 @@ pub(crate) struct Entry {
     pub(crate) r: crate::entry::Rules,
 }
 
+impl Entry {
+    /// The entry of task `t` as a view read it, with rules `r`.
+    pub(crate) fn of(t: &crate::entry::TaskEntry, r: crate::entry::Rules) -> Entry {
+        Entry {
+            k: t.kind.clone(),
+            t: t.submitted_at,
+            s: t.submitter.to_string(),
+            p: t.priority,
+            u: t.urgent,
+            m: u64::from(t.max_attempts),
+            i: t.input.clone(),
+            r,
+        }
+    }
+}
+
 /// What a run of an inline task produced, written with its end.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Output {

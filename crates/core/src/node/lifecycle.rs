@@ -71,16 +71,7 @@ impl Core {
             Life::Cancel => queue::cancel(d, task, &me, now.unix_ms),
             Life::Requeue => queue::requeue(d, task, requeue),
         });
-        match written {
-            Some(Ok(())) => {}
-            Some(Err(queue::WriteError::UnknownTask(_))) | None => {
-                return Err(TaskError::NotIndexed(task.clone(), queue));
-            }
-            Some(Err(e)) => return Err(TaskError::Write(e.to_string())),
-        }
-        self.stale.remove(&queue);
-        self.refresh(now, &queue);
-        Ok(())
+        self.life_written(now, task, queue, written)
     }
 
     /// Requeues a dead-lettered task that left its queue's live document, from the end this
@@ -105,16 +96,7 @@ impl Core {
         let written = self.change(&doc, |d| {
             piecework_queue_doc::epoch::restore_ends(d, &[&back]).map(|_| ())
         });
-        match written {
-            Some(Ok(())) => {}
-            Some(Err(queue::WriteError::UnknownTask(_))) | None => {
-                return Err(TaskError::NotIndexed(task.clone(), queue));
-            }
-            Some(Err(e)) => return Err(TaskError::Write(e.to_string())),
-        }
-        self.stale.remove(&queue);
-        self.refresh(now, &queue);
-        Ok(())
+        self.life_written(now, task, queue, written)
     }
 
     /// [`Command::UndoTask`]: submits the undo tasks the task's successful run recorded, into
@@ -223,6 +205,27 @@ impl Core {
             self.refresh(now, &queue);
         }
         Ok(ids)
+    }
+
+    /// The answer to a life-cycle record's write into `queue`'s document; the view is read
+    /// again if it was written.
+    fn life_written(
+        &mut self,
+        now: Time,
+        task: &TaskId,
+        queue: QueueId,
+        written: Option<Result<(), queue::WriteError>>,
+    ) -> Result<(), TaskError> {
+        match written {
+            Some(Ok(())) => {}
+            Some(Err(queue::WriteError::UnknownTask(_))) | None => {
+                return Err(TaskError::NotIndexed(task.clone(), queue));
+            }
+            Some(Err(e)) => return Err(TaskError::Write(e.to_string())),
+        }
+        self.stale.remove(&queue);
+        self.refresh(now, &queue);
+        Ok(())
     }
 
     /// [`Command::RequeueFailed`]: every dead-lettered task the queue's live document holds, in
