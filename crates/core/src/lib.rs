@@ -997,6 +997,10 @@ pub enum Io {
         /// Tasks of any kind that became final, for listings of their queue
         /// ([`Io::ListFinished`]); the store keeps the latest up to its retention.
         listed: Vec<Listed>,
+        /// The ends of tasks of any kind that became final (task → its end,
+        /// `piecework_queue_doc::epoch::TaskEnd::encode`), read back by [`Io::LookupEnds`];
+        /// the store keeps the latest up to its retention.
+        ends: Vec<(TaskId, Vec<u8>)>,
     },
     /// Read the finished tasks this node listed ([`Io::Archive`]'s `listed`) of a queue: in
     /// `state` (any final state if `None`), by task id after `after`, at most `limit`; answer
@@ -1020,6 +1024,16 @@ pub enum Io {
     Lookup {
         /// The task.
         task: TaskId,
+    },
+    /// Read the kept ends ([`Io::Archive`]'s `ends`) of `tasks`, and with `failed_in`, of every
+    /// task listed failed in that queue; answer with [`Core::handle_ends`] (the ends found).
+    LookupEnds {
+        /// Names this lookup in the answer.
+        lookup: u64,
+        /// The tasks.
+        tasks: Vec<TaskId>,
+        /// A queue whose listed dead letters are wanted too.
+        failed_in: Option<QueueId>,
     },
     /// Record, in order, that this node no longer needs a document except to answer for it
     /// (a finished task's, or a sealed epoch that left memory): the store hands the list back

@@ -61,6 +61,11 @@ enum Input {
         task: TaskId,
         status: Option<Vec<u8>>,
     },
+    /// The store's kept ends for a requeue or an undo ([`Io::LookupEnds`]).
+    Ends {
+        lookup: u64,
+        found: Vec<(TaskId, Vec<u8>)>,
+    },
     /// The store's finished tasks for a listing ([`Io::ListFinished`]).
     Listed {
         cmd: CommandId,
@@ -473,6 +478,7 @@ impl Shell {
             Input::RunEnded { .. } => "a run's end".to_owned(),
             Input::Progress { .. } => "a run's progress".to_owned(),
             Input::Archived { .. } => "an archive lookup".to_owned(),
+            Input::Ends { .. } => "a lookup of kept ends".to_owned(),
             Input::Listed { .. } => "a listing's finished tasks".to_owned(),
             Input::Rotated(_) => "an epoch job's answer".to_owned(),
         };
@@ -490,6 +496,7 @@ impl Shell {
             }
             Input::Progress { id, progress } => self.core.handle_progress(id, progress),
             Input::Archived { task, status } => self.core.handle_archived(now(), task, status),
+            Input::Ends { lookup, found } => self.core.handle_ends(now(), lookup, found),
             Input::Listed { cmd, entries } => self.core.handle_listed(now(), cmd, entries),
             Input::Rotated(built) => self.core.handle_rotated(now(), built),
         }
@@ -748,7 +755,11 @@ impl Shell {
                     let _ = net.subscribe(topic).await;
                 });
             }
-            Io::Archive { records, listed } => {
+            Io::Archive {
+                records,
+                listed,
+                ends,
+            } => {
                 let store = self.shared.store.clone();
                 tokio::spawn(async move {
                     let listed = listed
@@ -770,6 +781,15 @@ impl Shell {
                     if let Err(e) = store.archive(records).await {
                         tracing::warn!(
                             "cannot archive final task statuses yet (the store keeps them and retries): {e}"
+                        );
+                    }
+                    let ends = ends
+                        .into_iter()
+                        .map(|(t, end)| (t.as_str().to_owned(), end))
+                        .collect();
+                    if let Err(e) = store.keep_ends(ends).await {
+                        tracing::warn!(
+                            "cannot keep the ends of finished tasks yet (the store keeps them and retries): {e}"
                         );
                     }
                 });
@@ -808,6 +828,29 @@ impl Shell {
                         }
                     };
                     let _ = tx.send(Input::Archived { task, status }).await;
+                });
+            }
+            Io::LookupEnds {
+                lookup,
+                tasks,
+                failed_in,
+            } => {
+                let store = self.shared.store.clone();
+                let tx = self.inputs_tx.clone();
+                tokio::spawn(async move {
+                    let tasks = tasks.iter().map(|t| t.as_str().to_owned()).collect();
+                    let failed_in = failed_in.map(|q| q.as_str().to_owned());
+                    let found = match store.ends(tasks, failed_in).await {
+                        Ok(found) => found
+                            .into_iter()
+                            .map(|(t, end)| (TaskId::new(t), end))
+                            .collect(),
+                        Err(e) => {
+                            tracing::error!("cannot read the kept ends of finished tasks: {e}");
+                            Vec::new()
+                        }
+                    };
+                    let _ = tx.send(Input::Ends { lookup, found }).await;
                 });
             }
             Io::Retire { doc, kind } => {

@@ -15,6 +15,11 @@
 //! queue's finished tasks in one state are one range scan in task id order; a
 //! `listing_order` table drops the oldest beyond the same bound as the archive's.
 //!
+//! The `ends` table keeps the end of every task that became final here (its entry and runs'
+//! records as the queue document held them, `piecework_queue_doc::epoch::TaskEnd::encode`):
+//! task id → bytes, the latest written kept, with an `ends_order` table and the same bound as
+//! the archive's. A requeue or an undo of a task that left every live document reads it back.
+//!
 //! The `retired` tables record, in order, the documents the node no longer needs except to
 //! answer for them (`piecework_core::Io::Retire`: document → sequence, and sequence → kind and
 //! document): the core gets the list back at start and decides which to delete
@@ -66,6 +71,8 @@ const RETIRED_ORDER: TableDefinition<u64, &str> = TableDefinition::new("retired_
 const QUARANTINE: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine");
 const LISTING: TableDefinition<&str, &[u8]> = TableDefinition::new("listing");
 const LISTING_ORDER: TableDefinition<u64, &str> = TableDefinition::new("listing_order");
+const ENDS: TableDefinition<&str, &[u8]> = TableDefinition::new("ends");
+const ENDS_ORDER: TableDefinition<u64, &str> = TableDefinition::new("ends_order");
 
 /// The final states a listing entry is kept under.
 const FINAL_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
@@ -259,6 +266,8 @@ impl Db {
         tx.open_table(QUARANTINE).map_err(redb_err)?;
         tx.open_table(LISTING).map_err(redb_err)?;
         tx.open_table(LISTING_ORDER).map_err(redb_err)?;
+        tx.open_table(ENDS).map_err(redb_err)?;
+        tx.open_table(ENDS_ORDER).map_err(redb_err)?;
         tx.commit().map_err(redb_err)
     }
 
@@ -326,6 +335,11 @@ enum Write {
         records: Vec<(String, Vec<u8>)>,
         keep: u64,
     },
+    Ends {
+        /// Task and its encoded end.
+        records: Vec<(String, Vec<u8>)>,
+        keep: u64,
+    },
     Retire {
         doc: String,
         kind: RetiredKind,
@@ -344,6 +358,7 @@ impl Write {
         match self {
             Write::Archive { .. }
             | Write::List { .. }
+            | Write::Ends { .. }
             | Write::Retire { .. }
             | Write::Delete(_)
             | Write::Quarantine { .. } => true,
@@ -679,6 +694,67 @@ impl Store {
         .map_err(|_| StorageError::Stopped)?
     }
 
+    /// Keeps the ends of tasks that became final (task id → encoded end) durably: a task's
+    /// end written again keeps its place and takes the new value; beyond the archive's bound
+    /// the oldest are dropped.
+    pub async fn keep_ends(&self, records: Vec<(String, Vec<u8>)>) -> Result<(), StorageError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.write(Write::Ends {
+            records,
+            keep: self.archive_keep,
+        })
+        .await
+    }
+
+    /// The kept ends of `tasks` (those it has), and with `failed_in`, of every task listed
+    /// failed in that queue (`listed`'s entries): task id → encoded end, in task id order.
+    pub async fn ends(
+        &self,
+        tasks: Vec<String>,
+        failed_in: Option<String>,
+    ) -> Result<Vec<(String, Vec<u8>)>, StorageError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            db.with(|db| {
+                let tx = db.begin_read().map_err(redb_err)?;
+                let t = match tx.open_table(ENDS) {
+                    Ok(t) => t,
+                    // A store from before kept ends: none kept.
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(vec![]),
+                    Err(e) => return Err(redb_err(e)),
+                };
+                let mut wanted: std::collections::BTreeSet<String> =
+                    tasks.iter().cloned().collect();
+                if let Some(q) = &failed_in {
+                    match tx.open_table(LISTING) {
+                        Ok(l) => {
+                            let prefix = format!("{q} failed ");
+                            let hi = format!("{q} failed!");
+                            for row in l.range(prefix.as_str()..hi.as_str()).map_err(redb_err)? {
+                                let (k, _) = row.map_err(redb_err)?;
+                                wanted.insert(k.value()[prefix.len()..].to_owned());
+                            }
+                        }
+                        Err(redb::TableError::TableDoesNotExist(_)) => {}
+                        Err(e) => return Err(redb_err(e)),
+                    }
+                }
+                let mut found = Vec::new();
+                for task in wanted {
+                    if let Some(v) = t.get(task.as_str()).map_err(redb_err)? {
+                        let bytes = v.value().to_vec();
+                        found.push((task, bytes));
+                    }
+                }
+                Ok(found)
+            })
+        })
+        .await
+        .map_err(|_| StorageError::Stopped)?
+    }
+
     /// A task's archived status.
     pub async fn archived(&self, task: &str) -> Result<Option<Vec<u8>>, StorageError> {
         let db = self.db.clone();
@@ -922,6 +998,8 @@ fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
         let mut quarantine = tx.open_table(QUARANTINE).map_err(redb_err)?;
         let mut listing = tx.open_table(LISTING).map_err(redb_err)?;
         let mut listing_order = tx.open_table(LISTING_ORDER).map_err(redb_err)?;
+        let mut ends = tx.open_table(ENDS).map_err(redb_err)?;
+        let mut ends_order = tx.open_table(ENDS_ORDER).map_err(redb_err)?;
         for w in batch {
             match w {
                 Write::Append(list) => {
@@ -948,6 +1026,9 @@ fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
                 }
                 Write::List { records, keep } => {
                     insert_kept(&mut listing, &mut listing_order, records, *keep)?;
+                }
+                Write::Ends { records, keep } => {
+                    insert_kept(&mut ends, &mut ends_order, records, *keep)?;
                 }
                 Write::Retire { doc, kind } => {
                     if retired.get(doc.as_str()).map_err(redb_err)?.is_none() {
@@ -1157,6 +1238,47 @@ mod tests {
                 "{t}"
             );
         }
+    }
+
+    /// Kept ends are read back by task, and with a queue, for every task listed failed in it
+    /// (not another queue's, not another state's); the oldest go beyond the bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kept_ends_are_read_by_task_and_by_the_failed_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("store.redb"))
+            .unwrap()
+            .with_archive_keep(3);
+        let rec = |t: &str, v: &str| (t.to_owned(), v.as_bytes().to_vec());
+        s.keep_ends(vec![rec("t1", "a"), rec("t2", "b"), rec("t3", "c")])
+            .await
+            .unwrap();
+        let listed = |q: &str, st: &'static str, t: &str| (q.to_owned(), st, t.to_owned(), vec![]);
+        s.list(vec![
+            listed("q1", "failed", "t2"),
+            listed("q1", "succeeded", "t1"),
+            listed("q2", "failed", "t3"),
+        ])
+        .await
+        .unwrap();
+        let names = |v: Vec<(String, Vec<u8>)>| v.into_iter().map(|(t, _)| t).collect::<Vec<_>>();
+        let ends = s.ends(vec!["t1".into(), "t9".into()], None).await.unwrap();
+        assert_eq!(ends, vec![rec("t1", "a")]);
+        let ends = s.ends(vec![], Some("q1".into())).await.unwrap();
+        assert_eq!(names(ends), ["t2"]);
+        let ends = s.ends(vec!["t1".into()], Some("q2".into())).await.unwrap();
+        assert_eq!(names(ends), ["t1", "t3"]);
+        // Kept again: the new value, in its place.
+        s.keep_ends(vec![rec("t2", "b2")]).await.unwrap();
+        assert_eq!(
+            s.ends(vec!["t2".into()], None).await.unwrap(),
+            vec![rec("t2", "b2")]
+        );
+        // Two more push the two oldest out.
+        s.keep_ends(vec![rec("t4", "d"), rec("t5", "e")])
+            .await
+            .unwrap();
+        let all = ["t1", "t2", "t3", "t4", "t5"].map(String::from).to_vec();
+        assert_eq!(names(s.ends(all, None).await.unwrap()), ["t3", "t4", "t5"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

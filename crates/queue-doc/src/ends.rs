@@ -1,5 +1,6 @@
-//! A task's end kept apart from any document ([`TaskEnd`]), and its writing back into a
-//! queue document ([`write_ends`]).
+//! A task's end kept apart from any document ([`TaskEnd`]), its writing back into a queue
+//! document ([`write_ends`], [`restore_ends`]), and its bytes on disk ([`TaskEnd::encode`],
+//! [`TaskEnd::decode`]).
 //!
 //! A node keeps the ends of the tasks it saw end, to write them into a branch that shows such
 //! a task live again once every document that held its end is deleted (the other side of a
@@ -16,10 +17,40 @@ use automerge::{Automerge, ObjType, ROOT};
 use crate::am;
 use crate::entry::{Cancel, Requeue, TaskEntry};
 use crate::epoch::{CARRIED, attempt_value};
-use crate::ids::AttemptId;
+use crate::ids::{AttemptId, QueueId, TaskId};
 use crate::keys;
 use crate::packed::{self, Output};
 use crate::queue::WriteError;
+
+/// The version of [`TaskEnd::encode`]'s format.
+const STORED_VERSION: u32 = 1;
+
+/// A task's end as stored apart from any document: the same packed values a queue document
+/// holds of it, so that reading it back is reading a document.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stored {
+    /// Format version ([`STORED_VERSION`]).
+    v: u32,
+    /// The task's queue.
+    q: String,
+    /// The task.
+    t: String,
+    /// Its packed entry, with its dependencies' outcomes.
+    e: String,
+    /// Its records: (index in `CARRIED`, key, packed value).
+    r: Vec<(usize, String, String)>,
+}
+
+/// A stored task end that cannot be read back.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeEndError {
+    /// Not the format [`TaskEnd::encode`] writes.
+    #[error("malformed stored task end: {0}")]
+    Malformed(String),
+    /// Written by a later version.
+    #[error("stored task end of format version {0}, this version reads {STORED_VERSION}")]
+    Version(u32),
+}
 
 /// A task's end as this node saw it: its entry and the outputs of its inline runs.
 #[derive(Clone, Debug)]
@@ -68,6 +99,75 @@ impl TaskEnd {
             })
             .sum();
         entry + outputs
+    }
+
+    /// Its packed entry, as a document indexes it: its dependencies that ended are recorded
+    /// with their outcomes, as a rotation records them.
+    fn packed_entry(&self) -> String {
+        let t = &self.entry;
+        let mut r = t.rules.clone();
+        for d in &t.rules.depends_on {
+            if let Some(s) = t.dependencies.get(d).filter(|s| s.is_final()) {
+                r.outcomes.insert(d.clone(), *s);
+            }
+        }
+        packed::encode(&packed::Entry::of(t, r))
+    }
+
+    /// The end as bytes to store (the task's queue with it), read back with
+    /// [`TaskEnd::decode`]: the packed values a queue document would hold of the task.
+    pub fn encode(&self, queue: &QueueId) -> Vec<u8> {
+        let stored = Stored {
+            v: STORED_VERSION,
+            q: queue.to_string(),
+            t: self.entry.id.to_string(),
+            e: self.packed_entry(),
+            r: self.records().collect(),
+        };
+        serde_json::to_vec(&stored).unwrap_or_default()
+    }
+
+    /// Reads back an end [`TaskEnd::encode`] stored, with its queue: written into a
+    /// document of its own and read from there as a view reads a task.
+    ///
+    /// # Errors
+    /// The bytes are not an encoded end of this version, or hold no readable entry.
+    pub fn decode(bytes: &[u8]) -> Result<(QueueId, TaskEnd), DecodeEndError> {
+        let bad = |e: &dyn std::fmt::Display| DecodeEndError::Malformed(e.to_string());
+        let s: Stored = serde_json::from_slice(bytes).map_err(|e| bad(&e))?;
+        if s.v != STORED_VERSION {
+            return Err(DecodeEndError::Version(s.v));
+        }
+        let task = TaskId::new(s.t.clone());
+        let mut doc = Automerge::new();
+        doc.transact(|tx| {
+            tx.put(ROOT, keys::SCHEMA, keys::QUEUE_SCHEMA)
+                .map_err(|e| bad(&e))?;
+            let tasks = tx
+                .put_object(ROOT, keys::TASKS, ObjType::Map)
+                .map_err(|e| bad(&e))?;
+            tx.put(&tasks, task.as_str(), s.e.as_str())
+                .map_err(|e| bad(&e))?;
+            for (i, key, value) in &s.r {
+                let Some(name) = CARRIED.get(*i).filter(|_| *i > 0) else {
+                    return Err(DecodeEndError::Malformed(format!("record map {i}")));
+                };
+                let map = match am::object(tx, &ROOT, name, ObjType::Map) {
+                    Some(m) => m,
+                    None => tx
+                        .put_object(ROOT, *name, ObjType::Map)
+                        .map_err(|e| bad(&e))?,
+                };
+                tx.put(&map, key.as_str(), value.as_str())
+                    .map_err(|e| bad(&e))?;
+            }
+            Ok(())
+        })
+        .map_err(|f| f.error)?;
+        let entry = crate::epoch::task_entry(&doc, &task)
+            .ok_or_else(|| DecodeEndError::Malformed(format!("no readable entry of {task}")))?;
+        let outputs = crate::read::read_outputs(&doc, &task);
+        Ok((QueueId::new(s.q), TaskEnd::new(Arc::new(entry), outputs)))
     }
 
     /// The records it writes: (index in `CARRIED`, attempt key, packed value).
@@ -182,16 +282,8 @@ fn write_kept(into: &mut Automerge, ends: &[&TaskEnd], entries: bool) -> Result<
                 if crate::epoch::indexes(&*tx, &t.id) {
                     continue;
                 }
-                // Its dependencies ended long ago: their outcomes go with it, as a rotation
-                // records them.
-                let mut r = t.rules.clone();
-                for d in &t.rules.depends_on {
-                    if let Some(s) = t.dependencies.get(d).filter(|s| s.is_final()) {
-                        r.outcomes.insert(d.clone(), *s);
-                    }
-                }
-                let entry = packed::Entry::of(t, r);
-                tx.put(&tasks, t.id.as_str(), packed::encode(&entry))?;
+                // Its dependencies ended long ago: their outcomes go with it.
+                tx.put(&tasks, t.id.as_str(), e.packed_entry())?;
                 writes += 1;
             }
         }

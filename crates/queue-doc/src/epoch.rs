@@ -52,7 +52,7 @@ pub use crate::chain::{
     Latest, Link, MAX_LINEAGE, Prev, Retired, Seal, read_latest, read_lineage, read_retired,
     read_seals, winner,
 };
-pub use crate::ends::{TaskEnd, restore_ends, write_ends};
+pub use crate::ends::{DecodeEndError, TaskEnd, restore_ends, write_ends};
 pub use crate::successor::{SuccessorCheck, check_successor, counted_seals};
 
 /// How many epochs a [`Cover`] is handed on for: a successor keeps the covers of documents at

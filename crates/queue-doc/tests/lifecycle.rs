@@ -406,3 +406,90 @@ fn a_follow_up_held_where_its_task_has_not_succeeded_waits_on_it() {
     assert!(v.task(&f).unwrap().dependencies_met());
     assert!(v.routable().any(|e| e.id == f));
 }
+
+/// A task's end stored on disk (`TaskEnd::encode`) reads back as the document held it: its
+/// entry (rules, dependency outcomes, attempts, errors, requeue), its runs' outputs (an undo
+/// list with them); restored from there into a successor that left it behind, its requeue
+/// makes it pending again. Bytes that are not an end are refused, not read as one.
+#[test]
+fn a_stored_end_reads_back_whole_and_restores_the_task() {
+    use piecework_queue_doc::epoch::{DecodeEndError, TaskEnd};
+    let mut doc = new_queue();
+    let dep = submit(&mut doc, "dep", Rules::default());
+    run(&mut doc, &dep, 1, Some(AttemptOutcome::Succeeded));
+    let rules = Rules {
+        depends_on: vec![dep.clone()],
+        tags: vec!["fast".into()],
+        ..Rules::default()
+    };
+    let t = submit(&mut doc, "t", rules);
+    fail_twice(&mut doc, &t, 1);
+    let requeue = view(&doc).task(&t).unwrap().requeue_now(20);
+    queue::requeue(&mut doc, &t, requeue).unwrap();
+    run(&mut doc, &t, 3, Some(AttemptOutcome::Failed));
+    let undo = PlannedTask::new("mark_unread", "{}");
+    let a = attempt(&t, 4);
+    queue::record_assignments(&mut doc, std::slice::from_ref(&a), 30).unwrap();
+    queue::record_start(&mut doc, &t, &a.attempt, &a.worker, 1, 31).unwrap();
+    let out = piecework_queue_doc::Output {
+        result: Some("{\"ok\":1}".into()),
+        undo: vec![undo],
+        ..Default::default()
+    };
+    let finish = queue::AttemptWrite::Finish {
+        task: t.clone(),
+        attempt: a.attempt.clone(),
+        worker: a.worker.clone(),
+        outcome: AttemptOutcome::Failed,
+        error: Some("no".into()),
+        output: Some(out),
+        follow_ups: vec![],
+    };
+    assert!(queue::record_attempts(&mut doc, &[finish], 32)[0].is_ok());
+    assert_eq!(state(&doc, &t), TaskState::Failed);
+
+    let held = epoch::task_entry(&doc, &t).unwrap();
+    let outputs = piecework_queue_doc::read_outputs(&doc, &t);
+    assert_eq!(outputs.len(), 1);
+    let queue_id = QueueId::new("automerge:q0");
+    let bytes = TaskEnd::new(std::sync::Arc::new(held.clone()), outputs.clone()).encode(&queue_id);
+    let (q, back) = TaskEnd::decode(&bytes).unwrap();
+    assert_eq!(q, queue_id);
+    assert_eq!(back.entry().state(), TaskState::Failed);
+    assert_eq!(back.entry().attempts, held.attempts);
+    assert_eq!(back.entry().requeue, held.requeue);
+    assert_eq!(back.entry().rules.tags, held.rules.tags);
+    assert_eq!(back.entry().dependencies, held.dependencies);
+    assert_eq!(
+        (back.entry().kind.as_str(), back.entry().max_attempts),
+        (held.kind.as_str(), held.max_attempts)
+    );
+    assert_eq!(back.outputs(), &outputs[..]);
+
+    // The successor leaves both behind (ended); the end comes back with a requeue.
+    let mut succ = rotate(&doc);
+    assert!(view(&succ).task(&t).is_none());
+    let mut entry = back.entry().clone();
+    let again = entry.requeue_now(40);
+    entry.requeue = Some(entry.requeue.map_or(again, |r| r.merge(again)));
+    let requeued = TaskEnd::new(std::sync::Arc::new(entry), back.outputs().to_vec());
+    epoch::restore_ends(&mut succ, &[&requeued]).unwrap();
+    let v = view(&succ);
+    let task = v.task(&t).unwrap();
+    assert_eq!(task.state(), TaskState::Pending);
+    assert_eq!(task.last_n(), 4, "its attempt numbers go on");
+
+    assert!(matches!(
+        TaskEnd::decode(b"{\"v\":1}"),
+        Err(DecodeEndError::Malformed(_))
+    ));
+    let later = String::from_utf8(bytes.clone())
+        .unwrap()
+        .replace("\"v\":1", "\"v\":9");
+    assert_eq!(
+        TaskEnd::decode(later.as_bytes()).map(|_| ()),
+        Err(DecodeEndError::Version(9))
+    );
+    let bad_map = String::from_utf8(bytes).unwrap().replace("[5,", "[0,");
+    assert!(TaskEnd::decode(bad_map.as_bytes()).is_err());
+}

@@ -241,7 +241,8 @@ fn scheduling_seeds_pass_and_dependents_wait_for_their_dependencies() {
 /// The `lifecycle` mix: members cancel tasks and requeue dead letters, runs time out, and
 /// handlers asked to stop either stop or run past their grace time. Every seed passes,
 /// invariant 18 (no run starts where its task's cancel is known) and invariant 2's requeue
-/// rule included, and each situation happened.
+/// rule included, and each situation happened (a requeue of dead letters read back from a
+/// node's disk among them).
 #[test]
 fn lifecycle_seeds_pass_and_cancels_requeues_and_timeouts_happen() {
     let faults = seeds(FaultMix::lifecycle(), 12_000..12_000 + CI_SEEDS / 4);
@@ -264,6 +265,7 @@ fn lifecycle_seeds_pass_and_cancels_requeues_and_timeouts_happen() {
         "event_dead_lettered",
         "event_cancelled",
         "event_requeued",
+        "ends_found",
     ] {
         assert!(
             faults.get(kind).copied().unwrap_or(0) > 0,

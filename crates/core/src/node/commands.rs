@@ -170,14 +170,8 @@ impl Core {
             Command::RequeueTask { task } => {
                 self.life_command(now, cmd, task, lifecycle::Life::Requeue);
             }
-            Command::UndoTask { task } => {
-                let r = self.undo_task(now, &task);
-                self.replies.push_back((cmd, Reply::Undone(r)));
-            }
-            Command::RequeueFailed { queue } => {
-                let r = self.requeue_failed(now, &queue);
-                self.replies.push_back((cmd, Reply::TaskIds(r)));
-            }
+            Command::UndoTask { task } => self.undo_command(now, cmd, task),
+            Command::RequeueFailed { queue } => self.requeue_all_command(now, cmd, queue),
             Command::TaskStatus { task, wait } => {
                 if task_doc(&task).is_none() {
                     self.replies.push_back((

@@ -5,8 +5,12 @@
 //!
 //! A dead-lettered task that already left the live document (a rotation dropped it as ended)
 //! is requeued from the end this node kept of it: its entry and records are written back,
-//! then the requeue.
+//! then the requeue. The last ends are in memory ([`super::state::Ends`]); every end is also
+//! kept on disk ([`Io::Archive`]'s `ends`), and a requeue, an undo or a bulk requeue that
+//! needs one memory no longer holds (after a restart, or thousands of ends later) reads them
+//! back first ([`Io::LookupEnds`], [`Core::handle_ends`]).
 
+use super::state::EndWait;
 use super::*;
 
 /// Which life-cycle command.
@@ -19,10 +23,127 @@ pub(super) enum Life {
 impl Core {
     /// [`Command::CancelTask`] and [`Command::RequeueTask`].
     pub(super) fn life_command(&mut self, now: Time, cmd: CommandId, task: TaskId, what: Life) {
+        if what == Life::Requeue && self.left_unkept(&task) {
+            self.look_up_ends(cmd, EndWait::Requeue(task));
+            return;
+        }
+        self.answer_life(now, cmd, task, what);
+    }
+
+    fn answer_life(&mut self, now: Time, cmd: CommandId, task: TaskId, what: Life) {
         let r = self.write_life(now, &task, what);
         match r {
-            Ok(()) => self.answer_status(now, cmd, task, None),
+            // A task with a document of its own answers once its document is read.
+            Ok(()) => self.find_status(now, cmd, task, None),
             Err(e) => self.replies.push_back((cmd, Reply::Task(Box::new(Err(e))))),
+        }
+    }
+
+    /// [`Command::UndoTask`].
+    pub(super) fn undo_command(&mut self, now: Time, cmd: CommandId, task: TaskId) {
+        if self.left_unkept(&task) {
+            self.look_up_ends(cmd, EndWait::Undo(task));
+            return;
+        }
+        let r = self.undo_task(now, &task);
+        self.replies.push_back((cmd, Reply::Undone(r)));
+    }
+
+    /// [`Command::RequeueFailed`]: the dead letters that left the live document are read
+    /// from the store first.
+    pub(super) fn requeue_all_command(&mut self, now: Time, cmd: CommandId, queue: QueueId) {
+        if !self.queues.contains_key(&queue) || self.waiting() >= MAX_WAITERS {
+            let r = self.requeue_failed(now, &queue, Vec::new());
+            self.replies.push_back((cmd, Reply::TaskIds(r)));
+            return;
+        }
+        self.look_up_ends(cmd, EndWait::RequeueAll(queue));
+    }
+
+    /// Whether `task` (a well-formed id) is in no live document this node follows and its end
+    /// is not in memory: only the store may still hold its end.
+    fn left_unkept(&self, task: &TaskId) -> bool {
+        task_doc(task).is_some()
+            && self.ends.get(task).is_none()
+            && !self.queues.values().any(|q| q.view.task(task).is_some())
+            && self.waiting() < MAX_WAITERS
+    }
+
+    /// `cmd` waits while the store reads the kept ends it needs: the task's (and for an
+    /// undo, its undo tasks', to make none twice), or a queue's dead letters'.
+    fn look_up_ends(&mut self, cmd: CommandId, what: EndWait) {
+        let (tasks, failed_in) = match &what {
+            EndWait::Requeue(t) => (vec![t.clone()], None),
+            EndWait::Undo(t) => (
+                std::iter::once(t.clone())
+                    .chain((0..piecework_queue_doc::MAX_PLANNED).map(|i| undo_id(t, i)))
+                    .collect(),
+                None,
+            ),
+            EndWait::RequeueAll(q) => (Vec::new(), Some(q.clone())),
+        };
+        let lookup = self.lookup.wait_for_ends(cmd, what);
+        self.io.push_back(Io::LookupEnds {
+            lookup,
+            tasks,
+            failed_in,
+        });
+    }
+
+    /// The store read the kept ends of lookup `lookup` ([`Io::LookupEnds`]): each task's
+    /// encoded end. The command that waited goes on with them: a requeue's or an undo's
+    /// are kept in memory again, a bulk requeue's are requeued.
+    pub fn handle_ends(&mut self, now: Time, lookup: u64, found: Vec<(TaskId, Vec<u8>)>) {
+        let ends: Vec<(QueueId, TaskEnd)> = found
+            .into_iter()
+            .filter_map(|(task, bytes)| match TaskEnd::decode(&bytes) {
+                Ok((q, end)) if end.entry().id == task => Some((q, end)),
+                Ok(_) => {
+                    tracing::warn!(%task, "a kept end stored under another task's id");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(%task, "cannot read a kept end: {e}");
+                    None
+                }
+            })
+            .collect();
+        let Some((cmd, what)) = self.lookup.take_ends_waiter(lookup) else {
+            return;
+        };
+        match what {
+            _ if self.stopping.is_some() => {
+                let reply = match what {
+                    EndWait::Undo(_) => Reply::Undone(Err(TaskError::Stopped)),
+                    EndWait::RequeueAll(_) => Reply::TaskIds(Err(QueueError::Stopped)),
+                    EndWait::Requeue(_) => Reply::Task(Box::new(Err(TaskError::Stopped))),
+                };
+                self.replies.push_back((cmd, reply));
+            }
+            EndWait::RequeueAll(queue) => {
+                let r = self.requeue_failed(now, &queue, ends);
+                self.replies.push_back((cmd, Reply::TaskIds(r)));
+            }
+            EndWait::Requeue(task) => {
+                self.remember_ends(ends);
+                self.answer_life(now, cmd, task, Life::Requeue);
+            }
+            EndWait::Undo(task) => {
+                self.remember_ends(ends);
+                let r = self.undo_task(now, &task);
+                self.replies.push_back((cmd, Reply::Undone(r)));
+            }
+        }
+        self.turn(now);
+    }
+
+    /// Ends read back from the store, kept in memory again where memory holds none of the
+    /// task (it holds the same or a later one otherwise).
+    fn remember_ends(&mut self, ends: Vec<(QueueId, TaskEnd)>) {
+        for (q, end) in ends {
+            if self.ends.get(&end.entry().id).is_none() {
+                self.ends.record_of(Some(&q), end);
+            }
         }
     }
 
@@ -48,8 +169,8 @@ impl Core {
                 match self.archive.recent(task).map(|j| archived_status(task, j)) {
                     Some(Ok(s)) if what == Life::Requeue && s.state == TaskState::Failed => {
                         TaskError::Conflict(format!(
-                            "task {task} left the live queue document long ago (this node no \
-                             longer keeps its entry): it cannot be requeued from here"
+                            "task {task} left the live queue document and this node's store no \
+                             longer holds its end: it cannot be requeued from here"
                         ))
                     }
                     Some(Ok(s)) => TaskError::Conflict(conflict(task, what, s.state)),
@@ -84,15 +205,10 @@ impl Core {
         let Some(doc) = self.queues.get(&queue).map(|q| q.doc.clone()) else {
             return Err(TaskError::NotFound(task.clone()));
         };
-        let Some(end) = self.ends.get(task).cloned() else {
+        let Some(end) = self.ends.get(task) else {
             return Err(TaskError::NotFound(task.clone()));
         };
-        // The entry as it ended, with the requeue merged into its record: written back in one
-        // change, so no replica sees the dead letter back without its requeue.
-        let mut entry = end.entry().clone();
-        let requeue = entry.requeue_now(now.unix_ms);
-        entry.requeue = Some(entry.requeue.map_or(requeue, |r| r.merge(requeue)));
-        let back = TaskEnd::new(Arc::new(entry), end.outputs().to_vec());
+        let back = requeued(end, now);
         let written = self.change(&doc, |d| {
             piecework_queue_doc::epoch::restore_ends(d, &[&back]).map(|_| ())
         });
@@ -131,8 +247,8 @@ impl Core {
                                 ))
                             }
                             Some(Ok(_)) => TaskError::Conflict(format!(
-                                "task {task} left the live queue document long ago (this node \
-                                 no longer keeps its undo tasks)"
+                                "task {task} left the live queue document and this node's store \
+                                 no longer holds its end: its undo tasks are unknown here"
                             )),
                             _ => TaskError::NotFound(task.clone()),
                         },
@@ -228,12 +344,14 @@ impl Core {
         Ok(())
     }
 
-    /// [`Command::RequeueFailed`]: every dead-lettered task the queue's live document holds, in
-    /// one change.
+    /// [`Command::RequeueFailed`]: every dead-lettered task of the queue: those its live
+    /// document holds, and those that left it whose end this node kept (in memory, or
+    /// `stored`, read back from the store), written back with their requeue; in one change.
     pub(super) fn requeue_failed(
         &mut self,
         now: Time,
         queue: &QueueId,
+        stored: Vec<(QueueId, TaskEnd)>,
     ) -> Result<Vec<TaskId>, QueueError> {
         let q = self
             .queues
@@ -246,19 +364,56 @@ impl Core {
             .filter(|t| t.state() == TaskState::Failed)
             .map(|t| (t.id.clone(), t.requeue_now(now.unix_ms)))
             .collect();
-        if failed.is_empty() {
+        // Memory's end of a task is the same as the store's, or later.
+        let kept = self.ends.of_queue(queue).cloned().collect::<Vec<_>>();
+        let stored = stored
+            .into_iter()
+            .filter(|(sq, e)| sq == queue && self.ends.get(&e.entry().id).is_none())
+            .map(|(_, e)| e);
+        let left: Vec<TaskEnd> = kept
+            .into_iter()
+            .chain(stored)
+            .filter(|e| {
+                e.entry().state() == TaskState::Failed && q.view.task(&e.entry().id).is_none()
+            })
+            .map(|e| requeued(&e, now))
+            .collect();
+        if failed.is_empty() && left.is_empty() {
             return Ok(Vec::new());
         }
         let doc = q.doc.clone();
-        match self.change(&doc, |d| queue::requeue_many(d, &failed)) {
+        let written = self.change(&doc, |d| {
+            queue::requeue_many(d, &failed)?;
+            let refs: Vec<&TaskEnd> = left.iter().collect();
+            piecework_queue_doc::epoch::restore_ends(d, &refs).map(|_| ())
+        });
+        match written {
             Some(Ok(())) => {}
             Some(Err(e)) => return Err(QueueError::Write(e)),
             None => return Err(QueueError::NotJoined(queue.clone())),
         }
         self.stale.remove(queue);
         self.refresh(now, queue);
-        Ok(failed.into_iter().map(|(t, _)| t).collect())
+        let mut ids: Vec<TaskId> = failed.into_iter().map(|(t, _)| t).collect();
+        ids.extend(left.iter().map(|e| e.entry().id.clone()));
+        ids.sort();
+        Ok(ids)
     }
+}
+
+/// Keeps a task's end: in memory, and encoded for the store at the end of the turn.
+pub(super) fn keep_end(archive: &mut Archive, ends: &mut Ends, queue: &QueueId, end: TaskEnd) {
+    archive.end(end.entry().id.clone(), end.encode(queue));
+    ends.record_of(Some(queue), end);
+}
+
+/// `end`'s task as it ended, with a requeue at `now` merged into its record: written back
+/// in one change, so that no replica sees the dead letter back without its requeue.
+fn requeued(end: &TaskEnd, now: Time) -> TaskEnd {
+    let mut entry = end.entry().clone();
+    let requeue = entry.requeue_now(now.unix_ms);
+    entry.requeue = Some(entry.requeue.map_or(requeue, |r| r.merge(requeue)));
+    TaskEnd::new(Arc::new(entry), end.outputs().to_vec())
 }
 
 /// Why `what` cannot be done to a task in `state`.

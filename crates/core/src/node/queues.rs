@@ -253,8 +253,14 @@ impl Core {
         let Some(d) = self.replica.get(&q.doc) else {
             return;
         };
-        let Some(view) = q.cache.refresh(d).cloned() else {
+        let Some(mut view) = q.cache.refresh(d).cloned() else {
             tracing::warn!(queue = %id, "the queue document does not read as a queue");
+            return;
+        };
+        if let Some(healed) = self.write_later_ends(id, &view) {
+            view = healed;
+        }
+        let Some(q) = self.queues.get_mut(id) else {
             return;
         };
         if Arc::ptr_eq(&view, &q.view) {
@@ -308,8 +314,11 @@ impl Core {
                 self.runs.revive_later(id.clone(), tid.clone(), t.last_n());
             }
             let final_now = state.is_final();
-            let before = old.task(tid).map(|o| o.state().is_final());
-            if before == Some(final_now) {
+            let was = old.task(tid);
+            let before = was.map(|o| o.state().is_final());
+            // A final task whose entry changed (a requeue and its new end arrived together,
+            // failed to succeeded, say) has a new end to keep, archive and list.
+            if before == Some(final_now) && (!final_now || was.is_some_and(|o| o == t.as_ref())) {
                 continue;
             }
             // Inline: no task document; its runs' outputs are in the queue document. Any
@@ -328,8 +337,8 @@ impl Core {
             }
             if final_now {
                 self.archive.list(listed(id, t, &outputs));
-                self.ends
-                    .record_of(Some(id), TaskEnd::new(Arc::clone(t), outputs));
+                let end = TaskEnd::new(Arc::clone(t), outputs);
+                lifecycle::keep_end(&mut self.archive, &mut self.ends, id, end);
             }
             if t.input.is_some() {
                 continue;
@@ -385,6 +394,54 @@ impl Core {
         }
     }
 
+    /// A task back in the document live (a member requeued it from its record of the task's
+    /// end) that this node saw end later than that record: a later attempt, or a cancel, the
+    /// document lacks. Its end as this node kept it is written back ([`epoch::write_ends`]:
+    /// only the records newer than the document's) before any view of this node shows it
+    /// live again, so that a success it saw never goes back; the view read after. `None` if
+    /// there was nothing to write.
+    fn write_later_ends(&mut self, id: &QueueId, view: &Arc<QueueView>) -> Option<Arc<QueueView>> {
+        let q = self.queues.get(id)?;
+        let changed: Vec<&TaskId> = match q.cache.changed() {
+            Changed::Everything => return None,
+            Changed::Tasks(ids) => ids.iter().collect(),
+        };
+        let later: Vec<TaskEnd> = changed
+            .into_iter()
+            .filter(|t| q.view.task(t).is_none())
+            .filter_map(|t| {
+                let shown = view.task(t).filter(|e| !e.state().is_final())?;
+                let end = self.ends.get(t).filter(|e| e.entry().state().is_final())?;
+                let lacks = end.entry().attempts.iter().any(|a| {
+                    a.finished.is_some()
+                        && shown
+                            .attempts
+                            .iter()
+                            .find(|b| b.id == a.id)
+                            .is_none_or(|b| b.finished.is_none())
+                });
+                (lacks || (end.entry().cancel.is_some() && shown.cancel.is_none()))
+                    .then(|| end.clone())
+            })
+            .collect();
+        if later.is_empty() {
+            return None;
+        }
+        let doc = q.doc.clone();
+        let refs: Vec<&TaskEnd> = later.iter().collect();
+        match self.change(&doc, |d| epoch::write_ends(d, &refs)) {
+            Some(Ok(n)) if n > 0 => {}
+            Some(Err(e)) => {
+                tracing::warn!(queue = %id, "cannot write back the later ends of requeued tasks: {e}");
+                return None;
+            }
+            _ => return None,
+        }
+        let q = self.queues.get_mut(id)?;
+        let d = self.replica.get(&q.doc)?;
+        q.cache.refresh(d).cloned()
+    }
+
     /// After a move to a successor: the tasks the old view showed live that the successor
     /// does not hold ended before the successor's copy, in writes this node's view had not
     /// shown yet (a sealer's frozen view, or a follower's view one turn behind). No view of
@@ -424,8 +481,8 @@ impl Core {
             let found = found.map(|(entry, outputs)| {
                 self.archive.list(listed(id, &entry, &outputs));
                 let status = status_with_outputs(id, &entry, &outputs);
-                self.ends
-                    .record_of(Some(id), TaskEnd::new(Arc::new(entry), outputs));
+                let end = TaskEnd::new(Arc::new(entry), outputs);
+                lifecycle::keep_end(&mut self.archive, &mut self.ends, id, end);
                 status
             });
             match found.map(|status| serde_json::to_vec(&status)) {

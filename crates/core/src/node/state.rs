@@ -21,7 +21,7 @@ pub(super) use archive::Archive;
 pub(super) use documents::Documents;
 pub(super) use ends::Ends;
 pub(super) use epochs::Epochs;
-pub(super) use lookups::{Lookups, PeerLookup};
+pub(super) use lookups::{EndWait, Lookups, PeerLookup};
 pub(super) use members::Members;
 pub(super) use runs::Runs;
 pub(super) use submits::Submits;

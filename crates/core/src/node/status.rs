@@ -245,7 +245,12 @@ impl Core {
         }
         let records = self.archive.take(RECENT_ARCHIVED);
         let listed = self.archive.take_listed();
-        self.io.push_back(Io::Archive { records, listed });
+        let ends = self.archive.take_ends();
+        self.io.push_back(Io::Archive {
+            records,
+            listed,
+            ends,
+        });
     }
 
     /// The input (JSON text) of an inline task that the queue's current view indexes.

@@ -35,6 +35,8 @@ pub(super) struct Disk {
     pub(super) epochs: BTreeMap<QueueId, DocId>,
     /// Archived final statuses of inline tasks.
     pub(super) archive: BTreeMap<TaskId, Vec<u8>>,
+    /// Kept ends of finished tasks, encoded (`Io::Archive`'s `ends`).
+    pub(super) ends: BTreeMap<TaskId, Vec<u8>>,
     /// Listing entries of finished tasks, by queue and task (`Io::Archive`'s `listed`).
     pub(super) listing: BTreeMap<(QueueId, TaskId), piecework_core::Listed>,
     /// Retired documents not deleted yet, in the order retired (handed back at a restart).
@@ -156,6 +158,43 @@ impl World {
         let status = self.nodes[node].disk.archive.get(&task).cloned();
         let t = self.time(node);
         self.nodes[node].core.handle_archived(t, task, status);
+        self.drive(node);
+    }
+
+    /// A lookup of kept ends ([`piecework_core::Io::LookupEnds`]): of `tasks`, and of the
+    /// tasks listed failed in `failed_in`.
+    pub(super) fn ends_read(
+        &mut self,
+        node: usize,
+        incarnation: u64,
+        lookup: u64,
+        tasks: Vec<TaskId>,
+        failed_in: Option<QueueId>,
+    ) {
+        if !self.nodes[node].up || self.nodes[node].incarnation != incarnation {
+            return;
+        }
+        let disk = &self.nodes[node].disk;
+        let mut wanted: BTreeSet<TaskId> = tasks.into_iter().collect();
+        if let Some(q) = &failed_in {
+            wanted.extend(
+                disk.listing
+                    .range((q.clone(), TaskId::new(""))..)
+                    .take_while(|((lq, _), _)| lq == q)
+                    .filter(|(_, l)| l.state == piecework_queue_doc::TaskState::Failed)
+                    .map(|((_, t), _)| t.clone()),
+            );
+        }
+        let found: Vec<(TaskId, Vec<u8>)> = wanted
+            .into_iter()
+            .filter_map(|t| disk.ends.get(&t).map(|e| (t, e.clone())))
+            .collect();
+        self.count("ends_looked_up");
+        for _ in &found {
+            self.count("ends_found");
+        }
+        let t = self.time(node);
+        self.nodes[node].core.handle_ends(t, lookup, found);
         self.drive(node);
     }
 

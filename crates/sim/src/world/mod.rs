@@ -116,6 +116,14 @@ enum Ev {
         incarnation: u64,
         task: TaskId,
     },
+    /// A lookup of kept ends' answer.
+    Ends {
+        node: usize,
+        incarnation: u64,
+        lookup: u64,
+        tasks: Vec<TaskId>,
+        failed_in: Option<QueueId>,
+    },
     /// A listing's read of finished tasks.
     Listed {
         node: usize,
@@ -659,6 +667,13 @@ impl World {
                 cmd,
                 read,
             } => self.listed(node, incarnation, cmd, read),
+            Ev::Ends {
+                node,
+                incarnation,
+                lookup,
+                tasks,
+                failed_in,
+            } => self.ends_read(node, incarnation, lookup, tasks, failed_in),
             Ev::Submit => self.submit(),
             Ev::Join { node, queue } => self.join(node, queue),
             Ev::Fault(f) => self.fault(&f),

@@ -304,9 +304,14 @@ impl World {
                 disk.delete(&doc);
                 disk.retired.retain(|(d, _)| *d != doc);
             }
-            Io::Archive { records, listed } => {
+            Io::Archive {
+                records,
+                listed,
+                ends,
+            } => {
                 self.count("archived");
                 self.nodes[i].disk.archive.extend(records);
+                self.nodes[i].disk.ends.extend(ends);
                 for l in listed {
                     let key = (l.queue.clone(), l.task.clone());
                     self.nodes[i].disk.listing.insert(key, l);
@@ -332,6 +337,22 @@ impl World {
                         incarnation: inc,
                         cmd,
                         read,
+                    },
+                );
+            }
+            Io::LookupEnds {
+                lookup,
+                tasks,
+                failed_in,
+            } => {
+                self.schedule_at(
+                    self.now_us + READ_US,
+                    Ev::Ends {
+                        node: i,
+                        incarnation: inc,
+                        lookup,
+                        tasks,
+                        failed_in,
                     },
                 );
             }

@@ -1,8 +1,9 @@
 //! `Archive`: the final statuses of inline tasks to archive at the end of the turn, and the
-//! latest archived, kept in memory too; and the listing entries of every task that became
-//! final, to store for listings. A sub-machine: its fields are its own. The turn records
-//! statuses into it; it asks it whether any waits, for a recent one, and takes the turn's
-//! records from it to hand to the driver. It asks nothing of the others.
+//! latest archived, kept in memory too; and the listing entries and ends of every task that
+//! became final, to store for listings and for requeues and undos once it left the live
+//! documents. A sub-machine: its fields are its own. The turn records statuses into it; it
+//! asks it whether any waits, for a recent one, and takes the turn's records from it to hand
+//! to the driver. It asks nothing of the others.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -23,6 +24,8 @@ pub(in crate::node) struct Archive {
     order: VecDeque<TaskId>,
     /// Listing entries of tasks that became final this turn.
     listed: Vec<Listed>,
+    /// Ends of tasks that became final this turn, encoded.
+    ends: Vec<(TaskId, Vec<u8>)>,
 }
 
 impl Archive {
@@ -36,9 +39,19 @@ impl Archive {
         self.listed.push(listed);
     }
 
-    /// Whether statuses or listing entries wait to be stored.
+    /// A task's end (encoded), to keep at the end of this turn.
+    pub(in crate::node) fn end(&mut self, task: TaskId, end: Vec<u8>) {
+        self.ends.push((task, end));
+    }
+
+    /// Whether statuses, listing entries or ends wait to be stored.
     pub(in crate::node) fn is_pending(&self) -> bool {
-        !self.pending.is_empty() || !self.listed.is_empty()
+        !self.pending.is_empty() || !self.listed.is_empty() || !self.ends.is_empty()
+    }
+
+    /// The turn's ends, for the driver to store.
+    pub(in crate::node) fn take_ends(&mut self) -> Vec<(TaskId, Vec<u8>)> {
+        std::mem::take(&mut self.ends)
     }
 
     /// The turn's listing entries, for the driver to store.

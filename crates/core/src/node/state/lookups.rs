@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use piecework_queue_doc::{PeerId, TaskId};
+use piecework_queue_doc::{PeerId, QueueId, TaskId};
 
 use crate::CommandId;
 use crate::node::waiters::{Asking, MAX_PEER_LOOKUPS, TaskWaiter};
@@ -27,6 +27,22 @@ pub(in crate::node) struct Lookups {
     /// Members' questions waiting for an archive lookup, by task: at most
     /// [`MAX_PEER_LOOKUPS`].
     for_peers: BTreeMap<TaskId, BTreeSet<PeerId>>,
+    /// Life-cycle commands waiting for the kept ends of tasks that left the live documents,
+    /// by lookup: counted in [`crate::MAX_WAITERS`].
+    ends: BTreeMap<u64, (CommandId, EndWait)>,
+    /// The next lookup of kept ends.
+    next_ends: u64,
+}
+
+/// A life-cycle command that waits for kept ends read from the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::node) enum EndWait {
+    /// A requeue of this task.
+    Requeue(TaskId),
+    /// An undo of this task.
+    Undo(TaskId),
+    /// A requeue of every dead letter of this queue.
+    RequeueAll(QueueId),
 }
 
 /// What becomes of a member's question that waits for the archive.
@@ -184,6 +200,22 @@ impl Lookups {
             .collect()
     }
 
+    /// `cmd` waits for a lookup of kept ends: the lookup's number, for the store's answer.
+    pub(in crate::node) fn wait_for_ends(&mut self, cmd: CommandId, what: EndWait) -> u64 {
+        let lookup = self.next_ends;
+        self.next_ends += 1;
+        self.ends.insert(lookup, (cmd, what));
+        lookup
+    }
+
+    /// The store answered lookup `lookup`: the command that waited for it.
+    pub(in crate::node) fn take_ends_waiter(
+        &mut self,
+        lookup: u64,
+    ) -> Option<(CommandId, EndWait)> {
+        self.ends.remove(&lookup)
+    }
+
     /// A task wait goes on (a new one, or one looked at and not answered).
     pub(in crate::node) fn wait_on_task(&mut self, waiter: TaskWaiter) {
         self.waiters.push(waiter);
@@ -208,6 +240,7 @@ impl Lookups {
     /// The requests that wait here: what counts in [`crate::MAX_WAITERS`] here.
     pub(in crate::node) fn waiting(&self) -> usize {
         self.waiters.len()
+            + self.ends.len()
             + self.archive.values().map(Vec::len).sum::<usize>()
             + self.asks.values().map(|a| a.cmds.len()).sum::<usize>()
     }
