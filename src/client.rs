@@ -23,8 +23,22 @@ pub struct Unavailable(pub String);
 impl Client {
     /// A client of the node at `base`.
     pub fn new(base: &str) -> anyhow::Result<Self> {
+        Client::with_token(base, None)
+    }
+
+    /// A client of the node at `base` that gives the node's API `token` with every request
+    /// (a node whose API is bound beyond loopback asks for it).
+    pub fn with_token(base: &str, token: Option<&str>) -> anyhow::Result<Self> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = token {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+                .context("the API token is not valid in an HTTP header")?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Client {

@@ -29,8 +29,32 @@ struct Cli {
         default_value = "http://127.0.0.1:7700"
     )]
     node: String,
+    /// The data directory of the node to talk to (given before the subcommand): its API token
+    /// is read from there, which a node whose API is bound beyond loopback asks of every
+    /// request. `PIECEWORK_TOKEN` gives the token itself instead.
+    #[arg(long = "data-dir", value_name = "DIR")]
+    token_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// A client of the node at `base`, with the API token from `PIECEWORK_TOKEN` or from the data directory
+/// `dir`, if either is given.
+fn client(base: &str, dir: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    let token = match std::env::var("PIECEWORK_TOKEN") {
+        Ok(t) if !t.trim().is_empty() => Some(t.trim().to_owned()),
+        _ => match dir {
+            Some(d) => {
+                let path = d.join(node::access::TOKEN_FILE);
+                let t = std::fs::read_to_string(&path).with_context(|| {
+                    format!("cannot read the node's API token {}", path.display())
+                })?;
+                Some(t.trim().to_owned())
+            }
+            None => None,
+        },
+    };
+    Client::with_token(base, token.as_deref())
 }
 
 #[derive(Subcommand, Debug)]
@@ -605,7 +629,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue { command } => {
-            let client = Client::new(&cli.node)?;
+            let client = client(&cli.node, cli.token_dir.as_deref())?;
             match command {
                 QueueCommand::Create {
                     name,
@@ -719,7 +743,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Task { command } => {
-            let client = Client::new(&cli.node)?;
+            let client = client(&cli.node, cli.token_dir.as_deref())?;
             match command {
                 TaskCommand::Submit {
                     queue_id,
@@ -846,7 +870,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if count == Some(0) {
                 return Ok(());
             }
-            let client = Client::new(&cli.node)?;
+            let client = client(&cli.node, cli.token_dir.as_deref())?;
             let queue = queue.map(QueueId::new);
             let mut seen = 0u64;
             client
@@ -862,7 +886,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .await
         }
         Command::Resource { command } => {
-            let client = Client::new(&cli.node)?;
+            let client = client(&cli.node, cli.token_dir.as_deref())?;
             let (r, json) = match command {
                 ResourceCommand::List { json } => (client.resources().await?, json),
                 ResourceCommand::Add { name, json } => (client.add_resource(&name).await?, json),
@@ -893,7 +917,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status { json } => {
-            let client = Client::new(&cli.node)?;
+            let client = client(&cli.node, cli.token_dir.as_deref())?;
             let s = client.status().await?;
             if json {
                 return print_json(&s);
@@ -1027,9 +1051,10 @@ async fn run_node(
         .await
         .with_context(|| format!("cannot listen for the HTTP API on {http}"))?;
     let http_addr = listener.local_addr()?;
+    // One line, naming what mends it (a key others may read: the `chmod`).
     let node = node::Node::start(config)
         .await
-        .with_context(|| format!("cannot start a node in {}", data_dir.display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot start a node in {}: {e}", data_dir.display()))?;
     let handle = node.handle().clone();
     handle.wait_listening().await;
     println!("peer id: {}", handle.peer_id());

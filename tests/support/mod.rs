@@ -129,9 +129,9 @@ impl NodeProcess {
         }
     }
 
-    /// A client of its HTTP API.
+    /// A client of its HTTP API (with its token, which an API bound beyond loopback asks for).
     pub fn client(&self) -> Client {
-        Client::new(&self.http).expect("a client")
+        client_for(&self.http)
     }
 }
 
@@ -141,6 +141,24 @@ impl Drop for NodeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The API tokens of the nodes started, by HTTP base URL.
+fn tokens() -> &'static std::sync::Mutex<std::collections::HashMap<String, String>> {
+    static TOKENS: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, String>>,
+    > = std::sync::OnceLock::new();
+    TOKENS.get_or_init(Default::default)
+}
+
+/// A client of the node at `url`, with its API token if this test started it.
+pub fn client_for(url: &str) -> Client {
+    let token = tokens()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(url)
+        .cloned();
+    Client::with_token(url, token.as_deref()).expect("a client")
 }
 
 /// Starts a node process and waits for its banner (peer id, listen address, HTTP address).
@@ -196,11 +214,20 @@ pub fn spawn(opts: &NodeOptions) -> NodeProcess {
     if !listen.contains("/p2p/") {
         listen = format!("{listen}/p2p/{peer}");
     }
+    let http = http.expect("checked");
+    // The node wrote its token before its banner.
+    if let Ok(t) = std::fs::read_to_string(opts.data_dir.join(piecework::node::access::TOKEN_FILE))
+    {
+        tokens()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(http.clone(), t.trim().to_owned());
+    }
     NodeProcess {
         child,
         peer,
         listen,
-        http: http.expect("checked"),
+        http,
     }
 }
 
@@ -213,12 +240,16 @@ pub fn spawn_node(dir: &Path, bootstrap: Option<&NodeProcess>) -> NodeProcess {
 
 /// Runs the CLI against a node; returns its stdout, trimmed. Panics with stderr if it fails.
 pub fn cli(node: &NodeProcess, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .arg("--node")
-        .arg(&node.http)
-        .args(args)
-        .output()
-        .expect("the binary runs");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("--node").arg(&node.http).args(args);
+    if let Some(t) = tokens()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&node.http)
+    {
+        cmd.env("PIECEWORK_TOKEN", t);
+    }
+    let out = cmd.output().expect("the binary runs");
     assert!(
         out.status.success(),
         "piecework {args:?} failed: {}",
@@ -233,7 +264,7 @@ pub fn cli(node: &NodeProcess, args: &[&str]) -> String {
 /// Prints what every node in `urls` sees: its status and, if given, the task's status.
 pub async fn dump(urls: &[String], task: Option<&TaskId>) {
     for url in urls {
-        let c = Client::new(url).unwrap();
+        let c = client_for(url);
         eprintln!("{url}: {:#?}", c.status().await);
         if let Some(id) = task {
             eprintln!("{url}, {id}: {:#?}", c.task_status(id).await);
@@ -245,7 +276,7 @@ pub async fn dump(urls: &[String], task: Option<&TaskId>) {
 /// answer yet (it has not synced the task's queue entry, say) is asked again after a pause,
 /// until [`GENEROUS`] has passed; on failure, prints what every node in `all` sees.
 pub async fn wait_final(all: &[String], via: &str, id: &TaskId) -> api::TaskStatus {
-    let client = Client::new(via).unwrap();
+    let client = client_for(via);
     let deadline = tokio::time::Instant::now() + GENEROUS;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());

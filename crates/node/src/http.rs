@@ -1,5 +1,7 @@
 //! The local HTTP API the `piecework` CLI talks to. JSON in and out; errors are
-//! `{"error": "..."}` with a fitting status code.
+//! `{"error": "..."}` with a fitting status code. [`serve`] serves only the requests that may
+//! drive the node ([`crate::access`]): 403 for another origin or host on loopback, 401
+//! without the node's token beyond.
 //!
 //! | method and path | body | returns |
 //! |---|---|---|
@@ -35,6 +37,7 @@ use axum::{Json, Router};
 use piecework_queue_doc::{QueueId, TaskId};
 use serde::Deserialize;
 
+use crate::access::{Access, guard};
 use crate::{NodeHandle, QueueError, SubmitError, TaskError, api};
 
 /// The largest request body: a batch of tasks with their inputs.
@@ -171,9 +174,13 @@ pub fn router(node: NodeHandle) -> Router {
         .with_state(node)
 }
 
-/// Serves the API on `listener` until the future is dropped.
+/// Serves the API on `listener` until the future is dropped, to the requests that may drive
+/// the node ([`crate::access`]: on loopback, none from another origin or for another host;
+/// beyond, none without the node's token).
 pub async fn serve(node: NodeHandle, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-    axum::serve(listener, router(node)).await
+    let access = Access::for_addr(listener.local_addr()?, node.api_token());
+    let app = router(node).layer(axum::middleware::from_fn_with_state(access, guard));
+    axum::serve(listener, app).await
 }
 
 async fn status(State(node): State<NodeHandle>) -> Result<Json<api::NodeStatus>, ApiError> {

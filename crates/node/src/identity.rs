@@ -1,9 +1,10 @@
 //! The node's identity: an ed25519 key kept in the data directory, readable by its owner only.
 
-use std::io::Write;
 use std::path::Path;
 
 use libp2p::identity::Keypair;
+
+use crate::access::{SecretFileError, read_secret, write_secret};
 
 /// The key file's name inside the data directory.
 pub const KEY_FILE: &str = "identity.key";
@@ -11,59 +12,30 @@ pub const KEY_FILE: &str = "identity.key";
 /// Loading or creating the identity failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    /// The file could not be read or written.
-    #[error("identity key file {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
+    /// The file could not be read or written, or others than its owner may read it.
+    #[error("identity key file {0}")]
+    File(#[from] SecretFileError),
     /// The file does not hold a key.
     #[error("identity key file {0} is corrupt (expected a protobuf-encoded libp2p keypair)")]
     Corrupt(String),
 }
 
-/// Loads the key from `dir`, or creates one (mode 0600) if there is none.
+/// Loads the key from `dir`, or creates one if there is none: written whole or not at all
+/// (a temporary file, synced, renamed), readable by its owner only. A key file others may
+/// read is refused: its key no longer identifies this node alone.
 pub fn load_or_create(dir: &Path) -> Result<Keypair, IdentityError> {
     let path = dir.join(KEY_FILE);
     let shown = path.display().to_string();
-    let io = |source| IdentityError::Io {
-        path: shown.clone(),
-        source,
-    };
-    match std::fs::read(&path) {
-        Ok(bytes) => {
-            warn_if_shared(&path);
-            Keypair::from_protobuf_encoding(&bytes)
-                .map_err(|_| IdentityError::Corrupt(shown.clone()))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match read_secret(&path)? {
+        Some(bytes) => Keypair::from_protobuf_encoding(&bytes)
+            .map_err(|_| IdentityError::Corrupt(shown.clone())),
+        None => {
             let key = Keypair::generate_ed25519();
             let bytes = key
                 .to_protobuf_encoding()
                 .map_err(|_| IdentityError::Corrupt(shown.clone()))?;
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-            let mut f = opts.open(&path).map_err(io)?;
-            f.write_all(&bytes).map_err(io)?;
-            f.sync_all().map_err(io)?;
+            write_secret(&path, &bytes)?;
             Ok(key)
-        }
-        Err(e) => Err(io(e)),
-    }
-}
-
-fn warn_if_shared(path: &Path) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if let Ok(m) = std::fs::metadata(path)
-            && m.permissions().mode() & 0o077 != 0
-        {
-            tracing::warn!("{} is readable by others; chmod 600 it", path.display());
         }
     }
 }
@@ -86,6 +58,17 @@ mod tests {
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
+        }
+        #[cfg(unix)]
+        {
+            // Readable by others: refused, with the command that mends it.
+            use std::os::unix::fs::PermissionsExt;
+            let path = dir.path().join(KEY_FILE);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let e = load_or_create(dir.path()).unwrap_err();
+            assert!(matches!(e, IdentityError::File(SecretFileError::Shared(_))));
+            assert!(e.to_string().contains("chmod 600"), "{e}");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
         std::fs::write(dir.path().join(KEY_FILE), b"garbage").unwrap();
         assert!(matches!(

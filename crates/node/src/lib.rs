@@ -43,6 +43,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod access;
 mod events;
 pub mod http;
 pub mod identity;
@@ -175,6 +176,19 @@ pub enum NodeEvent {
     },
 }
 
+/// Creates the data directory (and its missing parents) readable by its owner only; one that
+/// exists is left as it is.
+fn create_data_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
+}
+
 /// Starting a node failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -189,6 +203,9 @@ pub enum StartError {
     /// The identity key could not be loaded or created.
     #[error(transparent)]
     Identity(#[from] identity::IdentityError),
+    /// The API token could not be loaded or created.
+    #[error("API token file {0}")]
+    Token(#[from] access::SecretFileError),
     /// The store could not be opened (is another node using this data directory?).
     #[error(transparent)]
     Storage(#[from] storage::StorageError),
@@ -245,6 +262,8 @@ pub(crate) struct Shared {
     pub(crate) panic_injected: std::sync::atomic::AtomicBool,
     /// Stored chunks moved aside because they did not decode, since this start.
     pub(crate) quarantined: std::sync::atomic::AtomicU64,
+    /// The token an API bound beyond loopback asks of every request ([`access`]).
+    pub(crate) api_token: Arc<str>,
 }
 
 impl Shared {
@@ -286,11 +305,12 @@ impl Node {
         if config.workers > MAX_WORKERS {
             return Err(StartError::TooManyWorkers(config.workers));
         }
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+        create_data_dir(&config.data_dir).map_err(|source| StartError::DataDir {
             path: config.data_dir.display().to_string(),
             source,
         })?;
         let keypair = identity::load_or_create(&config.data_dir)?;
+        let api_token: Arc<str> = access::load_or_create_token(&config.data_dir)?.into();
         let libp2p_peer = keypair.public().to_peer_id();
         let store = storage::Store::open_with(
             &config.data_dir.join("piecework.redb"),
@@ -331,6 +351,7 @@ impl Node {
             ended: watch::Sender::new(None),
             panic_injected: std::sync::atomic::AtomicBool::new(false),
             quarantined: std::sync::atomic::AtomicU64::new(0),
+            api_token,
         });
         let span = tracing::info_span!("node", peer = %short_peer(&shared.peer));
         let t0 = piecework_core::Time {
@@ -427,6 +448,12 @@ impl Node {
 }
 
 impl NodeHandle {
+    /// The token an API bound beyond loopback asks of every request (kept in the data
+    /// directory, [`access::TOKEN_FILE`]).
+    pub fn api_token(&self) -> &str {
+        &self.shared.api_token
+    }
+
     /// This node's peer id.
     pub fn peer_id(&self) -> &PeerId {
         &self.shared.peer
