@@ -333,6 +333,9 @@ enum Write {
     List {
         /// `<queue> <state> <task>` and the listing entry.
         records: Vec<(String, Vec<u8>)>,
+        /// Keys of the same tasks under the other final states: emptied where present (an
+        /// empty entry is read as none; it keeps its place in `listing_order`).
+        stale: Vec<String>,
         keep: u64,
     },
     Ends {
@@ -631,12 +634,24 @@ impl Store {
         if records.is_empty() {
             return Ok(());
         }
+        // A task listed in one final state is listed in no other (a dead letter requeued,
+        // that succeeded since): its entries under the others, if any, are emptied.
+        let stale = records
+            .iter()
+            .flat_map(|(queue, state, task, _)| {
+                FINAL_STATES
+                    .iter()
+                    .filter(move |s| *s != state)
+                    .map(move |s| format!("{queue} {s} {task}"))
+            })
+            .collect();
         let records = records
             .into_iter()
             .map(|(queue, state, task, entry)| (format!("{queue} {state} {task}"), entry))
             .collect();
         self.write(Write::List {
             records,
+            stale,
             keep: self.archive_keep,
         })
         .await
@@ -675,14 +690,19 @@ impl Store {
                         None => prefix.clone(),
                     };
                     let hi = format!("{queue} {s}!");
-                    for row in t
-                        .range(lo.as_str()..hi.as_str())
-                        .map_err(redb_err)?
-                        .take(limit)
-                    {
+                    let mut taken = 0;
+                    for row in t.range(lo.as_str()..hi.as_str()).map_err(redb_err)? {
+                        if taken == limit {
+                            break;
+                        }
                         let (k, v) = row.map_err(redb_err)?;
+                        // Emptied: the task is listed in another state now.
+                        if v.value().is_empty() {
+                            continue;
+                        }
                         let task = k.value()[prefix.len()..].to_owned();
                         found.push((task, v.value().to_vec()));
+                        taken += 1;
                     }
                 }
                 found.sort_by(|a, b| a.0.cmp(&b.0));
@@ -733,8 +753,10 @@ impl Store {
                             let prefix = format!("{q} failed ");
                             let hi = format!("{q} failed!");
                             for row in l.range(prefix.as_str()..hi.as_str()).map_err(redb_err)? {
-                                let (k, _) = row.map_err(redb_err)?;
-                                wanted.insert(k.value()[prefix.len()..].to_owned());
+                                let (k, v) = row.map_err(redb_err)?;
+                                if !v.value().is_empty() {
+                                    wanted.insert(k.value()[prefix.len()..].to_owned());
+                                }
                             }
                         }
                         Err(redb::TableError::TableDoesNotExist(_)) => {}
@@ -1024,7 +1046,20 @@ fn commit(db: &Database, batch: &[&Write]) -> Result<(), StorageError> {
                 Write::Archive { records, keep } => {
                     insert_kept(&mut archive, &mut order, records, *keep)?;
                 }
-                Write::List { records, keep } => {
+                Write::List {
+                    records,
+                    stale,
+                    keep,
+                } => {
+                    for k in stale {
+                        if listing
+                            .get(k.as_str())
+                            .map_err(redb_err)?
+                            .is_some_and(|v| !v.value().is_empty())
+                        {
+                            listing.insert(k.as_str(), &[][..]).map_err(redb_err)?;
+                        }
+                    }
                     insert_kept(&mut listing, &mut listing_order, records, *keep)?;
                 }
                 Write::Ends { records, keep } => {
@@ -1252,7 +1287,8 @@ mod tests {
         s.keep_ends(vec![rec("t1", "a"), rec("t2", "b"), rec("t3", "c")])
             .await
             .unwrap();
-        let listed = |q: &str, st: &'static str, t: &str| (q.to_owned(), st, t.to_owned(), vec![]);
+        let listed =
+            |q: &str, st: &'static str, t: &str| (q.to_owned(), st, t.to_owned(), b"e".to_vec());
         s.list(vec![
             listed("q1", "failed", "t2"),
             listed("q1", "succeeded", "t1"),
@@ -1330,6 +1366,16 @@ mod tests {
         // Five kept: one more drops the oldest (q1's t3).
         s.list(vec![rec("q1", "succeeded", "t9")]).await.unwrap();
         assert_eq!(read(Some("succeeded"), None, 10).await, ["q1/t1", "q1/t9"]);
+        // A dead letter requeued that succeeded since is listed succeeded only, and a page
+        // counts only what it lists.
+        s.list(vec![rec("q1", "succeeded", "t2")]).await.unwrap();
+        assert_eq!(read(Some("failed"), None, 10).await, Vec::<String>::new());
+        assert_eq!(read(None, None, 2).await, ["q1/t1", "q1/t2"]);
+        assert_eq!(
+            read(Some("succeeded"), None, 10).await,
+            ["q1/t1", "q1/t2", "q1/t9"]
+        );
+        assert_eq!(s.ends(vec![], Some("q1".into())).await.unwrap(), vec![]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

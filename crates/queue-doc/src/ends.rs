@@ -259,6 +259,11 @@ pub fn write_ends(into: &mut Automerge, ends: &[&TaskEnd]) -> Result<usize, Writ
 
 /// [`write_ends`], and each task's entry where `into` does not index it: the task is back in
 /// `into` whole, as it ended (a requeue of a dead letter a rotation left behind starts here).
+/// Each task is such a dead letter, which the rotation counted among the retired failures: the
+/// document's count of them ([`crate::chain::Retired`]) goes down by one per entry written
+/// back, so that the task counts again where it ends next, once. (Two members restoring
+/// different tasks at once write the count concurrently: one write wins and the count, shown
+/// only, may be one off.)
 ///
 /// # Errors
 /// As [`write_ends`].
@@ -272,6 +277,9 @@ fn write_kept(into: &mut Automerge, ends: &[&TaskEnd], entries: bool) -> Result<
         if am::string(tx, &ROOT, keys::SCHEMA).as_deref() != Some(keys::QUEUE_SCHEMA) {
             return Err(WriteError::NotAQueue);
         }
+        // A dead letter written back was counted among the retired failures when the
+        // rotation left it behind; it counts again where it ends next.
+        let mut restored_failures = 0u64;
         if entries {
             let tasks = match am::object(tx, &ROOT, keys::TASKS, ObjType::Map) {
                 Some(m) => m,
@@ -285,6 +293,12 @@ fn write_kept(into: &mut Automerge, ends: &[&TaskEnd], entries: bool) -> Result<
                 // Its dependencies ended long ago: their outcomes go with it.
                 tx.put(&tasks, t.id.as_str(), e.packed_entry())?;
                 writes += 1;
+                restored_failures += 1;
+            }
+            if restored_failures > 0 {
+                let mut retired = crate::chain::read_retired(&*tx);
+                retired.failed = retired.failed.saturating_sub(restored_failures);
+                tx.put(ROOT, keys::RETIRED, packed::encode(&retired))?;
             }
         }
         for (i, key, theirs) in ends.iter().flat_map(|e| e.records()) {

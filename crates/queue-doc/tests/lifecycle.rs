@@ -469,6 +469,7 @@ fn a_stored_end_reads_back_whole_and_restores_the_task() {
     // The successor leaves both behind (ended); the end comes back with a requeue.
     let mut succ = rotate(&doc);
     assert!(view(&succ).task(&t).is_none());
+    assert_eq!(view(&succ).total_counts().failed, 1);
     let mut entry = back.entry().clone();
     let again = entry.requeue_now(40);
     entry.requeue = Some(entry.requeue.map_or(again, |r| r.merge(again)));
@@ -478,6 +479,9 @@ fn a_stored_end_reads_back_whole_and_restores_the_task() {
     let task = v.task(&t).unwrap();
     assert_eq!(task.state(), TaskState::Pending);
     assert_eq!(task.last_n(), 4, "its attempt numbers go on");
+    // Counted once: live again, no longer among the retired failures.
+    assert_eq!(v.total_counts().failed, 0);
+    assert_eq!(v.total_counts().pending, 1);
 
     assert!(matches!(
         TaskEnd::decode(b"{\"v\":1}"),

@@ -378,6 +378,7 @@ impl Core {
             })
             .map(|e| requeued(&e, now))
             .collect();
+
         if failed.is_empty() && left.is_empty() {
             return Ok(Vec::new());
         }
@@ -409,10 +410,16 @@ pub(super) fn keep_end(archive: &mut Archive, ends: &mut Ends, queue: &QueueId, 
 
 /// `end`'s task as it ended, with a requeue at `now` merged into its record: written back
 /// in one change, so that no replica sees the dead letter back without its requeue.
+///
+/// An attempt the end holds open (started under a router whose claim no longer counts, while
+/// the failure policy dead-lettered the task) is not written back: no pool runs it any more,
+/// and restored it would hold the task `running` with nobody to end it. Its number stays
+/// taken (the requeue's `n` counts it).
 fn requeued(end: &TaskEnd, now: Time) -> TaskEnd {
     let mut entry = end.entry().clone();
     let requeue = entry.requeue_now(now.unix_ms);
     entry.requeue = Some(entry.requeue.map_or(requeue, |r| r.merge(requeue)));
+    entry.attempts.retain(|a| a.finished.is_some());
     TaskEnd::new(Arc::new(entry), end.outputs().to_vec())
 }
 

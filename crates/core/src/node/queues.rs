@@ -395,8 +395,8 @@ impl Core {
     }
 
     /// A task back in the document live (a member requeued it from its record of the task's
-    /// end) that this node saw end later than that record: a later attempt, or a cancel, the
-    /// document lacks. Its end as this node kept it is written back ([`epoch::write_ends`]:
+    /// end) that this node saw end later than that record: a later attempt's end, an end that
+    /// outranks the document's, or a cancel, the document lacks. Its end as this node kept it is written back ([`epoch::write_ends`]:
     /// only the records newer than the document's) before any view of this node shows it
     /// live again, so that a success it saw never goes back; the view read after. `None` if
     /// there was nothing to write.
@@ -412,13 +412,16 @@ impl Core {
             .filter_map(|t| {
                 let shown = view.task(t).filter(|e| !e.state().is_final())?;
                 let end = self.ends.get(t).filter(|e| e.entry().state().is_final())?;
+                // An end the document lacks, or holds otherwise (a restarted pool's
+                // `interrupted` where this node saw the run succeed): `write_ends` writes it
+                // where it is the later one.
                 let lacks = end.entry().attempts.iter().any(|a| {
                     a.finished.is_some()
                         && shown
                             .attempts
                             .iter()
                             .find(|b| b.id == a.id)
-                            .is_none_or(|b| b.finished.is_none())
+                            .is_none_or(|b| b.finished != a.finished)
                 });
                 (lacks || (end.entry().cancel.is_some() && shown.cancel.is_none()))
                     .then(|| end.clone())
