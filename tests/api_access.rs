@@ -7,7 +7,6 @@
 mod support;
 
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
 use support::{BIN, GENEROUS, NodeOptions, spawn, spawn_node};
 
@@ -147,7 +146,7 @@ fn a_key_readable_by_others_stops_the_node_with_the_chmod_that_mends_it() {
         );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     }
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args([
             "node",
             "--listen",
@@ -164,20 +163,22 @@ fn a_key_readable_by_others_stops_the_node_with_the_chmod_that_mends_it() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + GENEROUS;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
+    // Its exit is waited for on a thread, under a generous deadline: a node that starts
+    // anyway fails the test (and is killed) instead of hanging it.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(GENEROUS) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
             panic!("the node started with a shared key");
         }
-        std::thread::sleep(support::POLL_PAUSE);
     };
-    assert!(!status.success());
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line: {err}");
     let want = format!("chmod 600 {}", key.display());
