@@ -397,6 +397,15 @@ pub fn build_successor(
         tx.put(ROOT, keys::NAME, view.name.as_str())?;
         tx.put(ROOT, keys::CREATED_AT, r.now_ms)?;
         tx.put(ROOT, keys::CREATOR, creator.as_str())?;
+        // The membership goes on whole: the creator's key and every signed operation.
+        for key in [keys::CREATOR_KEY, keys::QUEUE_ID] {
+            if let Some(v) = am::string(old, &ROOT, key) {
+                tx.put(ROOT, key, v.as_str())?;
+            }
+        }
+        for (key, bytes) in crate::view::stored_ops(old) {
+            tx.put(ROOT, key.as_str(), automerge::ScalarValue::Bytes(bytes))?;
+        }
         tx.put(ROOT, keys::PAUSED, view.paused)?;
         tx.put(ROOT, EPOCH, r.epoch)?;
         tx.put(ROOT, ORIGIN, r.origin.as_str())?;

@@ -12,6 +12,11 @@ pub(crate) const NAME: &str = "name";
 pub(crate) const CONFIG: &str = "config";
 pub(crate) const CREATED_AT: &str = "created_at";
 pub(crate) const CREATOR: &str = "creator";
+/// The creator's ed25519 public key (hex): present in queues whose membership is signed
+/// ([`crate::membership`]); a queue without it was made before, and its listed members count.
+pub(crate) const CREATOR_KEY: &str = "creator_key";
+/// The queue's id, in its first document (later ones name it as their `origin`).
+pub(crate) const QUEUE_ID: &str = "queue_id";
 pub(crate) const MEMBERS: &str = "members";
 pub(crate) const ROLE: &str = "role";
 pub(crate) const ADDRS: &str = "addrs";

@@ -94,6 +94,7 @@ mod entry;
 pub mod epoch;
 mod ids;
 mod keys;
+pub mod membership;
 mod packed;
 mod planned;
 pub mod queue;
@@ -116,6 +117,7 @@ pub use entry::{
     Requeue, Rules, Started, TaskEntry, TaskState, valid_tag,
 };
 pub use ids::{AttemptId, BadWorkerId, Claim, MAX_TERM, PeerId, QueueId, TaskId, WorkerId};
+pub use membership::{Grant, MemberOp, Membership, Role, Signer};
 pub use packed::Output;
 pub use planned::{
     MAX_PLANNED, MAX_PLANNED_INPUT_BYTES, MAX_PLANNED_TOTAL_BYTES, PlanError, Planned, PlannedTask,

@@ -302,6 +302,48 @@ pub fn set_member(
     })
 }
 
+/// Makes a queue's membership signed from now on ([`crate::membership`]): writes its id and
+/// its creator's key, if it has no creator key yet. From then on the members its `members` map
+/// lists count only as the signed operations say; write an add for each first (see
+/// [`add_member_op`]) to keep them.
+pub fn set_signed_membership(
+    doc: &mut Automerge,
+    queue: &crate::QueueId,
+    creator_key: &crate::membership::PublicKey,
+) -> Result<(), WriteError> {
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(WriteError::NotAQueue);
+        }
+        if am::string(tx, &ROOT, keys::CREATOR_KEY).is_some() {
+            return Ok(());
+        }
+        tx.put(ROOT, keys::QUEUE_ID, queue.as_str())?;
+        tx.put(ROOT, keys::CREATOR_KEY, hex::encode(creator_key))?;
+        Ok(())
+    })
+}
+
+/// Stores a signed membership operation (under `mop/<its id>`, once: storing it again writes
+/// nothing). Whether it counts is the materialization's ([`crate::Membership`]).
+pub fn add_member_op(doc: &mut Automerge, op: &crate::MemberOp) -> Result<bool, WriteError> {
+    let key = op.key_name();
+    if doc.get(ROOT, key.as_str()).ok().flatten().is_some() {
+        return Ok(false);
+    }
+    commit(doc, |tx| {
+        if !is_queue(tx) {
+            return Err(WriteError::NotAQueue);
+        }
+        tx.put(
+            ROOT,
+            key.as_str(),
+            automerge::ScalarValue::Bytes(op.bytes().to_vec()),
+        )?;
+        Ok(true)
+    })
+}
+
 /// Writes `claim` as the queue's router (step one of the takeover protocol). Claims are
 /// chained: the record names the claim it supersedes, the greatest that counts at the term
 /// below (none at term 1), so terms rise one at a time. Concurrent claims coexist; the

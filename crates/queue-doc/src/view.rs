@@ -17,6 +17,7 @@ use crate::config::{Order, QueueConfig};
 use crate::entry::{Attempt, TaskEntry, TaskState};
 use crate::ids::{Claim, MAX_TERM, PeerId, TaskId, WorkerId};
 use crate::keys;
+use crate::membership::{self, Membership};
 use crate::packed;
 use crate::read::{EntryValue, Records, read_task_entry_from};
 
@@ -47,8 +48,12 @@ pub struct QueueView {
     /// skip a term or are above [`MAX_TERM`](crate::MAX_TERM) are ignored and counted in
     /// [`QueueView::malformed`].
     pub claims: Vec<Claim>,
-    /// Members by peer.
+    /// Members by peer, as each wrote its entry (its addresses). Who is a member, and in
+    /// which role, is [`QueueView::membership`]'s.
     pub members: BTreeMap<PeerId, Member>,
+    /// The queue's membership, materialized from its signed operations
+    /// ([`crate::membership`]).
+    pub membership: Arc<Membership>,
     /// Whether routing is paused.
     pub paused: bool,
     /// The boost of each priority tag (tags without one count 0): see
@@ -792,6 +797,10 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     let mut tasks = None;
     let mut config = None;
     let mut members = None;
+    let mut creator = None;
+    let mut creator_key = None;
+    let mut queue_id = None;
+    let mut ops: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     view.name.clear();
     view.paused = false;
     view.version = 1;
@@ -814,6 +823,18 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
             (keys::TASKS, ValueRef::Object(ObjType::Map)) => tasks = Some(item.id()),
             (keys::CONFIG, ValueRef::Object(ObjType::Map)) => config = Some(item.id()),
             (keys::MEMBERS, ValueRef::Object(ObjType::Map)) => members = Some(item.id()),
+            (keys::CREATOR, v) => creator = am::as_str(v).map(PeerId::new),
+            (keys::CREATOR_KEY, v) => {
+                creator_key = am::as_str(v)
+                    .and_then(|k| hex::decode(k).ok())
+                    .and_then(|k| k.try_into().ok())
+            }
+            (keys::QUEUE_ID, v) => queue_id = am::as_str(v).map(crate::QueueId::new),
+            (k, _) if k.starts_with(membership::OP_PREFIX) => {
+                if let Some(bytes) = stored_op(doc, k) {
+                    ops.insert(k.to_owned(), bytes);
+                }
+            }
             _ => {}
         }
     }
@@ -860,7 +881,41 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
             view.members.insert(PeerId::new(item.key.as_ref()), m);
         }
     }
+    let creator = creator.unwrap_or_else(|| PeerId::new(""));
+    // A queue made before memberships were signed: the members it lists count.
+    let legacy: Option<BTreeSet<PeerId>> = creator_key
+        .is_none()
+        .then(|| view.members.keys().cloned().collect());
+    let queue = view.origin.clone().or(queue_id);
+    view.membership = Arc::new(view.membership.with_stored(
+        queue.as_ref(),
+        &creator,
+        creator_key,
+        &ops,
+        legacy.as_ref(),
+    ));
     Some((tasks, bad_claims))
+}
+
+/// Every membership operation stored in `doc`: root key → bytes.
+pub(crate) fn stored_ops(doc: &Automerge) -> BTreeMap<String, Vec<u8>> {
+    doc.map_range(ROOT, membership::OP_PREFIX.to_owned()..)
+        .take_while(|i| i.key.starts_with(membership::OP_PREFIX))
+        .filter_map(|i| Some((i.key.to_string(), stored_op(doc, &i.key)?)))
+        .collect()
+}
+
+/// The bytes stored under root key `key` that are the membership operation it names (of
+/// concurrent values, the first that is).
+fn stored_op(doc: &Automerge, key: &str) -> Option<Vec<u8>> {
+    let values = doc.get_all(ROOT, key).ok()?;
+    values.into_iter().find_map(|(v, _)| match v {
+        automerge::Value::Scalar(s) => match s.as_ref() {
+            automerge::ScalarValue::Bytes(b) if membership::names(key, b) => Some(b.clone()),
+            _ => None,
+        },
+        _ => None,
+    })
 }
 
 /// The configuration of a queue document, read alone (without the tasks): `None` if the

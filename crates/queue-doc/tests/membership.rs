@@ -1,0 +1,211 @@
+//! Membership, property-tested: three replicas of a queue document, partitioned, each writing
+//! signed adds and removals by the peers its own view says may make them (and some by peers it
+//! says may not), and members removed going on writing as if they had not been (a removed admin
+//! adding a peer, a removed member removing itself). Replicas merge pairwise in random orders;
+//! at the end every replica merges every other, in an order of its own.
+//!
+//! What must hold: every replica then materializes the same membership (members, roles, who
+//! added and who removed each, which operations count); an operation whose signer was removed
+//! by a counted removal that it had seen (a later write of a removed peer) never counts; an
+//! operation signed by a peer no replica ever made an admin never counts.
+
+use std::collections::BTreeSet;
+
+use automerge::{ActorId, Automerge};
+use piecework_queue_doc::membership::{MemberOp, NewOp, OpKind};
+use piecework_queue_doc::{
+    Membership, PeerId, QueueConfig, QueueId, QueueView, Role, Signer, queue,
+};
+use proptest::prelude::*;
+
+const PEERS: u8 = 6;
+
+fn signer(n: u8) -> Signer {
+    // Peer 0 is the creator.
+    Signer::new(PeerId::new(format!("peer{n}")), [n + 1; 32])
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// At replica `at`, peer `by` adds peer `peer` with role `role`.
+    Add { at: u8, by: u8, peer: u8, role: u8 },
+    /// At replica `at`, peer `by` removes peer `peer`.
+    Remove { at: u8, by: u8, peer: u8 },
+    /// Replica `from`'s changes merged into replica `into`.
+    Merge { from: u8, into: u8 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0..3u8, 0..PEERS, 1..PEERS, 0..3u8)
+            .prop_map(|(at, by, peer, role)| Step::Add { at, by, peer, role }),
+        2 => (0..3u8, 0..PEERS, 0..PEERS).prop_map(|(at, by, peer)| Step::Remove { at, by, peer }),
+        3 => (0..3u8, 0..3u8).prop_map(|(from, into)| Step::Merge { from, into }),
+    ]
+}
+
+fn view(doc: &Automerge) -> QueueView {
+    QueueView::read(doc).expect("a queue")
+}
+
+fn write(
+    doc: &mut Automerge,
+    q: &QueueId,
+    by: &Signer,
+    kind: OpKind,
+    peer: &Signer,
+    role: Role,
+) -> MemberOp {
+    let deps = view(doc).membership.heads();
+    let op = MemberOp::sign(
+        by,
+        NewOp {
+            queue: q,
+            kind,
+            peer: peer.peer(),
+            role: (kind == OpKind::Add).then_some(role),
+            key: Some(peer.public()),
+            deps,
+            at_ms: 0,
+            via: None,
+        },
+    );
+    queue::add_member_op(doc, &op).expect("stored");
+    op
+}
+
+/// What a replica's materialization says, in a comparable form.
+fn summary(m: &Membership) -> Vec<(String, Role, Option<String>, Option<String>)> {
+    m.records()
+        .iter()
+        .map(|(p, r)| {
+            (
+                p.to_string(),
+                r.role,
+                r.added_by.as_ref().map(ToString::to_string),
+                r.removed_by.as_ref().map(ToString::to_string),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(piecework_proptest_config::config(128))]
+
+    #[test]
+    fn replicas_materialize_one_membership(
+        steps in prop::collection::vec(step(), 1..40),
+        orders in prop::collection::vec(Just([0u8, 1, 2]).prop_shuffle(), 3),
+    ) {
+        let q = QueueId::new("automerge:membership");
+        let creator = signer(0);
+        let mut first = Automerge::new().with_actor(ActorId::from(&[1u8; 16][..]));
+        queue::create(&mut first, "m", &QueueConfig::default(), creator.peer(), 0).unwrap();
+        queue::set_signed_membership(&mut first, &q, &creator.public()).unwrap();
+        let mut docs: Vec<Automerge> = (0..3u8)
+            .map(|i| first.fork().with_actor(ActorId::from(&[i + 2; 16][..])))
+            .collect();
+        // Operations signed by peers removed in the signing replica's view, after that removal
+        // (their `deps` include it): these must never count.
+        let mut after_removal: Vec<String> = Vec::new();
+        for s in &steps {
+            match *s {
+                Step::Add { at, by, peer, role } => {
+                    let doc = &mut docs[usize::from(at)];
+                    let m = view(doc).membership;
+                    let (by, peer) = (signer(by), signer(peer));
+                    let removed = m.records().get(by.peer()).is_some_and(|r| !r.active());
+                    let role = [Role::Submitter, Role::Member, Role::Admin][usize::from(role)];
+                    let op = write(doc, &q, &by, OpKind::Add, &peer, role);
+                    let _ = op.id.len();
+                    if removed {
+                        after_removal.push(op.id.clone());
+                    }
+                }
+                Step::Remove { at, by, peer } => {
+                    let doc = &mut docs[usize::from(at)];
+                    let m = view(doc).membership;
+                    let (by, peer) = (signer(by), signer(peer));
+                    let removed = m.records().get(by.peer()).is_some_and(|r| !r.active());
+                    let op = write(doc, &q, &by, OpKind::Remove, &peer, Role::Member);
+                    if removed {
+                        after_removal.push(op.id.clone());
+                    }
+                }
+                Step::Merge { from, into } => {
+                    if from != into {
+                        let mut src = docs[usize::from(from)].fork();
+                        docs[usize::from(into)].merge(&mut src).unwrap();
+                    }
+                }
+            }
+        }
+        let mut merged = Vec::new();
+        for (i, order) in orders.iter().enumerate() {
+            let mut d = docs[i].fork();
+            for &j in order {
+                let mut src = docs[usize::from(j)].fork();
+                d.merge(&mut src).unwrap();
+            }
+            merged.push(view(&d).membership);
+        }
+        let first = &merged[0];
+        for m in &merged[1..] {
+            prop_assert_eq!(summary(m), summary(first));
+            prop_assert_eq!(m.op_ids().collect::<Vec<_>>(), first.op_ids().collect::<Vec<_>>());
+            for id in first.op_ids() {
+                prop_assert_eq!(m.counts(id), first.counts(id), "op {}", id);
+            }
+        }
+        for id in &after_removal {
+            prop_assert!(!first.counts(id), "a removed peer's later operation {id} counted");
+        }
+        // An add counts only if its signer is the creator or was made an admin by an add
+        // that counts.
+        let admins: BTreeSet<&PeerId> = first
+            .op_ids()
+            .filter_map(|id| first.op(id).filter(|_| first.counts(id)))
+            .filter(|op| op.kind == OpKind::Add && op.role == Some(Role::Admin))
+            .map(|op| &op.peer)
+            .chain([creator.peer()])
+            .collect();
+        for id in first.op_ids() {
+            let op = first.op(id).unwrap();
+            if first.counts(id) && op.kind == OpKind::Add {
+                prop_assert!(admins.contains(&op.by), "an add by {} counted", op.by);
+            }
+        }
+        // The creator stays an admin, whatever was written.
+        prop_assert_eq!(first.role(creator.peer()), Some(Role::Admin));
+    }
+}
+
+#[test]
+fn a_queue_made_before_signed_membership_keeps_its_creator_and_members() {
+    // The old layout: the creator and the members it lists, no creator key.
+    let creator = signer(0);
+    let mut doc = Automerge::new();
+    queue::create(&mut doc, "old", &QueueConfig::default(), creator.peer(), 0).unwrap();
+    queue::set_member(&mut doc, signer(1).peer(), &[], 1).unwrap();
+    let m = view(&doc).membership;
+    assert!(m.is_legacy());
+    assert_eq!(m.role(creator.peer()), Some(Role::Admin));
+    assert_eq!(m.role(signer(1).peer()), Some(Role::Member));
+    // The creator adopts it: an add for each listed member, then its key. A member listed
+    // after that (written the old way) counts no more.
+    let q = QueueId::new("automerge:old");
+    write(
+        &mut doc,
+        &q,
+        &creator,
+        OpKind::Add,
+        &signer(1),
+        Role::Member,
+    );
+    queue::set_signed_membership(&mut doc, &q, &creator.public()).unwrap();
+    queue::set_member(&mut doc, signer(2).peer(), &[], 2).unwrap();
+    let m = view(&doc).membership;
+    assert!(!m.is_legacy());
+    assert_eq!(m.role(signer(1).peer()), Some(Role::Member));
+    assert_eq!(m.role(signer(2).peer()), None);
+}
