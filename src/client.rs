@@ -263,6 +263,54 @@ impl Client {
             .await
     }
 
+    /// Joins a queue with an invite token: its status once this node holds it.
+    pub async fn join_invite(&self, token: &str) -> anyhow::Result<api::QueueStatus> {
+        // A join may wait for the invite's member to be dialed and to answer.
+        let resp = self
+            .http
+            .post(format!("{}/v1/join", self.base))
+            .timeout(Duration::from_secs(60))
+            .json(&serde_json::json!({ "token": token }))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
+    /// Makes an invite to a queue: its token.
+    pub async fn invite(
+        &self,
+        queue: &QueueId,
+        req: &api::InviteRequest,
+    ) -> anyhow::Result<api::Invited> {
+        self.post(&format!("/v1/queues/{queue}/invites"), req).await
+    }
+
+    /// A queue's members.
+    pub async fn members(&self, queue: &QueueId) -> anyhow::Result<Vec<api::MemberEntry>> {
+        self.get(
+            &format!("/v1/queues/{queue}/members"),
+            Duration::from_secs(10),
+        )
+        .await
+    }
+
+    /// Removes a member of a queue: the members then.
+    pub async fn remove_member(
+        &self,
+        queue: &QueueId,
+        peer: &str,
+    ) -> anyhow::Result<Vec<api::MemberEntry>> {
+        let resp = self
+            .http
+            .delete(format!("{}/v1/queues/{queue}/members/{peer}", self.base))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .with_context(|| self.unreachable())?;
+        self.parse(resp).await
+    }
+
     /// Submits a task.
     pub async fn submit(
         &self,

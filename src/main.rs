@@ -363,11 +363,47 @@ enum QueueCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Join a queue that a connected peer has.
+    /// Join a queue with an invite token (`piecework queue invite` on an admin's node);
+    /// returns once this node holds the queue. A queue id reopens a queue this node joined
+    /// before.
     Join {
-        /// The queue's id (automerge:…).
+        /// The invite token (or the id of a queue joined before).
+        token: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make an invite to a queue (this node must be an admin of it); prints the token alone.
+    Invite {
+        /// The queue's id.
+        queue_id: String,
+        /// The role it gives.
+        #[arg(long, default_value = "member", value_parser = ["submitter", "member", "admin"])]
+        role: String,
+        /// The peer it is for (written into the queue at once); without it, whoever holds
+        /// the token may join until it expires.
+        #[arg(long = "for", value_name = "PEER_ID")]
+        for_peer: Option<String>,
+        /// How long an invite without --for may be redeemed (humantime: `30m`, `2d`; a day by
+        /// default).
+        #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "for_peer")]
+        expires: Option<std::time::Duration>,
+    },
+    /// List a queue's members: peer, role, who added it, whether it was removed.
+    Members {
+        /// The queue's id.
         queue_id: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a member from a queue (this node must be an admin of it, or the member).
+    Remove {
+        /// The queue's id.
+        queue_id: String,
+        /// The member's peer id.
+        peer_id: String,
+        /// Print JSON (the members then).
         #[arg(long)]
         json: bool,
     },
@@ -509,6 +545,39 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(run(cli))
+}
+
+fn print_members(members: &[api::MemberEntry], json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(&members);
+    }
+    println!("{:<54} {:<9} {:<14} removed", "peer", "role", "added by");
+    for m in members {
+        let short = |p: &Option<piecework::queue_doc::PeerId>| {
+            p.as_ref()
+                .map_or_else(|| "-".to_owned(), |p| short_id(p.as_str()))
+        };
+        println!(
+            "{:<54} {:<9} {:<14} {}",
+            m.peer,
+            m.role,
+            short(&m.added_by),
+            if m.removed {
+                format!("by {}", short(&m.removed_by))
+            } else {
+                "no".to_owned()
+            }
+        );
+    }
+    Ok(())
+}
+
+fn short_id(p: &str) -> String {
+    if p.len() > 12 {
+        format!("{}…", &p[..12])
+    } else {
+        p.to_owned()
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -725,8 +794,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     name,
                     json,
                 } => schedules_cli::delete(&client, queue_id, name, json).await,
-                QueueCommand::Join { queue_id, json } => {
-                    let q = client.join_queue(&QueueId::new(queue_id)).await?;
+                QueueCommand::Invite {
+                    queue_id,
+                    role,
+                    for_peer,
+                    expires,
+                } => {
+                    let req = api::InviteRequest {
+                        role: piecework::queue_doc::Role::parse(&role),
+                        for_peer: for_peer.map(piecework::queue_doc::PeerId::new),
+                        expires_ms: expires
+                            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                    };
+                    let invited = client.invite(&QueueId::new(queue_id), &req).await?;
+                    println!("{}", invited.token);
+                    Ok(())
+                }
+                QueueCommand::Members { queue_id, json } => {
+                    let members = client.members(&QueueId::new(queue_id)).await?;
+                    print_members(&members, json)
+                }
+                QueueCommand::Remove {
+                    queue_id,
+                    peer_id,
+                    json,
+                } => {
+                    let members = client
+                        .remove_member(&QueueId::new(queue_id), &peer_id)
+                        .await?;
+                    print_members(&members, json)
+                }
+                QueueCommand::Join { token, json } => {
+                    let q = if token.trim().starts_with("automerge:") {
+                        client.join_queue(&QueueId::new(token.trim())).await?
+                    } else {
+                        client.join_invite(token.trim()).await?
+                    };
                     if json {
                         print_json(&q)
                     } else {

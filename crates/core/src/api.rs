@@ -560,6 +560,72 @@ pub enum QueueError {
     /// The node's shell is gone, for this reason (a stop, or a failure it reported).
     #[error("the node has stopped: {0}")]
     Ended(String),
+    /// Joining a queue this node never joined needs an invite token, not its id.
+    #[error(
+        "joining queue {0} needs an invite token: ask an admin of the queue for one \
+         (`piecework queue invite {0}`), then `piecework queue join TOKEN`"
+    )]
+    InviteNeeded(QueueId),
+    /// This node's role in the queue does not allow the action.
+    #[error("this node is {role} of queue {queue}: {action} needs {needs}")]
+    Forbidden {
+        /// The queue.
+        queue: QueueId,
+        /// This node's role (`not a member` if none).
+        role: String,
+        /// What was refused.
+        action: &'static str,
+        /// The role it needs.
+        needs: &'static str,
+    },
+    /// The invite token is malformed, not for this queue, expired or not signed by an admin.
+    #[error("invalid invite: {0}")]
+    BadInvite(String),
+    /// No member of the queue holds that peer id.
+    #[error("queue {0} has no member {1}")]
+    UnknownMember(QueueId, PeerId),
+}
+
+/// A member of a queue, as `GET /v1/queues/{id}/members` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberEntry {
+    /// Its peer id.
+    pub peer: PeerId,
+    /// Its role (`submitter`, `member`, `admin`): the last one given.
+    pub role: piecework_queue_doc::Role,
+    /// Who added it (`null`: the creator, or a member of a queue made before memberships
+    /// were signed).
+    pub added_by: Option<PeerId>,
+    /// Whether it was removed.
+    pub removed: bool,
+    /// Who removed it.
+    pub removed_by: Option<PeerId>,
+}
+
+/// An invite, as `POST /v1/queues/{id}/invites` asks for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InviteRequest {
+    /// The role it gives (`member` if absent).
+    #[serde(default)]
+    pub role: Option<piecework_queue_doc::Role>,
+    /// The peer it is for; absent: a bearer invite (whoever holds it), until `expires_ms`.
+    #[serde(default, rename = "for")]
+    pub for_peer: Option<PeerId>,
+    /// How long a bearer invite may be redeemed, in ms from now ([`INVITE_EXPIRES_MS`] if
+    /// absent).
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
+}
+
+/// How long a bearer invite may be redeemed when its request says nothing: a day.
+pub const INVITE_EXPIRES_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// An invite made: its token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Invited {
+    /// The token, to give to `piecework queue join` (or `POST /v1/join`).
+    pub token: String,
 }
 
 /// Submitting a task failed.

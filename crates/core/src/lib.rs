@@ -70,6 +70,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod api;
+pub mod invite;
 mod node;
 mod retention;
 mod saves;
@@ -226,6 +227,30 @@ pub struct Config {
     pub kinds: Option<Vec<String>>,
     /// The resources this node's pool holds at start (`piecework node --resource`).
     pub resources: Vec<String>,
+    /// The 32 secret bytes of this node's ed25519 identity key, which signs its membership
+    /// operations and invites (`piecework_queue_doc::membership`): for a libp2p peer id, the
+    /// key the id is made of. By default (simulations, tests) a key derived from the peer id,
+    /// which anyone can derive: a node sets its own with [`Config::with_identity_key`].
+    pub identity_key: [u8; 32],
+}
+
+fn peer_key_seed(peer: &PeerId) -> Vec<u8> {
+    let mut seed = b"piecework/derived-identity/".to_vec();
+    seed.extend_from_slice(peer.as_str().as_bytes());
+    seed
+}
+
+/// 32 bytes drawn from `seed` (ChaCha): the identity key of a core given none.
+fn derived_key(seed: &[u8]) -> [u8; 32] {
+    let mut s = [0u8; 32];
+    for (i, b) in seed.iter().enumerate() {
+        s[i % 32] ^= b.rotate_left((i / 32) as u32);
+    }
+    use rand::{RngCore, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::from_seed(s);
+    let mut key = [0u8; 32];
+    rng.fill_bytes(&mut key);
+    key
 }
 
 /// The default `Config::keep_task_docs`: as many as the store's archive keeps statuses of
@@ -289,7 +314,6 @@ impl Config {
     /// The settings of node `peer` in its `incarnation`-th start.
     pub fn new(peer: PeerId, incarnation: u64, workers: u32, seed: u64) -> Self {
         Config {
-            peer,
             incarnation,
             workers: workers.min(MAX_WORKERS),
             seed,
@@ -308,7 +332,15 @@ impl Config {
             relay_waits: None,
             kinds: None,
             resources: Vec::new(),
+            identity_key: derived_key(&peer_key_seed(&peer)),
+            peer,
         }
+    }
+
+    /// The same settings, signing with the identity key whose secret bytes are `secret`.
+    pub fn with_identity_key(mut self, secret: [u8; 32]) -> Self {
+        self.identity_key = secret;
+        self
     }
 
     /// The same settings, reporting the handler `kinds` this node runs and holding
@@ -425,6 +457,31 @@ pub enum Command {
         id: QueueId,
         /// Ask connected peers if the document is not stored here.
         from_peers: bool,
+    },
+    /// Join a queue with an invite token ([`crate::invite`]): [`Reply::Joined`]. Waits up
+    /// to [`FIND_TIMEOUT`] for the invite's member to admit this node.
+    JoinInvite {
+        /// The token.
+        token: String,
+    },
+    /// Make an invite to a queue (this node must be an admin of it): [`Reply::Invited`].
+    Invite {
+        /// The queue.
+        queue: QueueId,
+        /// Its role, peer and expiry.
+        request: api::InviteRequest,
+    },
+    /// A queue's members: [`Reply::Members`].
+    Members {
+        /// The queue.
+        queue: QueueId,
+    },
+    /// Remove a member (this node must be an admin, or the member): [`Reply::Members`].
+    RemoveMember {
+        /// The queue.
+        queue: QueueId,
+        /// The member.
+        peer: PeerId,
     },
     /// Pause or resume routing: [`Reply::Paused`].
     SetPaused {
@@ -581,8 +638,12 @@ pub struct Listed {
 pub enum Reply {
     /// To [`Command::CreateQueue`].
     Created(Result<QueueId, api::QueueError>),
-    /// To [`Command::JoinQueue`].
+    /// To [`Command::JoinQueue`] and [`Command::JoinInvite`].
     Joined(Result<Arc<QueueView>, api::QueueError>),
+    /// To [`Command::Invite`].
+    Invited(Result<api::Invited, api::QueueError>),
+    /// To [`Command::Members`] and [`Command::RemoveMember`].
+    Members(Result<Vec<api::MemberEntry>, api::QueueError>),
     /// To [`Command::SetPaused`]: the queue's status once written.
     Paused(Result<api::QueueStatus, api::QueueError>),
     /// To [`Command::SetConfig`] and [`Command::SetBoost`]: the queue's status once written.

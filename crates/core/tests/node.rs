@@ -2789,9 +2789,7 @@ fn fence_rises_while_fetching(break_core: bool) -> (bool, bool) {
     let doc = DocId::parse(task.as_str()).expect("the task's document");
     meet(&mut a, &mut b);
     let about_doc = |f: &[u8]| match Message::decode(f) {
-        Ok(Message::Sync { doc: d, .. })
-        | Ok(Message::Request { doc: d })
-        | Ok(Message::Unavailable { doc: d }) => d == doc,
+        Ok(m) => *m.doc() == doc,
         Err(_) => false,
     };
     let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());

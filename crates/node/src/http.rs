@@ -32,9 +32,9 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, patch, post, put};
+use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router};
-use piecework_queue_doc::{QueueId, TaskId};
+use piecework_queue_doc::{PeerId, QueueId, TaskId};
 use serde::Deserialize;
 
 use crate::access::{Access, guard};
@@ -76,7 +76,10 @@ impl From<QueueError> for ApiError {
             | QueueError::InvalidSchedule(_) => StatusCode::BAD_REQUEST,
             QueueError::NotFound(_)
             | QueueError::NotJoined(_)
+            | QueueError::UnknownMember(..)
             | QueueError::UnknownSchedule(..) => StatusCode::NOT_FOUND,
+            QueueError::BadInvite(_) => StatusCode::BAD_REQUEST,
+            QueueError::Forbidden { .. } | QueueError::InviteNeeded(_) => StatusCode::FORBIDDEN,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
             // Busy or stopping: a client may try again (here later, or another node).
@@ -150,6 +153,10 @@ pub fn router(node: NodeHandle) -> Router {
         .route("/v1/queues", post(create_queue))
         .route("/v1/queues/{id}", get(queue_status))
         .route("/v1/queues/{id}/join", post(join_queue))
+        .route("/v1/join", post(join_invite))
+        .route("/v1/queues/{id}/invites", post(invite))
+        .route("/v1/queues/{id}/members", get(members))
+        .route("/v1/queues/{id}/members/{peer}", delete(remove_member))
         .route("/v1/queues/{id}/pause", post(pause))
         .route("/v1/queues/{id}/resume", post(resume))
         .route("/v1/queues/{id}/config", patch(set_config))
@@ -220,6 +227,51 @@ async fn join_queue(
             )
         })?;
     Ok(Json(q))
+}
+
+/// `POST /v1/join` with `{"token": …}`: the queue's status once joined.
+async fn join_invite(
+    State(node): State<NodeHandle>,
+    body: Result<Json<JoinRequest>, JsonRejection>,
+) -> Result<Json<api::QueueStatus>, ApiError> {
+    let Json(req) = body?;
+    let invite = piecework_core::invite::Invite::decode(&req.token)
+        .map_err(|e| ApiError::from(QueueError::BadInvite(e.to_string())))?;
+    node.join_invite(&req.token).await?;
+    Ok(Json(node.queue_status(&invite.queue).await?))
+}
+
+/// The body of `POST /v1/join`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    token: String,
+}
+
+async fn invite(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+    body: Result<Json<api::InviteRequest>, JsonRejection>,
+) -> Result<Json<api::Invited>, ApiError> {
+    let Json(req) = body?;
+    Ok(Json(node.invite(&QueueId::new(id), req).await?))
+}
+
+async fn members(
+    State(node): State<NodeHandle>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::MemberEntry>>, ApiError> {
+    Ok(Json(node.members(&QueueId::new(id)).await?))
+}
+
+async fn remove_member(
+    State(node): State<NodeHandle>,
+    Path((id, peer)): Path<(String, String)>,
+) -> Result<Json<Vec<api::MemberEntry>>, ApiError> {
+    Ok(Json(
+        node.remove_member(&QueueId::new(id), &PeerId::new(peer))
+            .await?,
+    ))
 }
 
 async fn queue_status(

@@ -326,6 +326,24 @@ impl Node {
         store
             .set_meta("incarnation", incarnation.to_le_bytes().to_vec())
             .await?;
+        let identity_secret: [u8; 32] = keypair
+            .clone()
+            .try_into_ed25519()
+            .map(|k| {
+                let secret = k.secret();
+                let mut out = [0u8; 32];
+                out.copy_from_slice(secret.as_ref());
+                out
+            })
+            .map_err(|_| {
+                StartError::Identity(identity::IdentityError::Corrupt(
+                    config
+                        .data_dir
+                        .join(identity::KEY_FILE)
+                        .display()
+                        .to_string(),
+                ))
+            })?;
         let mut net_config = net::Config::new(keypair, config.listen.clone());
         net_config.bootstrap = config.bootstrap.clone();
         let net = net::spawn(net_config)?;
@@ -363,7 +381,8 @@ impl Node {
             incarnation,
             config.workers,
             rand::random(),
-        );
+        )
+        .with_identity_key(identity_secret);
         if let Some((ratio, min_live)) = config.rotation {
             core_config = core_config.with_rotation(ratio, min_live);
         }
@@ -573,6 +592,62 @@ impl NodeHandle {
     /// a peer that has it.
     pub async fn join_queue(&self, id: &QueueId) -> Result<Arc<QueueView>, QueueError> {
         self.open_queue(id, true).await
+    }
+
+    /// Joins a queue with an invite token: returns once this node holds the queue document.
+    pub async fn join_invite(&self, token: &str) -> Result<Arc<QueueView>, QueueError> {
+        let command = Command::JoinInvite {
+            token: token.to_owned(),
+        };
+        match self.ask(command).await {
+            Some(Reply::Joined(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// Makes an invite to a queue this node is an admin of.
+    pub async fn invite(
+        &self,
+        queue: &QueueId,
+        request: api::InviteRequest,
+    ) -> Result<api::Invited, QueueError> {
+        let command = Command::Invite {
+            queue: queue.clone(),
+            request,
+        };
+        match self.ask(command).await {
+            Some(Reply::Invited(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// A queue's members (removed ones too).
+    pub async fn members(&self, queue: &QueueId) -> Result<Vec<api::MemberEntry>, QueueError> {
+        match self
+            .ask(Command::Members {
+                queue: queue.clone(),
+            })
+            .await
+        {
+            Some(Reply::Members(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
+    }
+
+    /// Removes a member of a queue (this node must be an admin of it, or the member).
+    pub async fn remove_member(
+        &self,
+        queue: &QueueId,
+        peer: &PeerId,
+    ) -> Result<Vec<api::MemberEntry>, QueueError> {
+        let command = Command::RemoveMember {
+            queue: queue.clone(),
+            peer: peer.clone(),
+        };
+        match self.ask(command).await {
+            Some(Reply::Members(r)) => r,
+            _ => Err(QueueError::Ended(self.ended())),
+        }
     }
 
     async fn open_queue(

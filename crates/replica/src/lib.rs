@@ -99,10 +99,10 @@ mod validate;
 
 pub use ids::{DocId, MAX_DOC_ID, PeerId, URL_PREFIX};
 pub use load::{REPLAY_MIN_BYTES, load_chunks};
-pub use message::{DecodeError, Message};
+pub use message::{DecodeError, MAX_PROOF_BYTES, Message};
 pub use replica::{
     Event, FETCH_TIMEOUT, HELD_FOR, Limits, MAX_ASIDE_BYTES, MAX_BLOOM_PROBES, MAX_HELD,
-    MAX_INFLATED_BYTES, MAX_PENDING_LOADS, MAX_QUEUED_BYTES, MAX_QUEUED_PER_LOAD,
+    MAX_INFLATED_BYTES, MAX_PENDING_LOADS, MAX_PRESENTED, MAX_QUEUED_BYTES, MAX_QUEUED_PER_LOAD,
     MAX_QUEUED_PER_PEER, MAX_SYNC_MESSAGE_BYTES, RELAY_AFTER, RELAY_AFTER_HIGHER, Replica,
     SYNC_ANSWER_WAIT, Scope, Unsaved,
 };

@@ -22,7 +22,19 @@ pub enum Message {
         /// The document.
         doc: DocId,
     },
+    /// "Send me this document: here is why I may have it" (an invite). Answered like a
+    /// [`Message::Request`] if the receiving driver accepts the proof
+    /// ([`crate::Event::Presented`]), [`Message::Unavailable`] otherwise.
+    Present {
+        /// The document.
+        doc: DocId,
+        /// The proof, opaque to the replica (at most [`MAX_PROOF_BYTES`]).
+        proof: Vec<u8>,
+    },
 }
+
+/// The largest proof a [`Message::Present`] may carry.
+pub const MAX_PROOF_BYTES: usize = 16 * 1024;
 
 /// A message from the network could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,9 +54,10 @@ impl Message {
     /// The document the message is about.
     pub fn doc(&self) -> &DocId {
         match self {
-            Message::Sync { doc, .. } | Message::Request { doc } | Message::Unavailable { doc } => {
-                doc
-            }
+            Message::Sync { doc, .. }
+            | Message::Request { doc }
+            | Message::Unavailable { doc }
+            | Message::Present { doc, .. } => doc,
         }
     }
 
@@ -54,6 +67,7 @@ impl Message {
             Message::Sync { doc, data } => (1, doc, data),
             Message::Request { doc } => (2, doc, &[]),
             Message::Unavailable { doc } => (3, doc, &[]),
+            Message::Present { doc, proof } => (4, doc, proof),
         };
         let id = doc.as_str().as_bytes();
         let mut out = Vec::with_capacity(2 + id.len() + data.len());
@@ -97,6 +111,10 @@ impl Message {
             },
             2 => Message::Request { doc },
             3 => Message::Unavailable { doc },
+            4 if data.len() <= MAX_PROOF_BYTES => Message::Present {
+                doc,
+                proof: data.to_vec(),
+            },
             t => return Err(DecodeError::UnknownType(t)),
         })
     }

@@ -175,6 +175,17 @@ pub enum Event {
         /// The document.
         doc: DocId,
     },
+    /// A peer that may not have this document presented a proof that it may
+    /// ([`Message::Present`]): the driver checks it, admits the peer (a group, a scope) if it
+    /// holds, and answers with [`Replica::answer_presented`] either way.
+    Presented {
+        /// The peer.
+        peer: PeerId,
+        /// The document.
+        doc: DocId,
+        /// Its proof.
+        proof: Vec<u8>,
+    },
     /// A peer sent something this replica could not use (a malformed or oversized message).
     /// Data, not a crash.
     Rejected {
@@ -334,7 +345,15 @@ pub struct Replica {
     events: VecDeque<Event>,
     /// The sizes of sync messages, sent and accepted.
     limits: Limits,
+    /// Presentations ([`Message::Present`]) the driver has not answered yet
+    /// ([`Replica::answer_presented`]): at most [`MAX_PRESENTED`], forgotten when their peer
+    /// disconnects.
+    presented: BTreeSet<(PeerId, DocId)>,
 }
+
+/// The most presentations waiting for the driver's answer; more are answered
+/// [`Message::Unavailable`].
+pub const MAX_PRESENTED: usize = 64;
 
 impl Replica {
     /// An empty replica with no peers.
@@ -628,6 +647,7 @@ impl Replica {
             return;
         }
         self.links.remove(peer);
+        self.presented.retain(|(p, _)| p != peer);
         for e in self.docs.values_mut() {
             e.peers.remove(peer);
         }
@@ -665,6 +685,27 @@ impl Replica {
             self.unavailable_from(&id, peer);
             return;
         }
+        let msg = match msg {
+            // A member of the document's group already: a request like any other. (A
+            // requestable document is sent to anyone who asks, but a presentation is meant to
+            // make its peer a member: the driver sees it.)
+            Message::Present { doc, .. } if self.in_group(&id, peer) => Message::Request { doc },
+            Message::Present { doc, proof } => {
+                if self.presented.len() >= MAX_PRESENTED
+                    || !self.presented.insert((peer.clone(), doc.clone()))
+                {
+                    self.send_control(peer, Message::Unavailable { doc });
+                    return;
+                }
+                self.events.push_back(Event::Presented {
+                    peer: peer.clone(),
+                    doc,
+                    proof,
+                });
+                return;
+            }
+            m => m,
+        };
         let push = matches!(msg, Message::Sync { .. });
         if !self.admits(&id, peer) {
             self.refuse(&id, peer, push, now);
@@ -693,6 +734,20 @@ impl Replica {
         self.loading.insert(id.clone(), Loading::default());
         self.events.push_back(Event::Load(id.clone()));
         self.queue(&id, peer, msg, now);
+    }
+
+    /// The driver's answer to [`Event::Presented`]: if `accepted` (and the peer is now
+    /// admitted), the document is sent to it as if it had asked; otherwise it is answered
+    /// [`Message::Unavailable`].
+    pub fn answer_presented(&mut self, peer: &PeerId, doc: &DocId, accepted: bool, now: Instant) {
+        if !self.presented.remove(&(peer.clone(), doc.clone())) {
+            return;
+        }
+        if accepted && self.admits(doc, peer) {
+            self.handle_message(peer, Message::Request { doc: doc.clone() }, now);
+        } else {
+            self.send_control(peer, Message::Unavailable { doc: doc.clone() });
+        }
     }
 
     /// The driver's answer to [`Event::Load`]: the stored document, or `None`.
@@ -855,7 +910,8 @@ impl Replica {
                 self.forget_parts(id, Some(peer));
                 self.sync_one(id, peer);
             }
-            Message::Unavailable { .. } => {}
+            // Turned into a request before it is dispatched.
+            Message::Unavailable { .. } | Message::Present { .. } => {}
         }
     }
 

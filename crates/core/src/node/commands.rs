@@ -73,8 +73,22 @@ impl Core {
                         id,
                         from_peers,
                         deadline,
+                        invite: None,
                     },
                 );
+            }
+            Command::JoinInvite { token } => self.join_invite(now, cmd, &token),
+            Command::Invite { queue, request } => {
+                let r = self.invite(now, &queue, request);
+                self.replies.push_back((cmd, Reply::Invited(r)));
+            }
+            Command::Members { queue } => {
+                let r = self.members_of(&queue);
+                self.replies.push_back((cmd, Reply::Members(r)));
+            }
+            Command::RemoveMember { queue, peer } => {
+                let r = self.remove_member(now, &queue, &peer);
+                self.replies.push_back((cmd, Reply::Members(r)));
             }
             Command::SetPaused { queue, paused } => {
                 let r = self.write_setting(now, &queue, |d| {

@@ -142,6 +142,9 @@ impl Core {
                 ReplicaEvent::Rejected { peer, reason } => {
                     self.events.push_back(Event::Rejected { peer, reason });
                 }
+                ReplicaEvent::Presented { peer, doc, proof } => {
+                    self.presented(now, peer, doc, proof);
+                }
                 ReplicaEvent::Refused { peer, doc } => {
                     tracing::debug!(%peer, %doc, "refused a document outside this node's queues");
                 }
@@ -182,6 +185,16 @@ impl Core {
     }
 
     pub(super) fn wait_for(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
+        if matches!(
+            waiter,
+            DocWaiter::Join {
+                invite: Some(_),
+                ..
+            }
+        ) {
+            self.present_invite(now, doc, waiter);
+            return;
+        }
         self.docs.park(doc, waiter);
         self.replica.fetch(doc, now.mono);
     }
@@ -198,7 +211,9 @@ impl Core {
             .any(|w| matches!(w, DocWaiter::Status { .. }));
         for w in waiters {
             match w {
-                DocWaiter::Join { cmd, id, .. } => match self.finish_join(now, &id) {
+                DocWaiter::Join {
+                    cmd, id, invite, ..
+                } => match self.finish_join(now, &id, invite.as_ref().map(|i| &i.member)) {
                     Ok(view) => self.opened(cmd, id, Some(view)),
                     Err(e) => self.replies.push_back((cmd, Reply::Joined(Err(e)))),
                 },
@@ -244,20 +259,21 @@ impl Core {
     pub(super) fn unavailable(&mut self, now: Time, doc: &DocId) {
         for w in self.docs.take_waiters(doc) {
             match w {
-                DocWaiter::Join {
+                w @ DocWaiter::Join {
                     from_peers: true,
-                    cmd,
-                    id,
                     deadline,
+                    ..
                 } if now.mono < deadline => {
                     // Ask again when another peer connects; the deadline bounds it.
-                    self.docs.retry_join(DocWaiter::Join {
-                        cmd,
-                        id,
-                        from_peers: true,
-                        deadline,
-                    });
+                    self.docs.retry_join(w);
                 }
+                DocWaiter::Join {
+                    cmd,
+                    invite: Some(_),
+                    ..
+                } => self
+                    .replies
+                    .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
                 DocWaiter::Join { cmd, id, .. } => {
                     self.replies
                         .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id)))));
@@ -333,6 +349,13 @@ impl Core {
         }
         for w in self.docs.expire(now.mono) {
             match w {
+                DocWaiter::Join {
+                    cmd,
+                    invite: Some(_),
+                    ..
+                } => self
+                    .replies
+                    .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
                 DocWaiter::Join { cmd, id, .. } => self
                     .replies
                     .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id))))),
@@ -444,4 +467,14 @@ impl Core {
             }
         }
     }
+}
+
+/// A join by invite that no member answered with the queue in time.
+fn invite_unanswered() -> QueueError {
+    QueueError::BadInvite(
+        "the member at the invite's addresses did not admit this node in time: it may be \
+         unreachable, or the invite expired, was made by a member no longer an admin, or was \
+         for another peer"
+            .into(),
+    )
 }

@@ -37,6 +37,7 @@ mod evict;
 mod follow;
 mod life_events;
 mod lifecycle;
+mod membership;
 mod queue_state;
 mod queues;
 mod rotate;
@@ -70,6 +71,8 @@ pub struct Core {
     rng: ChaCha8Rng,
     /// This incarnation's Automerge actor: every change this node writes is authored by it.
     actor: ActorId,
+    /// Signs this node's membership operations and invites.
+    signer: piecework_queue_doc::Signer,
     replica: Replica,
     pool: Pool,
     /// Joined queues: one per join command this node's user made.
@@ -179,6 +182,7 @@ impl Core {
             pool.add_resource(r.clone(), now.mono);
         }
         Core {
+            signer: piecework_queue_doc::Signer::new(config.peer.clone(), config.identity_key),
             config,
             retention,
             rng,

@@ -190,6 +190,10 @@ pub(super) struct Queue {
     /// read back: the queue follows no chain until then, or it would fetch every epoch since
     /// its first document.
     pub(super) resuming: Option<DocId>,
+    /// The member that admitted this node with an invite (this start): synced with although
+    /// the documents this node read so far may not list it (it joined after the queue's
+    /// first document was sealed).
+    pub(super) introducer: Option<piecework_queue_doc::PeerId>,
 }
 
 /// An epoch document's scope: announced to the queue's members, and requestable (a node

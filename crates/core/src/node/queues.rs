@@ -107,19 +107,21 @@ impl Core {
         config: &QueueConfig,
     ) -> Result<QueueId, QueueError> {
         let mut doc = self.new_doc();
+        let id = DocId::generate(&mut self.rng);
+        let qid = QueueId::new(id.as_str());
         queue::create(&mut doc, name, config, &self.config.peer, now.unix_ms)?;
+        // Its membership is signed from the start: its creator is its first admin.
+        queue::set_signed_membership(&mut doc, &qid, &self.signer.public())?;
         queue::set_member(
             &mut doc,
             &self.config.peer,
             self.members.advertised(),
             now.unix_ms,
         )?;
-        let id = DocId::generate(&mut self.rng);
         self.replica
             .set_group(&id, BTreeSet::from([self.config.peer.clone()]));
         self.replica.create(id.clone(), doc, Some(queue_scope(&id)));
         self.saves.changed(&id);
-        let qid = QueueId::new(id.as_str());
         self.register(now, qid.clone(), name);
         Ok(qid)
     }
@@ -129,6 +131,7 @@ impl Core {
         &mut self,
         now: Time,
         id: &QueueId,
+        inviter: Option<&PeerId>,
     ) -> Result<Arc<QueueView>, QueueError> {
         let doc = queue_doc(id).ok_or_else(|| QueueError::BadId(id.to_string()))?;
         let view = self
@@ -136,14 +139,13 @@ impl Core {
             .get(&doc)
             .and_then(QueueView::read)
             .ok_or_else(|| QueueError::NotAQueue(id.clone()))?;
-        let members = view
-            .members
-            .keys()
-            .cloned()
-            .chain([self.config.peer.clone()]);
-        self.replica.set_group(&doc, members.collect());
+        let group = self.group_of(&view, inviter);
+        self.replica.set_group(&doc, group);
         self.replica.set_scope(&doc, queue_scope(&doc));
         self.register(now, id.clone(), &view.name);
+        if let Some(q) = self.queues.get_mut(id) {
+            q.introducer = inviter.cloned();
+        }
         self.write_member(now, id);
         Ok(self
             .queues
@@ -208,6 +210,7 @@ impl Core {
                 frozen: false,
                 deferred: Vec::new(),
                 resuming: None,
+                introducer: None,
             },
         );
         // Reopened after a restart: back to the epoch this node was on, read from its disk,
@@ -369,14 +372,10 @@ impl Core {
         }
         // A member that joined or moved: dial it now rather than at the next round, so that a
         // full mesh forms before the peer everyone bootstrapped from can go away.
-        if view.members != old.members {
-            let members = view
-                .members
-                .keys()
-                .cloned()
-                .chain([self.config.peer.clone()])
-                .collect();
-            self.replica.set_group(&qdoc, members);
+        if view.members != old.members || view.membership != old.membership {
+            let introducer = self.queues.get(id).and_then(|q| q.introducer.clone());
+            let group = self.group_of(&view, introducer.as_ref());
+            self.replica.set_group(&qdoc, group);
             self.members.dial_now(now.mono);
         }
         if self.queues.get(id).is_some_and(|q| q.doc != left) {

@@ -22,6 +22,8 @@ pub(super) enum DocWaiter {
         id: QueueId,
         from_peers: bool,
         deadline: Instant,
+        /// A join by invite: presented to its member rather than asked of every peer.
+        invite: Option<Box<super::membership::InviteJoin>>,
     },
     Status {
         cmd: CommandId,

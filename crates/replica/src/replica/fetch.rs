@@ -39,6 +39,35 @@ impl Replica {
         self.loading.entry(id.clone()).or_default().fetch = true;
     }
 
+    /// Asks `peer` (connected) for a document this replica may not be sent yet, with a proof
+    /// that it may ([`Message::Present`], an invite): the fetch then waits for it like
+    /// [`Replica::fetch`]'s, from that peer. Loaded with content → [`Event::Arrived`] at once.
+    pub fn present(&mut self, id: &DocId, peer: &PeerId, proof: Vec<u8>, now: Instant) {
+        if self.has_content(id) {
+            self.events.push_back(Event::Arrived(id.clone()));
+            return;
+        }
+        let msg = Message::Present {
+            doc: id.clone(),
+            proof,
+        };
+        if !self.peers.contains(peer) || !self.send_control(peer, msg) {
+            self.events.push_back(Event::Unavailable(id.clone()));
+            return;
+        }
+        let deadline = now + FETCH_TIMEOUT;
+        self.end_fetch(id);
+        self.deadlines.insert((deadline, id.clone()));
+        self.fetching.insert(
+            id.clone(),
+            Fetch {
+                asked: BTreeSet::from([peer.clone()]),
+                deadline,
+                arrived: false,
+            },
+        );
+    }
+
     /// Asks every connected peer a fetch of `id` may ask again, for a fetch still waiting for
     /// the document's changes: a request or its answer lost on a stream that was reset, or a
     /// peer that did not have the document when first asked and may have it now. Does nothing

@@ -98,6 +98,13 @@ impl Replica {
         self.groups.get(group).is_some_and(|m| m.contains(peer))
     }
 
+    /// Whether `peer` is a member of the group `doc` is scoped to.
+    pub(super) fn in_group(&self, doc: &DocId, peer: &PeerId) -> bool {
+        self.scopes
+            .get(doc)
+            .is_some_and(|s| self.is_member(&s.group, peer))
+    }
+
     /// Whether `peer` may send `doc` to this replica, and be sent it.
     pub(super) fn admits(&self, doc: &DocId, peer: &PeerId) -> bool {
         if self

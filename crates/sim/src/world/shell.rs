@@ -439,6 +439,8 @@ impl World {
             | Reply::Status(_)
             | Reply::Document(_)
             | Reply::Resources(_)
+            | Reply::Invited(_)
+            | Reply::Members(_)
             | Reply::Schedules(_) => {}
             Reply::Stopped(report) => {
                 if self.nodes[i].stopping != Some(cmd) {

@@ -1,0 +1,382 @@
+//! Membership commands and the invite handshake: invites made (`Command::Invite`), redeemed
+//! by a joining node (`Command::JoinInvite`, [`crate::invite`]) and checked when presented
+//! here (`ReplicaEvent::Presented`); members listed and removed; the role checks of this
+//! node's own actions.
+
+use std::collections::BTreeSet;
+
+use piecework_queue_doc::membership::{Grant, MemberOp, NewOp, OpKind, peer_key};
+use piecework_queue_doc::{PeerId, QueueId, Role, queue};
+use piecework_replica::DocId;
+
+use super::*;
+use crate::invite::{self, Invite, InviteProof};
+
+impl Core {
+    /// This node's role in a joined queue (`None`: not a member, or not joined).
+    pub(super) fn role_in(&self, queue: &QueueId) -> Option<Role> {
+        self.queues
+            .get(queue)
+            .and_then(|q| q.view.membership.role(&self.config.peer))
+    }
+
+    /// Refuses an action this node's role in `queue` does not allow.
+    pub(super) fn require(
+        &self,
+        queue: &QueueId,
+        needs: Role,
+        action: &'static str,
+    ) -> Result<(), QueueError> {
+        let Some(q) = self.queues.get(queue) else {
+            return Err(QueueError::NotJoined(queue.clone()));
+        };
+        let role = q.view.membership.role(&self.config.peer);
+        if role.is_some_and(|r| r >= needs) {
+            return Ok(());
+        }
+        Err(QueueError::Forbidden {
+            queue: queue.clone(),
+            role: role.map_or_else(|| "not a member".to_owned(), |r| format!("a {r}")),
+            action,
+            needs: match needs {
+                Role::Submitter => "a member of any role",
+                Role::Member => "the member or admin role",
+                Role::Admin => "the admin role",
+            },
+        })
+    }
+
+    /// Makes an invite to `queue` (this node must be an admin of it).
+    pub(super) fn invite(
+        &mut self,
+        now: Time,
+        queue: &QueueId,
+        req: api::InviteRequest,
+    ) -> Result<api::Invited, QueueError> {
+        self.require(queue, Role::Admin, "inviting")?;
+        let role = req.role.unwrap_or_default();
+        let proof = match req.for_peer {
+            Some(peer) => {
+                if req.expires_ms.is_some() {
+                    return Err(QueueError::BadInvite(
+                        "an invite for one peer is written into the queue at once and does not \
+                         expire: give `expires_ms` only to an invite without `for`"
+                            .into(),
+                    ));
+                }
+                if peer.as_str().is_empty() || peer.as_str().len() > 128 {
+                    return Err(QueueError::BadInvite(format!("not a peer id: {peer:?}")));
+                }
+                let op = self.sign_op(NewOp {
+                    queue,
+                    kind: OpKind::Add,
+                    peer: &peer,
+                    role: Some(role),
+                    key: None,
+                    deps: vec![],
+                    at_ms: now.unix_ms,
+                    via: None,
+                });
+                self.write_op(now, queue, &op)?;
+                InviteProof::Add(op)
+            }
+            None => {
+                let ms = req.expires_ms.unwrap_or(api::INVITE_EXPIRES_MS);
+                let mut nonce = [0u8; 16];
+                self.rng.fill_bytes(&mut nonce);
+                let grant = Grant::sign(
+                    &self.signer,
+                    queue,
+                    role,
+                    now.unix_ms.saturating_add(ms),
+                    hex::encode(nonce),
+                );
+                InviteProof::Grant(grant)
+            }
+        };
+        let invite = Invite {
+            queue: queue.clone(),
+            member: self.config.peer.clone(),
+            addrs: self.members.advertised().to_vec(),
+            proof,
+        };
+        Ok(api::Invited {
+            token: invite.encode(),
+        })
+    }
+
+    /// Begins a join with an invite: dial its member, present it, wait for the queue.
+    pub(super) fn join_invite(&mut self, now: Time, cmd: CommandId, token: &str) {
+        let invite = match Invite::decode(token) {
+            Ok(i) => i,
+            Err(e) => {
+                self.replies.push_back((
+                    cmd,
+                    Reply::Joined(Err(QueueError::BadInvite(e.to_string()))),
+                ));
+                return;
+            }
+        };
+        let id = invite.queue.clone();
+        if let Some(q) = self.queues.get(&id) {
+            self.replies
+                .push_back((cmd, Reply::Joined(Ok(q.view.clone()))));
+            return;
+        }
+        let Some(doc) = queue_doc(&id) else {
+            self.replies
+                .push_back((cmd, Reply::Joined(Err(QueueError::BadId(id.to_string())))));
+            return;
+        };
+        if invite.member == self.config.peer {
+            self.replies.push_back((
+                cmd,
+                Reply::Joined(Err(QueueError::BadInvite(
+                    "this invite was made by this node: give it to the node that should join"
+                        .into(),
+                ))),
+            ));
+            return;
+        }
+        if self.waiting() >= MAX_WAITERS {
+            self.replies
+                .push_back((cmd, Reply::Joined(Err(QueueError::Busy(MAX_WAITERS)))));
+            return;
+        }
+        let deadline = now.mono + FIND_TIMEOUT;
+        self.docs.join_begins(now.mono);
+        let by = InviteJoin {
+            member: invite.member.clone(),
+            addrs: invite.addrs.clone(),
+            proof: invite::presented(token, &self.signer.public()),
+        };
+        self.wait_for(
+            now,
+            &doc,
+            DocWaiter::Join {
+                cmd,
+                id,
+                from_peers: true,
+                deadline,
+                invite: Some(Box::new(by)),
+            },
+        );
+    }
+
+    /// Asks for a queue's first document with an invite: presents it to the invite's member
+    /// if connected; dials it otherwise, and the join is asked again when it connects (or
+    /// every [`JOIN_ASK_EVERY`]).
+    pub(super) fn present_invite(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
+        let DocWaiter::Join {
+            invite: Some(by), ..
+        } = &waiter
+        else {
+            return;
+        };
+        let (member, proof) = (by.member.clone(), by.proof.clone());
+        if !self.members.is_connected(&member) {
+            self.io.push_back(Io::Dial {
+                peer: member,
+                addrs: by.addrs.clone(),
+            });
+            self.docs.retry_join(waiter);
+            return;
+        }
+        self.docs.park(doc, waiter);
+        self.replica.present(doc, &member, proof, now.mono);
+    }
+
+    /// A peer presented a proof that it may have `doc` (`ReplicaEvent::Presented`): an invite
+    /// to the queue whose first document it is. Admits it if the invite holds.
+    pub(super) fn presented(&mut self, now: Time, peer: PeerId, doc: DocId, proof: Vec<u8>) {
+        let queue = QueueId::new(doc.as_str());
+        let accepted = match self.redeem(now, &peer, &queue, &proof) {
+            Ok(()) => true,
+            Err(why) => {
+                self.events.push_back(Event::Rejected {
+                    peer: peer.clone(),
+                    reason: format!("invite to {queue} refused: {why}"),
+                });
+                false
+            }
+        };
+        self.replica
+            .answer_presented(&peer, &doc, accepted, now.mono);
+    }
+
+    fn redeem(
+        &mut self,
+        now: Time,
+        peer: &PeerId,
+        queue: &QueueId,
+        proof: &[u8],
+    ) -> Result<(), String> {
+        let Some(q) = self.queues.get(queue) else {
+            return Err("this node has not joined that queue".into());
+        };
+        if q.view.membership.is_member(peer) {
+            return Ok(());
+        }
+        let (invite, key) = invite::read_presented(proof).map_err(|e| e.to_string())?;
+        if invite.queue != *queue {
+            return Err("the invite is for another queue".into());
+        }
+        // The transport authenticated the peer: a key it claims must be its id's, if its id
+        // is made of one.
+        if peer_key(peer).is_some_and(|k| k != key) {
+            return Err("the key presented is not the peer's".into());
+        }
+        match invite.proof {
+            InviteProof::Add(op) => {
+                if op.peer != *peer || op.kind != OpKind::Add {
+                    return Err("the invite is for another peer".into());
+                }
+                self.write_op(now, queue, &op).map_err(|e| e.to_string())?;
+            }
+            InviteProof::Grant(g) => {
+                let m = &q.view.membership;
+                if m.role(&g.by) != Some(Role::Admin) || m.key_of(&g.by) != Some(g.by_key) {
+                    return Err(format!("{} is not an admin of the queue", g.by));
+                }
+                if now.unix_ms > g.expires_ms {
+                    return Err("the invite has expired".into());
+                }
+                if self.role_in(queue) != Some(Role::Admin) {
+                    return Err("only an admin redeems an invite for whoever holds it".into());
+                }
+                let key = peer_key(peer).is_none().then_some(key);
+                let via = Some(g.nonce.clone());
+                let op = self.sign_op(NewOp {
+                    queue,
+                    kind: OpKind::Add,
+                    peer,
+                    role: Some(g.role),
+                    key,
+                    deps: vec![],
+                    at_ms: now.unix_ms,
+                    via,
+                });
+                self.write_op(now, queue, &op).map_err(|e| e.to_string())?;
+            }
+        }
+        if self
+            .queues
+            .get(queue)
+            .is_some_and(|q| q.view.membership.is_member(peer))
+        {
+            Ok(())
+        } else {
+            Err("the invite's signer may not add members".into())
+        }
+    }
+
+    /// Signs `op` as this node, naming as seen the membership operations its view holds.
+    fn sign_op(&self, mut op: NewOp<'_>) -> MemberOp {
+        op.deps = self
+            .queues
+            .get(op.queue)
+            .map(|q| q.view.membership.heads())
+            .unwrap_or_default();
+        MemberOp::sign(&self.signer, op)
+    }
+
+    /// Stores a membership operation in the queue's current document and refreshes the view.
+    fn write_op(&mut self, now: Time, queue: &QueueId, op: &MemberOp) -> Result<(), QueueError> {
+        let doc = self
+            .queues
+            .get(queue)
+            .map(|q| q.doc.clone())
+            .ok_or_else(|| QueueError::NotJoined(queue.clone()))?;
+        self.change(&doc, |d| queue::add_member_op(d, op).map(|_| ()))
+            .unwrap_or(Err(queue::WriteError::NotAQueue))?;
+        self.stale.remove(queue);
+        self.refresh(now, queue);
+        Ok(())
+    }
+
+    /// The members of a joined queue, as the API lists them.
+    pub(super) fn members_of(&self, queue: &QueueId) -> Result<Vec<api::MemberEntry>, QueueError> {
+        let q = self
+            .queues
+            .get(queue)
+            .ok_or_else(|| QueueError::NotJoined(queue.clone()))?;
+        Ok(q.view
+            .membership
+            .records()
+            .iter()
+            .map(|(peer, r)| api::MemberEntry {
+                peer: peer.clone(),
+                role: r.role,
+                added_by: r.added_by.clone(),
+                removed: !r.active(),
+                removed_by: r.removed_by.clone(),
+            })
+            .collect())
+    }
+
+    /// Removes a member (this node must be an admin, or the member itself).
+    pub(super) fn remove_member(
+        &mut self,
+        now: Time,
+        queue: &QueueId,
+        peer: &PeerId,
+    ) -> Result<Vec<api::MemberEntry>, QueueError> {
+        if *peer != self.config.peer {
+            self.require(queue, Role::Admin, "removing a member")?;
+        }
+        let q = self
+            .queues
+            .get(queue)
+            .ok_or_else(|| QueueError::NotJoined(queue.clone()))?;
+        let m = &q.view.membership;
+        if m.creator() == Some(peer) {
+            return Err(QueueError::Forbidden {
+                queue: queue.clone(),
+                role: "the creator".into(),
+                action: "removing the queue's creator",
+                needs: "nothing: the creator cannot be removed",
+            });
+        }
+        if !m.is_member(peer) {
+            return Err(QueueError::UnknownMember(queue.clone(), peer.clone()));
+        }
+        let op = self.sign_op(NewOp {
+            queue,
+            kind: OpKind::Remove,
+            peer,
+            role: None,
+            key: None,
+            deps: vec![],
+            at_ms: now.unix_ms,
+            via: None,
+        });
+        self.write_op(now, queue, &op)?;
+        self.members_of(queue)
+    }
+
+    /// The peers a queue's documents are synced with: its members not removed (those the
+    /// signed operations add, and those that listed themselves by joining with the queue's
+    /// id), this node, and `also` (the member a join by invite is served by).
+    pub(super) fn group_of(&self, view: &QueueView, also: Option<&PeerId>) -> BTreeSet<PeerId> {
+        let m = &view.membership;
+        view.members
+            .keys()
+            .filter(|p| m.records().get(*p).is_none_or(|r| r.active()))
+            .cloned()
+            .chain(m.active().map(|(p, _)| p.clone()))
+            .chain([self.config.peer.clone()])
+            .chain(also.cloned())
+            .collect()
+    }
+}
+
+/// A join by invite, while it waits for the queue's first document.
+#[derive(Clone, Debug)]
+pub(super) struct InviteJoin {
+    /// The member to ask.
+    pub(super) member: PeerId,
+    /// Where it listens.
+    pub(super) addrs: Vec<String>,
+    /// What to present ([`invite::presented`]).
+    pub(super) proof: Vec<u8>,
+}
