@@ -113,7 +113,8 @@ async fn main() -> anyhow::Result<()> {
     let lease_ms = config.lease_ms;
     let queue = h[0].create_queue("items", Some(config)).await?;
     for n in &h[1..] {
-        n.join_queue(&queue).await?;
+        n.join_from(&h[0], &queue, piecework::queue_doc::Role::Member)
+            .await?;
     }
     until(&h[0], &queue, "a router and three members", |v| {
         v.router.is_some() && v.members.len() == 3

@@ -158,7 +158,8 @@ async fn main() -> anyhow::Result<()> {
         ..piecework::demo::fast_config()
     };
     let queue = device.create_queue("downloads", Some(config)).await?;
-    ui.join_queue(&queue).await?;
+    ui.join_from(&device, &queue, piecework::queue_doc::Role::Member)
+        .await?;
     until(&ui, &queue, "a router and two members", |v| {
         v.router.is_some() && v.members.len() == 2
     })

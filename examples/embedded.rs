@@ -39,7 +39,9 @@ async fn main() -> anyhow::Result<()> {
     let b = Node::start(b).await.context("node b")?;
 
     let queue = a.handle().create_queue("words", None).await?;
-    b.handle().join_queue(&queue).await?;
+    b.handle()
+        .join_from(a.handle(), &queue, piecework::queue_doc::Role::Member)
+        .await?;
     println!(
         "queue {queue} shared by {} and {}",
         a.handle().peer_id(),

@@ -162,7 +162,8 @@ async fn main() -> anyhow::Result<()> {
         ..piecework::demo::fast_config()
     };
     let queue = phone.create_queue("mail", Some(config)).await?;
-    ui.join_queue(&queue).await?;
+    ui.join_from(&phone, &queue, piecework::queue_doc::Role::Member)
+        .await?;
     until(&ui, &queue, "a router and two members", |v| {
         v.router.is_some() && v.members.len() == 2
     })

@@ -76,7 +76,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let queue = handles[0].create_queue("takeover", Some(config)).await?;
     for h in &handles[1..] {
-        h.join_queue(&queue).await?;
+        h.join_from(&handles[0], &queue, piecework::queue_doc::Role::Member)
+            .await?;
     }
     let first = until(
         &handles[0],

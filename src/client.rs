@@ -277,6 +277,24 @@ impl Client {
         self.parse(resp).await
     }
 
+    /// Joins `queue` with an invite for this node's peer id (`peer`) that `admin` (an admin of
+    /// the queue) makes, giving it `role`.
+    pub async fn join_from(
+        &self,
+        admin: &Client,
+        queue: &QueueId,
+        peer: &str,
+        role: piecework_queue_doc::Role,
+    ) -> anyhow::Result<api::QueueStatus> {
+        let req = api::InviteRequest {
+            role: Some(role),
+            for_peer: Some(piecework_queue_doc::PeerId::new(peer)),
+            expires_ms: None,
+        };
+        let invited = admin.invite(queue, &req).await?;
+        self.join_invite(&invited.token).await
+    }
+
     /// Makes an invite to a queue: its token.
     pub async fn invite(
         &self,

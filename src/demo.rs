@@ -195,7 +195,8 @@ pub async fn run(opts: &Options) -> anyhow::Result<Summary> {
 
     let queue = handles[0].create_queue("demo", Some(demo_config())).await?;
     for h in &handles[1..] {
-        h.join_queue(&queue).await?;
+        h.join_from(&handles[0], &queue, crate::queue_doc::Role::Member)
+            .await?;
     }
     display.say(format!(
         "queue {queue} created on node 0 and joined by the others"

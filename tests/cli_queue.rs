@@ -51,7 +51,14 @@ async fn a_queue_is_configured_paused_and_resumed_from_the_cli_through_any_membe
     assert_eq!(config["rate_interval_ms"], 50, "{status:#}");
     assert_eq!(config["lease_ms"], 30_000, "{status:#}");
     assert_eq!(config["max_attempts"], 5, "{status:#}");
-    cli(&b, &["queue", "join", &queue]);
+    // b may configure the queue: an admin.
+    let token = cli(
+        &a,
+        &[
+            "queue", "invite", &queue, "--for", &b.peer, "--role", "admin",
+        ],
+    );
+    cli(&b, &["queue", "join", &token]);
 
     // Paused through b: a task submitted through b after the pause never starts, as every
     // router reads the pause before the task.
@@ -251,7 +258,8 @@ async fn resources_route_tasks_and_change_at_run_time_from_the_cli() {
     opts.extra = vec!["--resource".into(), "online".into()];
     let b = support::spawn(&opts);
     let queue = cli(&a, &["queue", "create", "resourced"]);
-    cli(&b, &["queue", "join", &queue]);
+    let token = cli(&a, &["queue", "invite", &queue, "--for", &b.peer]);
+    cli(&b, &["queue", "join", &token]);
     let b_peer = json(&cli(&b, &["status", "--json"]))["peer_id"]
         .as_str()
         .unwrap()

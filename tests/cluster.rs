@@ -74,7 +74,9 @@ async fn three_sharing(
         .await
         .unwrap();
     for h in &handles[1..] {
-        h.join_queue(&queue).await.unwrap();
+        h.join_from(&handles[0], &queue, piecework::queue_doc::Role::Admin)
+            .await
+            .unwrap();
     }
     (nodes, handles, queue, addr)
 }
@@ -508,7 +510,10 @@ async fn a_result_over_the_limit_fails_its_run_and_the_queue_keeps_syncing() {
         .create_queue("limits", Some(demo_config()))
         .await
         .unwrap();
-    handles[1].join_queue(&queue).await.unwrap();
+    handles[1]
+        .join_from(&handles[0], &queue, piecework::queue_doc::Role::Admin)
+        .await
+        .unwrap();
     let submit = |input: serde_json::Value, kind: &str| api::SubmitTask {
         kind: kind.into(),
         input,

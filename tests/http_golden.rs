@@ -55,7 +55,7 @@ fn steps() -> Vec<Step> {
         // the background while the rest goes on.
         case(
             "join_unknown_queue",
-            "joining a well-formed id no connected peer has",
+            "joining by id a queue this node never joined: an invite is needed",
         )
         .post("/v1/queues/<unknown-id>/join")
         .background()
@@ -86,6 +86,51 @@ fn steps() -> Vec<Step> {
             "joining a queue this node is already a member of",
         )
         .post("/v1/queues/<queue:main>/join")
+        .into(),
+        // GET /v1/queues/{id}/members
+        case(
+            "members",
+            "the members of a queue this node created: itself, an admin",
+        )
+        .get("/v1/queues/<queue:main>/members")
+        .into(),
+        // POST /v1/queues/{id}/invites: the token is random, so only its errors are here
+        // (tests/invites.rs uses tokens).
+        case(
+            "invite_for_with_expiry",
+            "an invite for one peer with an expiry (a peer's invite never expires)",
+        )
+        .post("/v1/queues/<queue:main>/invites")
+        .json(json!({ "for": "12D3KooWOther", "expires_ms": 60000 }))
+        .into(),
+        case(
+            "invite_bad_role",
+            "an invite with a role that does not exist",
+        )
+        .post("/v1/queues/<queue:main>/invites")
+        .json(json!({ "role": "owner" }))
+        .into(),
+        case(
+            "invite_unknown_queue",
+            "an invite to a queue this node has not joined",
+        )
+        .post("/v1/queues/<unknown-id>/invites")
+        .json(json!({}))
+        .into(),
+        // POST /v1/join
+        case("join_bad_token", "joining with a token that is not one")
+            .post("/v1/join")
+            .json(json!({ "token": "automerge:not-a-token" }))
+            .into(),
+        // DELETE /v1/queues/{id}/members/{peer}
+        case("remove_creator", "removing the queue's creator")
+            .delete("/v1/queues/<queue:main>/members/<peer>")
+            .into(),
+        case(
+            "remove_unknown_member",
+            "removing a peer that is not a member",
+        )
+        .delete("/v1/queues/<queue:main>/members/12D3KooWOther")
         .into(),
         // POST /v1/queues/{id}/tasks
         case("submit", "submitting a task (alone, so not replicated)")

@@ -1,8 +1,8 @@
 //! Joining by invite, against node processes: `queue invite` (for one peer, and for whoever
 //! holds the token, with an expiry), `queue join TOKEN` on nodes that were never told of each
 //! other (they dial the invite's addresses), `queue members` and `queue remove`, and what is
-//! refused: a member that is not an admin inviting, the creator removed, a damaged token
-//! (`POST /v1/join`).
+//! refused: an invite for another peer, a join by id, a member that is not an admin inviting,
+//! the creator removed, an expired invite, a damaged token (`POST /v1/join`).
 //!
 //! Waits are on the HTTP API under a generous deadline; nothing sleeps a fixed time.
 
@@ -49,8 +49,11 @@ async fn peers_join_by_invite_and_an_admin_removes_one() {
     assert!(!token.contains(char::is_whitespace), "{token}");
     let joined = json(&cli(&b, &["queue", "join", &token, "--json"]));
     assert_eq!(joined["id"], queue.as_str(), "{joined:#}");
-    // (The same invite presented by c is for another peer, and refused; but until the queue
-    // document is refused to non-members, c gets it by asking for it by id: not asserted.)
+    // The same invite presented by c is for another peer: refused. And c cannot join by id.
+    let err = cli_fails(&c, &["queue", "join", &token]);
+    assert!(err.contains("did not admit this node"), "{err}");
+    let err = cli_fails(&c, &["queue", "join", &queue]);
+    assert!(err.contains("needs an invite token"), "{err}");
 
     // An invite for whoever holds it, as a submitter.
     let bearer = cli(
@@ -76,6 +79,14 @@ async fn peers_join_by_invite_and_an_admin_removes_one() {
         "{members:#}"
     );
 
+    // A submitter neither pauses nor configures; a member does not configure.
+    let err = cli_fails(&c, &["queue", "pause", &queue]);
+    assert!(err.contains("needs the member or admin role"), "{err}");
+    let err = cli_fails(&b, &["queue", "config", &queue, "--set", "concurrency=2"]);
+    assert!(err.contains("needs the admin role"), "{err}");
+    cli(&b, &["queue", "pause", &queue]);
+    cli(&a, &["queue", "resume", &queue]);
+
     // Only an admin invites; the creator cannot be removed; a damaged token is refused.
     let err = cli_fails(&b, &["queue", "invite", &queue]);
     assert!(err.contains("needs the admin role"), "{err}");
@@ -94,7 +105,10 @@ async fn peers_join_by_invite_and_an_admin_removes_one() {
         ],
     );
     assert!(err.contains("cannot be used with"), "{err}");
+    let expired = cli(&a, &["queue", "invite", &queue, "--expires", "1ms"]);
     let d = spawn_node(&dir.path().join("d"), None);
+    let err = cli_fails(&d, &["queue", "join", &expired]);
+    assert!(err.contains("did not admit this node"), "{err}");
     let resp = support::client_for(&d.http);
     let bad = resp.join_invite("3mJr7AoUXx2Wqd").await.unwrap_err();
     assert!(bad.to_string().contains("invalid invite"), "{bad:#}");

@@ -165,8 +165,12 @@ async fn a_partition_between_node_processes_heals_into_one_router() {
         .create_queue("partition", Some(fast_config()))
         .await
         .unwrap();
+    let admin = nodes[0].client();
     for n in &nodes[1..] {
-        n.client().join_queue(&queue).await.unwrap();
+        n.client()
+            .join_from(&admin, &queue, &n.peer, piecework::queue_doc::Role::Admin)
+            .await
+            .unwrap();
     }
 
     // 1. One cluster: tasks submitted anywhere run.

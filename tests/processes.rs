@@ -65,7 +65,8 @@ async fn three_node_processes_keep_running_tasks_after_the_router_is_sigkilled()
         let queue = cli(n(0), &["queue", "create", "tour"]);
         assert!(queue.starts_with("automerge:"), "a queue id: {queue}");
         for i in 1..3 {
-            let joined = cli(n(i), &["queue", "join", &queue]);
+            let token = cli(n(0), &["queue", "invite", &queue, "--for", &n(i).peer]);
+            let joined = cli(n(i), &["queue", "join", &token]);
             assert!(joined.starts_with("joined tour"), "{joined}");
         }
         let waited = cli(
@@ -159,7 +160,10 @@ async fn a_sigterm_to_the_routers_process_hands_over_at_once_and_exits_zero() {
         .await
         .unwrap();
     for n in nodes.iter().skip(1).flatten() {
-        n.client().join_queue(&queue).await.unwrap();
+        n.client()
+            .join_from(&c0, &queue, &n.peer, piecework::queue_doc::Role::Member)
+            .await
+            .unwrap();
     }
     // A first task tells us the router is routing.
     let warm = support::submit_sleep(nodes[1].as_ref().unwrap(), &queue, 10).await;

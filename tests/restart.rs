@@ -119,7 +119,16 @@ async fn a_node_restarted_on_its_data_directory_interrupts_its_old_runs_and_lose
         .await
         .unwrap();
     for i in 1..3 {
-        n(&nodes, i).join_queue(&queue).await.unwrap();
+        let peer = nodes[i].as_ref().unwrap().peer.clone();
+        n(&nodes, i)
+            .join_from(
+                &n(&nodes, 0),
+                &queue,
+                &peer,
+                piecework::queue_doc::Role::Admin,
+            )
+            .await
+            .unwrap();
     }
 
     // Six held tasks for six workers: none can end before the kill.

@@ -262,7 +262,8 @@ impl Node {
 
     /// Gossip from `from` on `topic`.
     pub fn gossip(&mut self, topic: &str, from: &str, data: &[u8]) {
-        self.core.handle_gossip(self.now, topic, &peer(from), data);
+        self.core
+            .handle_gossip(self.now, topic, &peer(from), &peer(from), data);
         self.drain();
     }
 

@@ -90,7 +90,7 @@ impl Cluster {
             .context("cannot create the queue")?;
         for (i, n) in nodes.iter().enumerate().skip(1) {
             let h = n.as_ref().expect("started").handle();
-            h.join_queue(&queue)
+            h.join_from(&h0, &queue, crate::queue_doc::Role::Member)
                 .await
                 .with_context(|| format!("node {i} cannot join the queue"))?;
         }

@@ -116,10 +116,15 @@ impl Procs {
             .await
             .context("cannot create the queue")?;
         procs.queue = queue.clone();
+        let admin = procs.client(0)?;
         for i in 1..opts.nodes {
+            let peer = procs.nodes[i]
+                .as_ref()
+                .map(|n| n.peer.clone())
+                .unwrap_or_default();
             procs
                 .client(i)?
-                .join_queue(&queue)
+                .join_from(&admin, &queue, &peer, crate::queue_doc::Role::Member)
                 .await
                 .with_context(|| format!("node {i} cannot join the queue"))?;
         }

@@ -581,6 +581,9 @@ pub enum QueueError {
     /// The invite token is malformed, not for this queue, expired or not signed by an admin.
     #[error("invalid invite: {0}")]
     BadInvite(String),
+    /// The queue's creator cannot be removed.
+    #[error("the creator of queue {0} cannot be removed")]
+    CreatorStays(QueueId),
     /// No member of the queue holds that peer id.
     #[error("queue {0} has no member {1}")]
     UnknownMember(QueueId, PeerId),
@@ -708,6 +711,9 @@ pub enum TaskError {
     /// one that is not dead-lettered), with why.
     #[error("{0}")]
     Conflict(String),
+    /// This node's role in the task's queue does not allow the action.
+    #[error("{0}")]
+    Forbidden(String),
     /// Writing the request's record failed.
     #[error("the task's record could not be written: {0}")]
     Write(String),

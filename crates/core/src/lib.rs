@@ -440,6 +440,19 @@ pub struct SaveId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RunId(pub u64);
 
+/// What the transport should do with a gossip message ([`Core::handle_gossip`]): gossipsub's
+/// validation result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GossipVerdict {
+    /// A member's well-formed heartbeat: deliver and pass on.
+    Accept,
+    /// From or through a non-member, malformed, or claiming another sender: drop, do not pass
+    /// on, and count against the peer that sent it (gossipsub's peer score).
+    Reject,
+    /// For a queue this node does not serve: drop, without blame.
+    Ignore,
+}
+
 /// A request from the API.
 #[derive(Clone, Debug)]
 pub enum Command {

@@ -238,6 +238,22 @@ impl One {
         }
     }
 
+    /// An invite to queue `q` for `peer` (this node must be an admin of it): its token.
+    fn invite(&mut self, q: &QueueId, peer: &PeerId) -> String {
+        let id = self.command(Command::Invite {
+            queue: q.clone(),
+            request: piecework_core::api::InviteRequest {
+                role: Some(piecework_queue_doc::Role::Admin),
+                for_peer: Some(peer.clone()),
+                expires_ms: None,
+            },
+        });
+        match self.reply(id) {
+            Some(Reply::Invited(Ok(i))) => i.token,
+            other => panic!("no invite: {other:?}"),
+        }
+    }
+
     fn create_queue(&mut self, config: QueueConfig) -> QueueId {
         let id = self.command(Command::CreateQueue {
             name: "q".into(),
@@ -696,7 +712,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
     let topic = piecework_core::topic_for(&q);
     let other = PeerId::new("other");
     one.core
-        .handle_gossip(one.now, &topic, &other, b"\xff not json");
+        .handle_gossip(one.now, &topic, &other, &other, b"\xff not json");
     let beat = Wire::Router(RouterBeat {
         queue: q.clone(),
         claim: Claim::new(u64::MAX, other.clone()),
@@ -705,7 +721,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         handover: None,
     });
     one.core
-        .handle_gossip(one.now, &topic, &other, &beat.encode());
+        .handle_gossip(one.now, &topic, &other, &other, &beat.encode());
     one.core.handle_sync(one.now, &other, &[9, 200, 1, 2, 3]);
     // Fault 8: a pool heartbeat from a peer that is not a member is dropped.
     let stranger = PeerId::new("stranger");
@@ -720,7 +736,7 @@ fn hostile_values_are_rejected_or_clamped_never_a_panic_or_a_spin() {
         resources: Vec::new(),
     });
     one.core
-        .handle_gossip(one.now, &topic, &stranger, &pool_beat.encode());
+        .handle_gossip(one.now, &topic, &stranger, &stranger, &pool_beat.encode());
     one.drain();
     let rejected: Vec<&String> = one
         .events
@@ -874,10 +890,8 @@ fn a_join_whose_request_was_lost_asks_again() {
     b.core.handle_connected(b.now, pa);
     b.drain();
     exchange(&mut a, &mut b);
-    let join = b.command(Command::JoinQueue {
-        id: q.clone(),
-        from_peers: true,
-    });
+    let token = a.invite(&q, &pb_of(&b));
+    let join = b.command(Command::JoinInvite { token });
     b.answer_loads();
     assert!(!b.frames.is_empty(), "b asks a for the queue document");
     b.frames.clear();
@@ -1478,6 +1492,10 @@ fn part(a: &mut One, b: &mut One) {
 }
 
 /// Connects two cores both ways.
+fn pb_of(b: &One) -> PeerId {
+    b.core.peer().clone()
+}
+
 fn meet(a: &mut One, b: &mut One) {
     let (pa, pb) = (a.core.peer().clone(), b.core.peer().clone());
     a.core.handle_connected(a.now, pb);
@@ -1490,10 +1508,8 @@ fn meet(a: &mut One, b: &mut One) {
 fn join_second(a: &mut One, b: &mut One, q: &QueueId) -> u64 {
     meet(a, b);
     exchange(a, b);
-    let join = b.command(Command::JoinQueue {
-        id: q.clone(),
-        from_peers: true,
-    });
+    let token = a.invite(q, &pb_of(b));
+    let join = b.command(Command::JoinInvite { token });
     for ms in (100..=5_000).step_by(100) {
         a.at(ms);
         b.at(ms);
@@ -1842,7 +1858,9 @@ fn a_document_loaded_for_a_peer_leaves_memory_when_idle() {
             break d;
         }
     };
+    // A member (only members are sent a queue's documents).
     let peer = PeerId::new("you");
+    one.invite(&q, &peer);
     one.core.handle_connected(one.now, peer.clone());
     one.drain();
     one.frames.clear();
@@ -2232,7 +2250,7 @@ fn an_epoch_found_nowhere_is_not_asked_for_again_until_a_peer_connects() {
     for _ in 0..50 {
         t += 20;
         b.at(t);
-        b.core.handle_gossip(b.now, &beat.0, &pa, &beat.1);
+        b.core.handle_gossip(b.now, &beat.0, &pa, &pa, &beat.1);
         b.drain();
         b.step(t);
     }
@@ -2298,7 +2316,8 @@ fn a_task_submitted_while_the_queue_stands_still_has_a_status() {
 fn gossip(from: &mut One, to: &mut One) {
     let source = from.core.peer().clone();
     for (topic, data) in std::mem::take(&mut from.published) {
-        to.core.handle_gossip(to.now, &topic, &source, &data);
+        to.core
+            .handle_gossip(to.now, &topic, &source, &source, &data);
         to.drain();
     }
 }
@@ -2878,4 +2897,221 @@ fn fence_rises_while_fetching(break_core: bool) -> (bool, bool) {
         matches!(e, Event::NotRun { task: t, reason, .. } if *t == task && reason.starts_with("fenced"))
     });
     (refused, fenced_ran)
+}
+
+/// A peer that knows a queue's id but was never invited (issue 37): it connects, asks for
+/// every document of the queue (its first document, a task's document, by request and by
+/// presenting a bogus invite), pushes changes of its own under the queue's id, publishes pool
+/// and router heartbeats for the queue, and replays the real router's heartbeat. It is sent
+/// nothing but "unavailable", nothing it pushed is stored, every gossip message of it (and
+/// the replay it passed on) is rejected, and the queue goes on routing under the same router.
+#[test]
+fn a_stranger_that_knows_the_queue_id_gets_nothing_and_changes_nothing() {
+    use piecework_core::GossipVerdict;
+    let (mut a, mut b, q, mut t) = router_and_follower(|_| {});
+    // A task with a document of its own, run to the end under a's router.
+    let task = submit_replicated(&mut a, &mut b, &q, 1, &mut t);
+    assert!(
+        run_together_until_done(&mut a, &mut b, &q, &task, &mut t, 200, |_, _| {}),
+        "the first task ran"
+    );
+    let router = a
+        .core
+        .view(&q)
+        .and_then(|v| v.router.clone())
+        .expect("a router");
+    let before = a.core.view(&q).cloned().expect("a view");
+
+    let s = PeerId::new("stranger");
+    a.core.handle_connected(a.now, s.clone());
+    a.drain();
+    assert!(
+        a.frames.iter().all(|(p, _)| *p != s),
+        "nothing is announced to a stranger"
+    );
+    // 1. It asks for every document, and presents a bogus invite for each.
+    let root = DocId::parse(q.as_str()).unwrap();
+    let task_doc = DocId::parse(task.as_str()).unwrap();
+    for doc in [&root, &task_doc] {
+        let asks = [
+            Message::Request { doc: doc.clone() },
+            Message::Present {
+                doc: doc.clone(),
+                proof: b"{\"token\":\"x\",\"key\":\"00\"}".to_vec(),
+            },
+        ];
+        for m in asks {
+            a.core.handle_sync(a.now, &s, &m.encode());
+            a.drain();
+            a.answer_loads();
+        }
+    }
+    // 2. It pushes changes of its own under the queue's id.
+    let mut own = written_elsewhere("mine");
+    queue::set_member(&mut own, &s, &["/ip4/10.0.0.9/tcp/1".into()], 1).unwrap();
+    let mut state = automerge::sync::State::new();
+    let push =
+        automerge::sync::SyncDoc::generate_sync_message(&own, &mut state).expect("changes to push");
+    let m = Message::Sync {
+        doc: root.clone(),
+        data: push.encode(),
+    };
+    a.core.handle_sync(a.now, &s, &m.encode());
+    a.drain();
+    a.answer_loads();
+    for (p, f) in a.frames.iter().filter(|(p, _)| *p == s) {
+        let m = Message::decode(f).expect("a replica frame");
+        assert!(
+            matches!(m, Message::Unavailable { .. }),
+            "{p} was sent {m:?}"
+        );
+    }
+    assert!(
+        a.frames.iter().any(|(p, _)| *p == s),
+        "answered unavailable"
+    );
+    a.frames.retain(|(p, _)| *p != s);
+    let after = a.core.view(&q).cloned().expect("a view");
+    assert_eq!(after.name, before.name, "nothing it pushed is stored");
+    assert!(!after.members.contains_key(&s) && !after.is_member(&s));
+    // 3. Its heartbeats, and its replay of the router's.
+    let topic = piecework_core::topic_for(&q);
+    let pool = Wire::Pool(piecework_queue_doc::PoolBeat {
+        peer: s.clone(),
+        incarnation: 1,
+        counter: 1,
+        workers: vec![],
+        epoch: None,
+        draining: false,
+        kinds: None,
+        resources: Vec::new(),
+    });
+    let claim = Wire::Router(RouterBeat {
+        queue: q.clone(),
+        claim: Claim::new(router.term + 1, s.clone()),
+        counter: 1,
+        epoch: None,
+        handover: None,
+    });
+    for w in [pool, claim] {
+        let v = b.core.handle_gossip(b.now, &topic, &s, &s, &w.encode());
+        assert_eq!(v, GossipVerdict::Reject);
+    }
+    let real = a
+        .published
+        .iter()
+        .rev()
+        .find(|(tp, d)| *tp == topic && matches!(Wire::decode(d), Some(Wire::Router(_))))
+        .map(|(_, d)| d.clone())
+        .expect("a router heartbeat of a");
+    let pa = a.core.peer().clone();
+    assert_eq!(
+        b.core.handle_gossip(b.now, &topic, &pa, &s, &real),
+        GossipVerdict::Reject,
+        "a replay passed on by a stranger"
+    );
+    assert_eq!(
+        b.core.handle_gossip(b.now, &topic, &pa, &pa, &real),
+        GossipVerdict::Accept,
+        "the same heartbeat from the router itself"
+    );
+    b.drain();
+    // 4. The queue goes on: another task runs under the same router.
+    let next = submit_replicated(&mut a, &mut b, &q, 2, &mut t);
+    assert!(
+        run_together_until_done(&mut a, &mut b, &q, &next, &mut t, 200, |_, _| {}),
+        "the next task ran"
+    );
+    assert_eq!(
+        a.core.view(&q).and_then(|v| v.router.clone()),
+        Some(router),
+        "the same router"
+    );
+}
+
+/// A removed member (issue 37): once its admin removes it, the admin sends it nothing more of
+/// the queue (no sync message of any document: its sync sessions are closed), not the
+/// document of a task submitted after, and answers its requests "unavailable". What it had
+/// received stays with it.
+#[test]
+fn a_removed_member_receives_no_new_task_document_and_its_sessions_close() {
+    let (mut a, mut b, q, mut t) = router_and_follower(|_| {});
+    let first = submit_replicated(&mut a, &mut b, &q, 1, &mut t);
+    assert!(run_together_until_done(
+        &mut a,
+        &mut b,
+        &q,
+        &first,
+        &mut t,
+        200,
+        |_, _| {}
+    ));
+    let pb = b.core.peer().clone();
+    let cmd = a.command(Command::RemoveMember {
+        queue: q.clone(),
+        peer: pb.clone(),
+    });
+    let Some(Reply::Members(Ok(members))) = a.reply(cmd) else {
+        panic!("removed")
+    };
+    let entry = members.iter().find(|m| m.peer == pb).expect("listed");
+    assert!(entry.removed && entry.removed_by.as_ref() == Some(a.core.peer()));
+    // Submitted at a alone: acknowledged unreplicated once the replication wait is over.
+    let cmd = submit_padded(&mut a, &q, 2);
+    let mut reply = None;
+    for _ in 0..200 {
+        t += 50;
+        a.step(t);
+        reply = reply.or_else(|| a.reply(cmd));
+    }
+    let later = submitted(reply).unwrap().task_id;
+    for (p, f) in &a.frames {
+        if *p != pb {
+            continue;
+        }
+        let m = Message::decode(f).expect("a replica frame");
+        assert!(
+            !matches!(m, Message::Sync { .. }),
+            "a removed member was sent {m:?}"
+        );
+    }
+    a.frames.clear();
+    // Asking changes nothing.
+    for doc in [
+        DocId::parse(q.as_str()).unwrap(),
+        DocId::parse(later.as_str()).unwrap(),
+    ] {
+        a.core
+            .handle_sync(a.now, &pb, &Message::Request { doc }.encode());
+        a.drain();
+        a.answer_loads();
+    }
+    assert!(!a.frames.is_empty());
+    for (_, f) in a.frames.iter().filter(|(p, _)| *p == pb) {
+        let m = Message::decode(f).expect("a replica frame");
+        assert!(matches!(m, Message::Unavailable { .. }), "{m:?}");
+    }
+    // b still holds what it had.
+    assert!(
+        b.core
+            .view(&q)
+            .is_some_and(|v| v.task(&first).is_some() || b.archive.contains_key(&first))
+    );
+}
+
+/// Submits a task with a document through `a` and returns its id once `b` holds it too (the
+/// submit is acknowledged then).
+fn submit_replicated(a: &mut One, b: &mut One, q: &QueueId, i: usize, t: &mut u64) -> TaskId {
+    let cmd = submit_padded(a, q, i);
+    for _ in 0..100 {
+        a.ack_saves();
+        exchange(a, b);
+        if let Some(r) = a.reply(cmd) {
+            return submitted(Some(r)).unwrap().task_id;
+        }
+        *t += 50;
+        a.step(*t);
+        b.step(*t);
+    }
+    panic!("the submit was never acknowledged")
 }

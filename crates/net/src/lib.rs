@@ -55,6 +55,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, ValidationMode};
+pub use libp2p::gossipsub::{MessageAcceptance, MessageId};
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
 pub use libp2p::{Multiaddr, PeerId, identity};
@@ -154,12 +155,17 @@ pub enum Event {
         /// The frame.
         data: Vec<u8>,
     },
-    /// A gossip message, signed by `source`.
+    /// A gossip message, signed by `source`. It is passed on to other peers only once the
+    /// application accepts it ([`Client::validate`] with its `id` and `via`).
     Message {
         /// The topic.
         topic: String,
         /// The message's author, authenticated by its signature.
         source: PeerId,
+        /// The peer it came from (`source` itself, or a peer that passed it on).
+        via: PeerId,
+        /// Gossipsub's id of the message.
+        id: gossipsub::MessageId,
         /// The payload.
         data: Vec<u8>,
     },
@@ -228,6 +234,11 @@ enum Command {
         reply: oneshot::Sender<Result<(), DialError>>,
     },
     Info(oneshot::Sender<Info>),
+    Validate {
+        id: gossipsub::MessageId,
+        via: PeerId,
+        acceptance: gossipsub::MessageAcceptance,
+    },
 }
 
 /// A handle to the network's event loop. Cheap to clone.
@@ -246,6 +257,7 @@ impl std::fmt::Debug for Command {
             Command::Publish { topic, data } => write!(f, "Publish({topic}, {} bytes)", data.len()),
             Command::Dial { opts, .. } => write!(f, "Dial({:?})", opts.get_peer_id()),
             Command::Info(_) => write!(f, "Info"),
+            Command::Validate { acceptance, .. } => write!(f, "Validate({acceptance:?})"),
         }
     }
 }
@@ -268,6 +280,26 @@ impl Client {
     /// Unsubscribes from a gossip topic.
     pub async fn unsubscribe(&self, topic: String) -> Result<(), Stopped> {
         self.send(Command::Unsubscribe(topic)).await
+    }
+
+    /// Gives gossipsub the application's verdict on a message ([`Event::Message`]), without
+    /// waiting: accepted, it is passed on; rejected, it is dropped and counts against `via`'s
+    /// peer score; ignored, it is dropped. A message given no verdict is dropped once
+    /// gossipsub's cache forgets it. Returns false if the command queue is full (the message
+    /// is then dropped the same way).
+    pub fn validate(
+        &self,
+        id: gossipsub::MessageId,
+        via: PeerId,
+        acceptance: gossipsub::MessageAcceptance,
+    ) -> bool {
+        self.commands
+            .try_send(Command::Validate {
+                id,
+                via,
+                acceptance,
+            })
+            .is_ok()
     }
 
     /// Publishes on a topic, without waiting. Heartbeats are periodic, so when the command
@@ -401,6 +433,24 @@ pub struct Net {
     pub gossip: mpsc::Receiver<Event>,
 }
 
+/// Peer scoring of a queue's topic: every message rejected (from or through a peer that is
+/// not a member, or malformed) costs its sender, squared, until its score falls below
+/// gossipsub's graylist threshold and nothing more is taken from it or sent to it; the cost
+/// fades by half every decay interval.
+fn topic_score() -> gossipsub::TopicScoreParams {
+    gossipsub::TopicScoreParams {
+        topic_weight: 1.0,
+        invalid_message_deliveries_weight: -100.0,
+        invalid_message_deliveries_decay: 0.5,
+        // The mesh and delivery terms stay off: heartbeats are sparse and uneven.
+        time_in_mesh_weight: 0.0,
+        first_message_deliveries_weight: 0.0,
+        mesh_message_deliveries_weight: 0.0,
+        mesh_failure_penalty_weight: 0.0,
+        ..Default::default()
+    }
+}
+
 /// Builds the swarm, starts listening and dialing the bootstrap peers, and spawns the event loop
 /// and the sync acceptor on the current tokio runtime.
 pub fn spawn(config: Config) -> Result<Net, StartError> {
@@ -408,6 +458,8 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
     let gossip_config = gossipsub::ConfigBuilder::default()
         .heartbeat_interval(Duration::from_millis(500))
         .validation_mode(ValidationMode::Strict)
+        // Nothing is passed on before the node says it came from, and through, a member.
+        .validate_messages()
         .max_transmit_size(MAX_GOSSIP_MESSAGE)
         .build()
         .map_err(|e| StartError::Gossipsub(e.to_string()))?;
@@ -427,11 +479,19 @@ pub fn spawn(config: Config) -> Result<Net, StartError> {
                         .with_max_pending_incoming(Some(MAX_PENDING_INCOMING))
                         .with_max_established_per_peer(Some(MAX_CONNECTIONS_PER_PEER)),
                 ),
-                gossipsub: gossipsub::Behaviour::new(
-                    MessageAuthenticity::Signed(key.clone()),
-                    gossip_config,
-                )
-                .map_err(|e| std::io::Error::other(e.to_string()))?,
+                gossipsub: {
+                    let mut g = gossipsub::Behaviour::new(
+                        MessageAuthenticity::Signed(key.clone()),
+                        gossip_config,
+                    )
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                    g.with_peer_score(
+                        gossipsub::PeerScoreParams::default(),
+                        gossipsub::PeerScoreThresholds::default(),
+                    )
+                    .map_err(std::io::Error::other)?;
+                    g
+                },
                 identify: identify::Behaviour::new(identify::Config::new(
                     "/piecework/id/1".to_owned(),
                     key.public(),
@@ -554,9 +614,22 @@ impl EventLoop {
         let gossip = &mut self.swarm.behaviour_mut().gossipsub;
         match c {
             Command::Subscribe(t) => {
-                if let Err(e) = gossip.subscribe(&IdentTopic::new(t)) {
+                let topic = IdentTopic::new(t);
+                if let Err(e) = gossip.subscribe(&topic) {
                     tracing::warn!("cannot subscribe: {e}");
                 }
+                // A rejected message (from or through a non-member) lowers its sender's score
+                // until gossipsub stops taking its messages and sending it any.
+                if let Err(e) = gossip.set_topic_params(topic, topic_score()) {
+                    tracing::warn!("cannot score the topic: {e}");
+                }
+            }
+            Command::Validate {
+                id,
+                via,
+                acceptance,
+            } => {
+                gossip.report_message_validation_result(&id, &via, acceptance);
             }
             Command::Unsubscribe(t) => {
                 gossip.unsubscribe(&IdentTopic::new(t));
@@ -631,7 +704,8 @@ impl EventLoop {
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 message,
-                ..
+                message_id,
+                propagation_source,
             })) => {
                 // Strict validation guarantees a verified signature, hence a source.
                 let Some(source) = message.source else {
@@ -640,6 +714,8 @@ impl EventLoop {
                 let ev = Event::Message {
                     topic: message.topic.into_string(),
                     source,
+                    via: propagation_source,
+                    id: message_id,
                     data: message.data,
                 };
                 match self.gossip.try_send(ev) {

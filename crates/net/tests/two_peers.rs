@@ -97,7 +97,9 @@ async fn gossip_and_sync_frames_cross_between_two_peers() -> anyhow::Result<()> 
         loop {
             tokio::select! {
                 _ = tick.tick() => { b.client.publish(topic.clone(), b"beat".to_vec()); }
-                ev = a.gossip.recv() => if let Some(Event::Message { source, data, topic: t }) = ev {
+                ev = a.gossip.recv() => if let Some(Event::Message { source, data, topic: t, via, id }) = ev {
+                    // Validated by the application before gossipsub passes it on.
+                    assert!(a.client.validate(id, via, piecework_net::MessageAcceptance::Accept));
                     return (source, data, t);
                 },
             }

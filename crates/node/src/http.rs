@@ -79,7 +79,9 @@ impl From<QueueError> for ApiError {
             | QueueError::UnknownMember(..)
             | QueueError::UnknownSchedule(..) => StatusCode::NOT_FOUND,
             QueueError::BadInvite(_) => StatusCode::BAD_REQUEST,
-            QueueError::Forbidden { .. } | QueueError::InviteNeeded(_) => StatusCode::FORBIDDEN,
+            QueueError::Forbidden { .. }
+            | QueueError::CreatorStays(_)
+            | QueueError::InviteNeeded(_) => StatusCode::FORBIDDEN,
             QueueError::NotAQueue(_) => StatusCode::UNPROCESSABLE_ENTITY,
             QueueError::NotDurable(..) => StatusCode::INSUFFICIENT_STORAGE,
             // Busy or stopping: a client may try again (here later, or another node).
@@ -122,6 +124,7 @@ impl From<TaskError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             TaskError::Conflict(_) => StatusCode::CONFLICT,
+            TaskError::Forbidden(_) => StatusCode::FORBIDDEN,
             TaskError::Write(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(code, e.to_string())

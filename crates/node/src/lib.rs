@@ -588,10 +588,13 @@ impl NodeHandle {
         }
     }
 
-    /// Joins a queue a connected peer has; returns its view. Waits up to [`FIND_TIMEOUT`] for
-    /// a peer that has it.
+    /// Reopens a queue this node joined before (on its disk, or given by a connected member
+    /// that counts it as one); returns its view. A node that never joined gets
+    /// [`QueueError::InviteNeeded`]: see [`NodeHandle::join_invite`].
     pub async fn join_queue(&self, id: &QueueId) -> Result<Arc<QueueView>, QueueError> {
-        self.open_queue(id, true).await
+        // Storage, then the connected peers once: a peer that is not a member is refused the
+        // queue's documents, and told to ask for an invite.
+        self.open_queue(id, false).await
     }
 
     /// Joins a queue with an invite token: returns once this node holds the queue document.
@@ -603,6 +606,24 @@ impl NodeHandle {
             Some(Reply::Joined(r)) => r,
             _ => Err(QueueError::Ended(self.ended())),
         }
+    }
+
+    /// Joins `queue` with an invite for this node that `admin` (a node that is an admin of
+    /// the queue) makes, giving it `role`: what `piecework queue invite --for` and `queue
+    /// join` do, for programs that hold both handles (tests, demos, benchmarks).
+    pub async fn join_from(
+        &self,
+        admin: &NodeHandle,
+        queue: &QueueId,
+        role: piecework_queue_doc::Role,
+    ) -> Result<Arc<QueueView>, QueueError> {
+        let request = api::InviteRequest {
+            role: Some(role),
+            for_peer: Some(self.shared.peer.clone()),
+            expires_ms: None,
+        };
+        let invited = admin.invite(queue, request).await?;
+        self.join_invite(&invited.token).await
     }
 
     /// Makes an invite to a queue this node is an admin of.

@@ -559,6 +559,8 @@ impl Shell {
             net::Event::Message {
                 topic,
                 source,
+                via,
+                id,
                 data,
             } => {
                 let at = Instant::now();
@@ -574,7 +576,15 @@ impl Shell {
                         "gossip from a peer resumed after a silence"
                     );
                 }
-                self.core.handle_gossip(t, &topic, &peer_of(&source), &data);
+                let verdict =
+                    self.core
+                        .handle_gossip(t, &topic, &peer_of(&source), &peer_of(&via), &data);
+                let acceptance = match verdict {
+                    piecework_core::GossipVerdict::Accept => net::MessageAcceptance::Accept,
+                    piecework_core::GossipVerdict::Reject => net::MessageAcceptance::Reject,
+                    piecework_core::GossipVerdict::Ignore => net::MessageAcceptance::Ignore,
+                };
+                self.shared.net.validate(id, via, acceptance);
             }
         }
     }

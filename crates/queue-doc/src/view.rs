@@ -353,6 +353,17 @@ pub struct StateCounts {
 }
 
 impl QueueView {
+    /// Whether `peer` is a member of the queue now (added, not removed since): see
+    /// [`QueueView::membership`].
+    pub fn is_member(&self, peer: &PeerId) -> bool {
+        self.membership.is_member(peer)
+    }
+
+    /// Whether `peer`'s role routes and runs tasks (a member or an admin, not a submitter).
+    pub fn may_work(&self, peer: &PeerId) -> bool {
+        self.membership.role(peer).is_some_and(|r| r.works())
+    }
+
     /// Reads a queue document. Returns `None` if the document is not a queue document.
     /// Malformed task entries are skipped and counted in [`QueueView::malformed`]; the
     /// configuration is read [clamped](QueueConfig::clamped) into its ranges.

@@ -654,7 +654,7 @@ impl Router {
             .filter(|(p, s)| {
                 **p != self.me
                     && !s.beat.draining
-                    && view.members.contains_key(*p)
+                    && view.may_work(p)
                     && now.saturating_duration_since(s.heard_at) <= fresh
             })
             // The latest heard; on a tie the smaller id (the map is ordered by id).
@@ -676,7 +676,7 @@ impl Router {
             .iter()
             .filter(|(peer, p)| {
                 now.saturating_duration_since(p.heard_at) <= fresh
-                    && view.members.contains_key(*peer)
+                    && view.may_work(peer)
                     && !p.beat.draining
             })
             .map(|(_, p)| &p.beat)

@@ -418,7 +418,7 @@ fn idle_workers<'a>(
     let mut idle: Vec<(WorkerId, u64, &PoolBeat)> = Vec::new();
     for (peer, (heard_at, beat)) in input.pools {
         if input.now.saturating_duration_since(*heard_at) > fresh
-            || !view.members.contains_key(peer)
+            || !view.may_work(peer)
             || beat.draining
         {
             continue;

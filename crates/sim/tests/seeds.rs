@@ -125,13 +125,14 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
 #[test]
 fn a_fetch_that_times_out_is_exercised() {
     // Seed 797 until the queue document's first change held the dedup and idempotency maps;
-    // 938 until retry delays had jitter (449 is the first from 227 since).
-    let r = run(449, &Config::default());
+    // 938 until retry delays had jitter; 449 until members joined by invite (494 is the first
+    // from 449 since).
+    let r = run(494, &Config::default());
     assert!(r.passed(), "{}", describe(&r));
     let fired = r.faults.get("fetch_timeout").copied().unwrap_or(0);
     assert!(
         fired > 0,
-        "seed 449 no longer times a fetch out: {:?}",
+        "seed 494 no longer times a fetch out: {:?}",
         r.faults
     );
 }
@@ -387,9 +388,9 @@ fn a_core_that_does_not_fence_its_starts_is_caught() {
         ..Config::default()
     };
     // Seed 1 until the queue document's first change held the dedup and idempotency maps,
-    // which moved its schedule off a fenced start; 257 until retry delays had jitter (each the
-    // first of seeds 200-899 that fails).
-    caught_fencing(214, &config);
+    // which moved its schedule off a fenced start; 257 until retry delays had jitter; 214 until
+    // members joined by invite (each the first of seeds 200-899 that fails).
+    caught_fencing(258, &config);
 }
 
 /// A node that does not fence at all (neither its pool nor its core): caught at seed 1 (the
@@ -403,9 +404,9 @@ fn a_node_that_does_not_fence_is_caught() {
         ..Config::default()
     };
     // Seed 1 until the queue document's first change held the dedup and idempotency maps,
-    // which moved its schedule off a fenced start; 16 until retry delays had jitter (2 is the
-    // first of seeds 0..1,000 caught since).
-    caught_fencing(2, &config);
+    // which moved its schedule off a fenced start; 16 until retry delays had jitter; 2 until
+    // members joined by invite (5 is the first of seeds 0..1,000 caught since).
+    caught_fencing(5, &config);
 }
 
 /// Seed `seed` of a broken protocol fails, as a fencing violation (invariant 4).
@@ -531,9 +532,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 1025 to 1058: retry delays with jitter moved seed 1025's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 1058 to 1074: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 1058's schedule off this situation.
     #[test]
-    fn seed_1058_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
-        let r = passes_with(1058, FaultMix::crashes());
+    fn seed_1074_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
+        let r = passes_with(1074, FaultMix::crashes());
         shows(&r, &["unacknowledged_write_kept"]);
     }
 
@@ -551,9 +556,13 @@ mod regressions {
     /// Re-pinned from seed 818 to 826: the maps a queue document holds from its first
     /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
     /// 818's schedule off this situation.
+    ///
+    /// Re-pinned from seed 826 to 832: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 826's schedule off this situation.
     #[test]
-    fn seed_826_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
-        let r = passes_config(826, &Config::swarm(826));
+    fn seed_832_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
+        let r = passes_config(832, &Config::swarm(832));
         shows(&r, &["run_aborted"]);
     }
 
@@ -568,9 +577,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 35 to 11: retry delays with jitter moved seed 35's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 11 to 44: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 11's schedule off this situation.
     #[test]
-    fn seed_11_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
-        let r = passes(11);
+    fn seed_44_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit() {
+        let r = passes(44);
         shows(&r, &["partition", "refused_final"]);
     }
 
@@ -590,9 +603,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 13 to 11: retry delays with jitter moved seed 13's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 11 to 21: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 11's schedule off this situation.
     #[test]
-    fn seed_11_an_assignment_of_a_finished_task_is_refused() {
-        let r = passes(11);
+    fn seed_21_an_assignment_of_a_finished_task_is_refused() {
+        let r = passes(21);
         shows(&r, &["refused_final"]);
     }
 
@@ -610,13 +627,17 @@ mod regressions {
     /// Re-pinned from seed 203 to 204: the maps a queue document holds from its first
     /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
     /// 203's schedule off this situation.
+    ///
+    /// Re-pinned from seed 204 to 213: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 204's schedule off this situation.
     #[test]
-    fn seed_204_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
+    fn seed_213_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
         let config = Config {
             nodes: 7,
             ..Config::default()
         };
-        let r = passes_config(204, &config);
+        let r = passes_config(213, &config);
         shows(&r, &["partition", "fenced"]);
     }
 
@@ -665,9 +686,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 3 to 1: retry delays with jitter moved seed 3's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 1 to 41: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 1's schedule off this situation.
     #[test]
-    fn seed_1_a_double_seal_converges_on_one_branch() {
-        let r = passes(1);
+    fn seed_41_a_double_seal_converges_on_one_branch() {
+        let r = passes(41);
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -693,17 +718,25 @@ mod regressions {
     /// Re-pinned from seed 1 to 16: the maps a queue document holds from its first
     /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
     /// 1's schedule off this situation.
+    ///
+    /// Re-pinned from seed 16 to 56: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 16's schedule off this situation.
     #[test]
-    fn seed_16_a_start_is_fenced_where_it_is_written() {
-        let r = passes(16);
+    fn seed_56_a_start_is_fenced_where_it_is_written() {
+        let r = passes(56);
         shows(&r, &["fenced", "double_seal_followed"]);
     }
 
     /// Every node crashed at some point; the simulator forgot that a task it never showed
     /// again had been final. A task is now done once any view showed it final.
+    ///
+    /// Re-pinned from seed 44 to 51: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 44's schedule off this situation.
     #[test]
-    fn seed_44_a_task_left_behind_counts_as_done_after_crashes() {
-        let r = passes(44);
+    fn seed_51_a_task_left_behind_counts_as_done_after_crashes() {
+        let r = passes(51);
         shows(&r, &["long_downtime", "rotation"]);
     }
 
@@ -752,9 +785,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 140 to 100: retry delays with jitter moved seed 140's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 100 to 109: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 100's schedule off this situation.
     #[test]
-    fn seed_100_a_carry_waits_for_an_empty_chain_document() {
-        let r = passes(100);
+    fn seed_109_a_carry_waits_for_an_empty_chain_document() {
+        let r = passes(109);
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 
@@ -764,9 +801,13 @@ mod regressions {
     /// Found at seed 159; that seed's schedule moved when heartbeats stopped raising fences
     /// (no successor merge any more): seed 24 reached the same situation, and seed 7 does
     /// since claims were chained (1, earlier, is pinned for another bug).
+    ///
+    /// Re-pinned from seed 7 to 41: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 7's schedule off this situation.
     #[test]
-    fn seed_7_a_losing_branch_waits_for_the_winning_chain() {
-        let r = passes(7);
+    fn seed_41_a_losing_branch_waits_for_the_winning_chain() {
+        let r = passes(41);
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -775,9 +816,13 @@ mod regressions {
     ///
     /// Found at seed 195; that seed's schedule moved (no double seal any more): seed 22 is
     /// the first of the same shape that reaches the situation.
+    ///
+    /// Re-pinned from seed 22 to 41: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 22's schedule off this situation.
     #[test]
-    fn seed_22_a_same_numbered_winner_is_followed() {
-        let r = passes(22);
+    fn seed_41_a_same_numbered_winner_is_followed() {
+        let r = passes(41);
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -807,9 +852,13 @@ mod regressions {
     /// successors were built off the node's thread, the same seed showed a sideways move that
     /// did not wait for what the target's seal covered of the document it continues: a task
     /// ended there showed live for a turn. A move now waits for that document, held and whole.
+    ///
+    /// Re-pinned from seed 2200 to 2207: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 2200's schedule off this situation.
     #[test]
-    fn seed_2200_partitions_a_rotation_waits_for_a_fresh_view() {
-        let r = passes_with(2200, FaultMix::partitions());
+    fn seed_2207_partitions_a_rotation_waits_for_a_fresh_view() {
+        let r = passes_with(2207, FaultMix::partitions());
         shows(&r, &["partition", "rotation", "fenced"]);
     }
 
@@ -975,9 +1024,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 5014 to 5001: retry delays with jitter moved seed 5014's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 5001 to 5002: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 5001's schedule off this situation.
     #[test]
-    fn seed_5001_partitions_at_7_an_end_is_carried_before_its_task() {
-        let r = passes_at_7(5001, FaultMix::partitions(), Some((100, 300)));
+    fn seed_5002_partitions_at_7_an_end_is_carried_before_its_task() {
+        let r = passes_at_7(5002, FaultMix::partitions(), Some((100, 300)));
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -994,9 +1047,13 @@ mod regressions {
     /// Re-pinned from seed 5000 to 5001: the maps a queue document holds from its first
     /// change since dedup keys and idempotent submits (`bumps`, `idempotency`) moved seed
     /// 5000's schedule off this situation.
+    ///
+    /// Re-pinned from seed 5001 to 5002: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 5001's schedule off this situation.
     #[test]
-    fn seed_5001_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
-        let r = passes_at_7(5001, FaultMix::partitions(), None);
+    fn seed_5002_partitions_at_7_a_sideways_move_keeps_the_ends_this_node_holds() {
+        let r = passes_at_7(5002, FaultMix::partitions(), None);
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -1009,9 +1066,13 @@ mod regressions {
     ///
     /// Found at seed 5016; its schedule moved when claims were chained: seed 5004 is the
     /// first from 5000 of the same shape.
+    ///
+    /// Re-pinned from seed 5004 to 5005: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 5004's schedule off this situation.
     #[test]
-    fn seed_5004_default_at_7_a_sideways_move_reads_the_fork_back() {
-        let r = passes_at_7(5004, FaultMix::default_mix(), Some((100, 300)));
+    fn seed_5005_default_at_7_a_sideways_move_reads_the_fork_back() {
+        let r = passes_at_7(5005, FaultMix::default_mix(), Some((100, 300)));
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -1024,9 +1085,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 319 to 402: retry delays with jitter moved seed 319's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 402 to 440: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 402's schedule off this situation.
     #[test]
-    fn seed_402_a_crash_loses_an_unacknowledged_write() {
-        let r = passes(402);
+    fn seed_440_a_crash_loses_an_unacknowledged_write() {
+        let r = passes(440);
         shows(&r, &["unacknowledged_write_lost"]);
     }
 
@@ -1046,10 +1111,14 @@ mod regressions {
     ///
     /// Re-pinned from seed 20038 to 20014: retry delays with jitter moved seed 20038's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 20014 to 20020: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 20014's schedule off this situation.
     #[test]
-    fn seed_20014_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
+    fn seed_20020_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
         let r = passes_config(
-            20_014,
+            20_020,
             &Config {
                 mix: FaultMix::partitions(),
                 ..Config::default()
@@ -1065,10 +1134,14 @@ mod regressions {
     /// now judges per chain, as fences are: a claim seen on a document that is not on the
     /// chain the node is on (the document itself, the queue's first, or one its lineage
     /// names) no longer binds.
+    ///
+    /// Re-pinned from seed 10332 to 10343: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 10332's schedule off this situation.
     #[test]
-    fn seed_10332_settings_a_fence_is_per_chain_across_a_restart() {
+    fn seed_10343_settings_a_fence_is_per_chain_across_a_restart() {
         let r = passes_config(
-            10_332,
+            10_343,
             &Config {
                 mix: FaultMix::settings(),
                 ..Config::default()
@@ -1087,10 +1160,14 @@ mod regressions {
     ///
     /// Re-pinned from seed 11029 to 11002: retry delays with jitter moved seed 11029's
     /// schedule off this situation.
+    ///
+    /// Re-pinned from seed 11002 to 11003: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 11002's schedule off this situation.
     #[test]
-    fn seed_11002_scheduling_a_late_dependent_of_a_dedup_copy_follows_the_survivor() {
+    fn seed_11003_scheduling_a_late_dependent_of_a_dedup_copy_follows_the_survivor() {
         let r = passes_config(
-            11_002,
+            11_003,
             &Config {
                 mix: FaultMix::scheduling(),
                 ..Config::default()
@@ -1123,9 +1200,13 @@ mod regressions {
     ///
     /// Re-pinned from seed 76 to 2: the follow-ups and undos the mix gained moved seed 76's
     /// schedule off timeouts beside failing reads.
+    ///
+    /// Re-pinned from seed 2 to 6: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 2's schedule off this situation.
     #[test]
-    fn seed_2_lifecycle_a_timeout_runs_from_the_hand_over() {
-        let r = passes_config(2, &lifecycle());
+    fn seed_6_lifecycle_a_timeout_runs_from_the_hand_over() {
+        let r = passes_config(6, &lifecycle());
         shows(&r, &["attempt_timed_out", "load_error"]);
     }
 
@@ -1141,9 +1222,13 @@ mod regressions {
     /// of operations: 12,200 is the one seed of 12,000–12,400 that fails without the fix (there
     /// as invariant 7: a run started again while it still ran, the winner missing what the
     /// losing branch had absorbed).
+    ///
+    /// Re-pinned from seed 12200 to 12201: members joining by invite (a signed add written
+    /// into the queue when it is created, the join presented to the members) moved seed
+    /// 12200's schedule off this situation.
     #[test]
-    fn seed_12200_lifecycle_a_losing_branch_never_covers_the_winners_chain() {
-        let r = passes_config(12_200, &lifecycle());
+    fn seed_12201_lifecycle_a_losing_branch_never_covers_the_winners_chain() {
+        let r = passes_config(12_201, &lifecycle());
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 

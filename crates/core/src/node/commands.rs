@@ -2,6 +2,7 @@
 //! `submits`, `status` and `stop` to carry a command out.
 
 use super::*;
+use piecework_queue_doc::Role as MemberRole;
 
 impl Core {
     pub(super) fn command(&mut self, now: Time, cmd: CommandId, command: Command) {
@@ -91,17 +92,26 @@ impl Core {
                 self.replies.push_back((cmd, Reply::Members(r)));
             }
             Command::SetPaused { queue, paused } => {
-                let r = self.write_setting(now, &queue, |d| {
-                    queue::set_paused(d, paused, now.unix_ms).map_err(QueueError::from)
-                });
+                let action = if paused { "pausing" } else { "resuming" };
+                let r = self
+                    .require(&queue, MemberRole::Member, action)
+                    .and_then(|()| {
+                        self.write_setting(now, &queue, |d| {
+                            queue::set_paused(d, paused, now.unix_ms).map_err(QueueError::from)
+                        })
+                    });
                 self.replies.push_back((cmd, Reply::Paused(r)));
             }
             Command::SetConfig { queue, patch } => {
-                let r = self.write_setting(now, &queue, |d| {
-                    queue::set_config(d, &patch, now.unix_ms)
-                        .map(|_| ())
-                        .map_err(QueueError::from)
-                });
+                let r = self
+                    .require(&queue, MemberRole::Admin, "configuring")
+                    .and_then(|()| {
+                        self.write_setting(now, &queue, |d| {
+                            queue::set_config(d, &patch, now.unix_ms)
+                                .map(|_| ())
+                                .map_err(QueueError::from)
+                        })
+                    });
                 self.replies.push_back((cmd, Reply::Configured(r)));
             }
             Command::ListTasks {
@@ -113,9 +123,13 @@ impl Core {
                 self.list_tasks(now, cmd, queue, state, limit, cursor);
             }
             Command::SetBoost { queue, tag, boost } => {
-                let r = self.write_setting(now, &queue, |d| {
-                    queue::set_boost(d, &tag, boost, now.unix_ms).map_err(QueueError::from)
-                });
+                let r = self
+                    .require(&queue, MemberRole::Member, "boosting")
+                    .and_then(|()| {
+                        self.write_setting(now, &queue, |d| {
+                            queue::set_boost(d, &tag, boost, now.unix_ms).map_err(QueueError::from)
+                        })
+                    });
                 self.replies.push_back((cmd, Reply::Configured(r)));
             }
             Command::PutSchedule {
@@ -128,13 +142,16 @@ impl Core {
             }
             Command::DeleteSchedule { queue, name } => {
                 let r = self
-                    .write_setting(now, &queue, |d| {
-                        queue::delete_schedule(d, &name, now.unix_ms).map_err(|e| match e {
-                            ScheduleError::Unknown(n) => {
-                                QueueError::UnknownSchedule(queue.clone(), n)
-                            }
-                            ScheduleError::Write(w) => QueueError::Write(w),
-                            e => QueueError::InvalidSchedule(e.to_string()),
+                    .require(&queue, MemberRole::Admin, "deleting a schedule")
+                    .and_then(|()| {
+                        self.write_setting(now, &queue, |d| {
+                            queue::delete_schedule(d, &name, now.unix_ms).map_err(|e| match e {
+                                ScheduleError::Unknown(n) => {
+                                    QueueError::UnknownSchedule(queue.clone(), n)
+                                }
+                                ScheduleError::Write(w) => QueueError::Write(w),
+                                e => QueueError::InvalidSchedule(e.to_string()),
+                            })
                         })
                     })
                     .map(|s| api::Schedules {
@@ -292,6 +309,7 @@ impl Core {
         name: &str,
         put: api::PutSchedule,
     ) -> Result<api::Schedules, QueueError> {
+        self.require(queue_id, MemberRole::Admin, "writing a schedule")?;
         let bad = |m: String| QueueError::InvalidSchedule(m);
         let every = match (put.every_ms, put.cron) {
             (Some(ms), None) => Every::Ms(ms),

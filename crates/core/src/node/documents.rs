@@ -274,9 +274,11 @@ impl Core {
                 } => self
                     .replies
                     .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
+                // Not on disk, and no connected member gave it: a node that never joined
+                // needs an invite.
                 DocWaiter::Join { cmd, id, .. } => {
                     self.replies
-                        .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id)))));
+                        .push_back((cmd, Reply::Joined(Err(QueueError::InviteNeeded(id)))));
                 }
                 // No member has a document for it (an inline task has none): the members may
                 // still know what became of it.
@@ -358,7 +360,7 @@ impl Core {
                     .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
                 DocWaiter::Join { cmd, id, .. } => self
                     .replies
-                    .push_back((cmd, Reply::Joined(Err(QueueError::NotFound(id))))),
+                    .push_back((cmd, Reply::Joined(Err(QueueError::InviteNeeded(id))))),
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),

@@ -12,6 +12,7 @@
 
 use super::state::EndWait;
 use super::*;
+use piecework_queue_doc::Role as MemberRole;
 
 /// Which life-cycle command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,6 +179,11 @@ impl Core {
                 },
             );
         };
+        let action = match what {
+            Life::Cancel => "cancelling",
+            Life::Requeue => "requeueing",
+        };
+        self.may_act_on(&queue, entry, action, true)?;
         let state = entry.state();
         let allowed = match what {
             Life::Cancel => !state.is_final(),
@@ -208,6 +214,7 @@ impl Core {
         let Some(end) = self.ends.get(task) else {
             return Err(TaskError::NotFound(task.clone()));
         };
+        self.may_act_on(&queue, end.entry(), "requeueing", true)?;
         let back = requeued(end, now);
         let written = self.change(&doc, |d| {
             piecework_queue_doc::epoch::restore_ends(d, &[&back]).map(|_| ())
@@ -256,6 +263,7 @@ impl Core {
                 }
             },
         };
+        self.may_act_on(&queue, &entry, "undoing", false)?;
         let state = entry.state();
         if state != TaskState::Succeeded {
             return Err(TaskError::Conflict(format!(
@@ -353,6 +361,7 @@ impl Core {
         queue: &QueueId,
         stored: Vec<(QueueId, TaskEnd)>,
     ) -> Result<Vec<TaskId>, QueueError> {
+        self.require(queue, MemberRole::Member, "requeueing every dead letter")?;
         let q = self
             .queues
             .get(queue)

@@ -46,6 +46,32 @@ impl Core {
         })
     }
 
+    /// Refuses a cancel, requeue or undo of `entry` (a task of `queue`) that this node's role
+    /// does not allow: a submitter acts on its own tasks only (undo: never).
+    pub(super) fn may_act_on(
+        &self,
+        queue: &QueueId,
+        entry: &piecework_queue_doc::TaskEntry,
+        action: &'static str,
+        own_ok: bool,
+    ) -> Result<(), TaskError> {
+        match self.role_in(queue) {
+            Some(r) if r.works() => Ok(()),
+            Some(Role::Submitter) if own_ok && entry.submitter == self.config.peer => Ok(()),
+            role => Err(TaskError::Forbidden(format!(
+                "this node is {} of queue {queue}: {action} task {} needs the member or admin \
+                 role{}",
+                role.map_or_else(|| "not a member".to_owned(), |r| format!("a {r}")),
+                entry.id,
+                if own_ok {
+                    " (a submitter acts on its own tasks only)"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
     /// Makes an invite to `queue` (this node must be an admin of it).
     pub(super) fn invite(
         &mut self,
@@ -149,6 +175,7 @@ impl Core {
             member: invite.member.clone(),
             addrs: invite.addrs.clone(),
             proof: invite::presented(token, &self.signer.public()),
+            for_this_peer: matches!(invite.proof, InviteProof::Add(_)),
         };
         self.wait_for(
             now,
@@ -163,9 +190,11 @@ impl Core {
         );
     }
 
-    /// Asks for a queue's first document with an invite: presents it to the invite's member
-    /// if connected; dials it otherwise, and the join is asked again when it connects (or
-    /// every [`JOIN_ASK_EVERY`]).
+    /// Asks for a queue's first document with an invite: presents it to the invite's member,
+    /// dialed first if need be (the join is asked again when it connects, or every
+    /// [`JOIN_ASK_EVERY`]). An invite for this peer alone (an add written in the queue) is
+    /// presented to every connected peer too: any member admits its peer. An invite for
+    /// whoever holds it goes to its member alone (to others it would be given away).
     pub(super) fn present_invite(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
         let DocWaiter::Join {
             invite: Some(by), ..
@@ -174,16 +203,29 @@ impl Core {
             return;
         };
         let (member, proof) = (by.member.clone(), by.proof.clone());
-        if !self.members.is_connected(&member) {
+        let mut to: Vec<PeerId> = Vec::new();
+        if self.members.is_connected(&member) {
+            to.push(member.clone());
+        } else {
             self.io.push_back(Io::Dial {
-                peer: member,
+                peer: member.clone(),
                 addrs: by.addrs.clone(),
             });
+        }
+        if by.for_this_peer {
+            to.extend(
+                self.members
+                    .connected_peers()
+                    .filter(|p| **p != member)
+                    .cloned(),
+            );
+        }
+        if to.is_empty() {
             self.docs.retry_join(waiter);
             return;
         }
         self.docs.park(doc, waiter);
-        self.replica.present(doc, &member, proof, now.mono);
+        self.replica.present(doc, &to, proof, now.mono);
     }
 
     /// A peer presented a proof that it may have `doc` (`ReplicaEvent::Presented`): an invite
@@ -330,12 +372,7 @@ impl Core {
             .ok_or_else(|| QueueError::NotJoined(queue.clone()))?;
         let m = &q.view.membership;
         if m.creator() == Some(peer) {
-            return Err(QueueError::Forbidden {
-                queue: queue.clone(),
-                role: "the creator".into(),
-                action: "removing the queue's creator",
-                needs: "nothing: the creator cannot be removed",
-            });
+            return Err(QueueError::CreatorStays(queue.clone()));
         }
         if !m.is_member(peer) {
             return Err(QueueError::UnknownMember(queue.clone(), peer.clone()));
@@ -354,16 +391,12 @@ impl Core {
         self.members_of(queue)
     }
 
-    /// The peers a queue's documents are synced with: its members not removed (those the
-    /// signed operations add, and those that listed themselves by joining with the queue's
-    /// id), this node, and `also` (the member a join by invite is served by).
+    /// The peers a queue's documents are synced with: its members not removed, this node, and
+    /// `also` (the member a join by invite was served by).
     pub(super) fn group_of(&self, view: &QueueView, also: Option<&PeerId>) -> BTreeSet<PeerId> {
-        let m = &view.membership;
-        view.members
-            .keys()
-            .filter(|p| m.records().get(*p).is_none_or(|r| r.active()))
-            .cloned()
-            .chain(m.active().map(|(p, _)| p.clone()))
+        view.membership
+            .active()
+            .map(|(p, _)| p.clone())
             .chain([self.config.peer.clone()])
             .chain(also.cloned())
             .collect()
@@ -379,4 +412,6 @@ pub(super) struct InviteJoin {
     pub(super) addrs: Vec<String>,
     /// What to present ([`invite::presented`]).
     pub(super) proof: Vec<u8>,
+    /// An invite for this peer alone: presented to every connected peer.
+    pub(super) for_this_peer: bool,
 }

@@ -24,10 +24,10 @@ use crate::retention::Retention;
 use crate::saves::{Acked, Saves};
 use crate::wire::Ask;
 use crate::{
-    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, Io,
-    MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply, Retired, Rotate,
-    RotateId, RotateWork, RunId, RunResult, Running, SaveId, Saved, Status, Successor, TaskRunEnd,
-    Time, Wire, queue_doc, task_doc,
+    BEHIND_WAIT, Built, Command, CommandId, Config, DIAL_EVERY, Event, FIND_TIMEOUT, GossipVerdict,
+    Io, MAX_PENDING_SUBMITS, MAX_WAIT, MAX_WAITERS, Outcome, REPLICATION_WAIT, Reply, Retired,
+    Rotate, RotateId, RotateWork, RunId, RunResult, Running, SaveId, Saved, Status, Successor,
+    TaskRunEnd, Time, Wire, queue_doc, task_doc,
 };
 
 mod carry;
@@ -405,7 +405,7 @@ impl Core {
         self.submits.mark_dirty();
         self.members.connected(peer.clone());
         for (id, q) in self.queues.iter_mut() {
-            if q.view.members.contains_key(&peer) {
+            if q.view.is_member(&peer) {
                 q.router.handle_member_connected(now.mono);
                 self.events.push_back(Event::Queue(life_events::peer_event(
                     id,
@@ -453,7 +453,7 @@ impl Core {
         self.submits.mark_dirty();
         self.members.disconnected(peer);
         for (id, q) in &self.queues {
-            if q.view.members.contains_key(peer) {
+            if q.view.is_member(peer) {
                 self.events.push_back(Event::Queue(life_events::peer_event(
                     id,
                     peer,
@@ -506,10 +506,20 @@ impl Core {
         self.turn(now);
     }
 
-    /// A gossip message on `topic`, signed by `source`.
-    pub fn handle_gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
-        self.gossip(now, topic, source, data);
+    /// A gossip message on `topic`, signed by `source` and passed on by `via` (the peer it
+    /// came from; `source` itself if it came directly). Returns whether the transport should
+    /// pass it on ([`GossipVerdict`]).
+    pub fn handle_gossip(
+        &mut self,
+        now: Time,
+        topic: &str,
+        source: &PeerId,
+        via: &PeerId,
+        data: &[u8],
+    ) -> GossipVerdict {
+        let verdict = self.gossip(now, topic, source, via, data);
         self.turn(now);
+        verdict
     }
 
     /// A command from the API; its reply comes out of [`Core::poll_reply`] with the same id.

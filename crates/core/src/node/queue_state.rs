@@ -196,13 +196,13 @@ pub(super) struct Queue {
     pub(super) introducer: Option<piecework_queue_doc::PeerId>,
 }
 
-/// An epoch document's scope: announced to the queue's members, and requestable (a node
-/// that learns of an epoch from a heartbeat fetches it).
+/// An epoch document's scope: announced to the queue's members, and sent to them alone (a
+/// member that learns of an epoch from a heartbeat fetches it from the members).
 pub(super) fn epoch_scope(root: &DocId) -> Scope {
     Scope {
         group: root.clone(),
         announce: true,
-        requestable: true,
+        requestable: false,
     }
 }
 
@@ -223,11 +223,13 @@ pub(super) fn announce(q: &mut Queue, l: &Latest) -> bool {
     true
 }
 
+/// A queue's first document's scope: announced to its members, and sent to them alone (a
+/// peer that is not one gets it by presenting an invite).
 pub(super) fn queue_scope(doc: &DocId) -> Scope {
     Scope {
         group: doc.clone(),
         announce: true,
-        requestable: true,
+        requestable: false,
     }
 }
 

@@ -8,27 +8,40 @@ use super::*;
 use crate::{MAX_ADDRS_PER_MEMBER, MAX_DIALS_PER_ROUND};
 
 impl Core {
-    pub(super) fn gossip(&mut self, now: Time, topic: &str, source: &PeerId, data: &[u8]) {
+    pub(super) fn gossip(
+        &mut self,
+        now: Time,
+        topic: &str,
+        source: &PeerId,
+        via: &PeerId,
+        data: &[u8],
+    ) -> GossipVerdict {
         let Some(id) = self.topics.get(topic).cloned() else {
-            return;
+            return GossipVerdict::Ignore;
         };
         let reject = |reason: String| Event::Rejected {
             peer: source.clone(),
             reason,
         };
+        let Some(q) = self.queues.get_mut(&id) else {
+            return GossipVerdict::Ignore;
+        };
+        // Only the members' heartbeats count, and only members pass them on: a peer that is
+        // not one (it knows the queue's id) neither speaks for the queue nor replays what a
+        // member said.
+        for p in [source, via] {
+            if !q.view.is_member(p) {
+                self.events.push_back(reject(format!(
+                    "gossip on {id} from or through a non-member {p}"
+                )));
+                return GossipVerdict::Reject;
+            }
+        }
         let Some(msg) = Wire::decode(data) else {
             self.events
                 .push_back(reject("malformed or oversized gossip".into()));
-            return;
+            return GossipVerdict::Reject;
         };
-        let Some(q) = self.queues.get_mut(&id) else {
-            return;
-        };
-        if !q.view.members.contains_key(source) {
-            self.events
-                .push_back(reject(format!("gossip on {id} from a non-member")));
-            return;
-        }
         match msg {
             Wire::Router(beat) if beat.claim.term > piecework_queue_doc::MAX_TERM => {
                 self.events.push_back(reject(format!(
@@ -36,6 +49,7 @@ impl Core {
                     beat.claim.term,
                     piecework_queue_doc::MAX_TERM
                 )));
+                GossipVerdict::Reject
             }
             Wire::Router(beat) if beat.claim.peer == *source && beat.queue == id => {
                 if let Some(l) = &beat.epoch
@@ -46,6 +60,7 @@ impl Core {
                 // A sign of life for the router, nothing more: only the document deposes
                 // a router or raises a fence.
                 q.router.handle_router_beat(now.mono, &beat);
+                GossipVerdict::Accept
             }
             Wire::Pool(beat) if beat.peer == *source => {
                 if let Some(l) = &beat.epoch
@@ -55,10 +70,14 @@ impl Core {
                 }
                 q.router.handle_pool_beat(now.mono, &beat);
                 self.saw_progress(now, &id, &beat);
+                GossipVerdict::Accept
             }
-            _ => self.events.push_back(reject(format!(
-                "gossip on {id} claiming another sender or queue"
-            ))),
+            _ => {
+                self.events.push_back(reject(format!(
+                    "gossip on {id} claiming another sender or queue"
+                )));
+                GossipVerdict::Reject
+            }
         }
     }
 
@@ -229,11 +248,7 @@ impl Core {
         self.refresh(now, &id);
         if let Some(q) = self.queues.get_mut(&id) {
             // A member reached before the queue was opened: the silence counts from now.
-            if self
-                .members
-                .connected_peers()
-                .any(|p| q.view.members.contains_key(p))
-            {
+            if self.members.connected_peers().any(|p| q.view.is_member(p)) {
                 q.router.handle_member_connected(now.mono);
             }
             let beat = Duration::from_millis(q.view.config.pool_heartbeat_ms);
@@ -273,6 +288,13 @@ impl Core {
         let left = std::mem::replace(&mut q.view_doc, q.doc.clone());
         let qdoc = q.root.clone();
         q.router.handle_clock(now.mono, now.unix_ms);
+        // A submitter (or a removed member) neither routes nor runs: its router stands down
+        // for good (a role given later counts from the next start). A view that does not list
+        // this node yet (it joined in a later epoch) changes nothing.
+        let stands_down = !standing(&view, &self.config.peer);
+        if stands_down {
+            q.router.stop(now.mono);
+        }
         q.router.handle_view(now.mono, view.clone());
         if let Some(r) = &view.router {
             see(&mut self.seen, id, r);
@@ -381,7 +403,9 @@ impl Core {
         if self.queues.get(id).is_some_and(|q| q.doc != left) {
             self.archive_left_behind(id, &old, &view, &left);
         }
-        self.pool.handle_view(id, &view, now.mono);
+        if !stands_down {
+            self.pool.handle_view(id, &view, now.mono);
+        }
         self.prefetch(now, id, &view);
         self.events.push_back(Event::View {
             queue: id.clone(),
@@ -698,7 +722,10 @@ impl Core {
         let mut wanted: BTreeMap<PeerId, Vec<String>> = BTreeMap::new();
         for q in self.queues.values() {
             for (peer, member) in &q.view.members {
-                if *peer == self.config.peer || self.members.is_connected(peer) {
+                if *peer == self.config.peer
+                    || self.members.is_connected(peer)
+                    || !q.view.is_member(peer)
+                {
                     continue;
                 }
                 wanted
@@ -736,4 +763,13 @@ fn listed(
         state: t.state(),
         entry: v.to_string().into_bytes(),
     }
+}
+
+/// Whether `peer` may route and run in the queue `view` shows: not listed there at all (a view
+/// behind its add), or listed as a member or admin and not removed.
+pub(super) fn standing(view: &QueueView, peer: &PeerId) -> bool {
+    view.membership
+        .records()
+        .get(peer)
+        .is_none_or(|r| r.active() && r.role.works())
 }

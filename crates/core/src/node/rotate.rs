@@ -309,7 +309,7 @@ impl Core {
                     Scope {
                         group: root,
                         announce: false,
-                        requestable: true,
+                        requestable: false,
                     },
                 );
             }

@@ -54,11 +54,7 @@ impl Core {
         let members: BTreeSet<PeerId> = self
             .members
             .connected_peers()
-            .filter(|p| {
-                self.queues
-                    .values()
-                    .any(|q| q.view.members.contains_key(*p))
-            })
+            .filter(|p| self.queues.values().any(|q| q.view.is_member(p)))
             .cloned()
             .collect();
         if members.is_empty() {
@@ -140,11 +136,7 @@ impl Core {
         peer: &PeerId,
         task: &TaskId,
     ) -> Option<Option<serde_json::Value>> {
-        let member = |q: &QueueId| {
-            self.queues
-                .get(q)
-                .is_some_and(|q| q.view.members.contains_key(peer))
-        };
+        let member = |q: &QueueId| self.queues.get(q).is_some_and(|q| q.view.is_member(peer));
         if let Ok(s) = self.status_of(task) {
             return Some(
                 member(&s.queue)
@@ -163,7 +155,7 @@ impl Core {
         let s: api::TaskStatus = serde_json::from_slice(json).ok()?;
         self.queues
             .get(&s.queue)
-            .is_some_and(|q| q.view.members.contains_key(peer))
+            .is_some_and(|q| q.view.is_member(peer))
             .then(|| serde_json::to_value(&s).ok())
             .flatten()
     }

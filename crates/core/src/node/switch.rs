@@ -168,7 +168,7 @@ impl Core {
         let quiet = Scope {
             group: q.root.clone(),
             announce: false,
-            requestable: true,
+            requestable: false,
         };
         for d in lineage.iter().filter_map(|d| DocId::parse(d)) {
             if d != to && !q.sealed.contains_key(&d) && self.replica.scope(&d).is_none() {

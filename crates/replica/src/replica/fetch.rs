@@ -39,19 +39,26 @@ impl Replica {
         self.loading.entry(id.clone()).or_default().fetch = true;
     }
 
-    /// Asks `peer` (connected) for a document this replica may not be sent yet, with a proof
-    /// that it may ([`Message::Present`], an invite): the fetch then waits for it like
-    /// [`Replica::fetch`]'s, from that peer. Loaded with content → [`Event::Arrived`] at once.
-    pub fn present(&mut self, id: &DocId, peer: &PeerId, proof: Vec<u8>, now: Instant) {
+    /// Asks `peers` (those connected) for a document this replica may not be sent yet, with a
+    /// proof that it may ([`Message::Present`], an invite): the fetch then waits for it like
+    /// [`Replica::fetch`]'s, from those peers. Loaded with content → [`Event::Arrived`] at
+    /// once; none of them connected → [`Event::Unavailable`].
+    pub fn present(&mut self, id: &DocId, peers: &[PeerId], proof: Vec<u8>, now: Instant) {
         if self.has_content(id) {
             self.events.push_back(Event::Arrived(id.clone()));
             return;
         }
-        let msg = Message::Present {
-            doc: id.clone(),
-            proof,
-        };
-        if !self.peers.contains(peer) || !self.send_control(peer, msg) {
+        let mut asked = BTreeSet::new();
+        for p in peers {
+            let msg = Message::Present {
+                doc: id.clone(),
+                proof: proof.clone(),
+            };
+            if self.peers.contains(p) && self.send_control(p, msg) {
+                asked.insert(p.clone());
+            }
+        }
+        if asked.is_empty() {
             self.events.push_back(Event::Unavailable(id.clone()));
             return;
         }
@@ -61,7 +68,7 @@ impl Replica {
         self.fetching.insert(
             id.clone(),
             Fetch {
-                asked: BTreeSet::from([peer.clone()]),
+                asked,
                 deadline,
                 arrived: false,
             },

@@ -30,14 +30,18 @@ impl World {
         let cmd = self.command_id(i);
         self.nodes[i].joins.insert(cmd, q);
         let t = self.time(i);
-        self.nodes[i].core.handle_command(
-            t,
-            cmd,
-            Command::JoinQueue {
+        // With its invite; a node the creator did not invite (it made the queue, or it is
+        // back after a restart that lost what it had) asks by id, which its members answer.
+        let command = match self.invites.get(&(i, q)) {
+            Some(token) => Command::JoinInvite {
+                token: token.clone(),
+            },
+            None => Command::JoinQueue {
                 id,
                 from_peers: true,
             },
-        );
+        };
+        self.nodes[i].core.handle_command(t, cmd, command);
         self.drive(i);
     }
 

@@ -40,7 +40,7 @@
 //!    `the_routers_heartbeats_are_delayed_past_the_timeout`.
 //! 5. `crash_only_seeds_pass_with_no_unexplained_second_run`,
 //!    `seed_1_crashes_a_restarted_pool_never_runs_a_superseded_attempt`.
-//! 6. `seed_11_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit`,
+//! 6. `seed_44_a_run_that_outlived_its_tasks_outcome_counts_against_the_limit`,
 //!    `seed_3_an_assignment_of_a_finished_task_is_refused`,
 //!    `seed_212_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit`.
 //! 7. `crash_only_seeds_pass_with_no_unexplained_second_run`,

@@ -196,6 +196,8 @@ struct Node {
     submits: BTreeMap<CommandId, (QueueId, usize)>,
     /// Joins waiting for their reply: command → queue index.
     joins: BTreeMap<CommandId, usize>,
+    /// Invites this node makes, waiting for their token: command → (invitee, queue index).
+    inviting: BTreeMap<CommandId, (usize, usize)>,
     subscribed: BTreeSet<String>,
     /// Runs in flight, by id.
     live: BTreeMap<RunId, Live>,
@@ -220,6 +222,9 @@ pub(crate) struct World {
     nodes: Vec<Node>,
     /// The queues, once created.
     queues: Vec<Option<QueueId>>,
+    /// The invite each planned member of each queue joins with: (node, queue index) → token,
+    /// made by the queue's creator right after it created the queue.
+    invites: BTreeMap<(usize, usize), String>,
     /// Which nodes are members of which queue (by index).
     members: Vec<Vec<usize>>,
     /// The network model: cuts, links and what they lost.
@@ -354,6 +359,7 @@ impl World {
                 next_command: 0,
                 submits: BTreeMap::new(),
                 joins: BTreeMap::new(),
+                inviting: BTreeMap::new(),
                 subscribed: BTreeSet::new(),
                 live: BTreeMap::new(),
                 built: BTreeMap::new(),
@@ -375,6 +381,7 @@ impl World {
             events: BTreeMap::new(),
             nodes,
             queues: vec![None, None],
+            invites: BTreeMap::new(),
             members,
             net: Network::default(),
             faults_on: true,
@@ -439,6 +446,33 @@ impl World {
                 .find(|id| !known.contains(&Some((*id).clone())))
                 .cloned();
             self.drive(creator);
+            // An invite for each other planned member (as an admin, so that any member may
+            // change the settings the fault mixes change), written into the queue at once:
+            // any member then admits it, whoever is up when it joins.
+            if let Some(queue) = self.queues[q].clone() {
+                for i in self.members[q].clone() {
+                    if i == creator {
+                        continue;
+                    }
+                    let cmd = self.command_id(creator);
+                    self.nodes[creator].inviting.insert(cmd, (i, q));
+                    let t = self.time(creator);
+                    let request = piecework_core::api::InviteRequest {
+                        role: Some(piecework_queue_doc::Role::Admin),
+                        for_peer: Some(self.nodes[i].peer.clone()),
+                        expires_ms: None,
+                    };
+                    self.nodes[creator].core.handle_command(
+                        t,
+                        cmd,
+                        Command::Invite {
+                            queue: queue.clone(),
+                            request,
+                        },
+                    );
+                    self.drive(creator);
+                }
+            }
             if q == 0 {
                 self.write_schedule(creator);
             }

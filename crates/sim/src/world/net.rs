@@ -100,7 +100,9 @@ impl World {
         let hostile = self.hostile_delivery(from, to, &data);
         let t = self.time(to);
         let peer = self.nodes[from].peer.clone();
-        self.nodes[to].core.handle_gossip(t, &topic, &peer, &data);
+        self.nodes[to]
+            .core
+            .handle_gossip(t, &topic, &peer, &peer, &data);
         self.drive(to);
         if let Some(h) = hostile {
             self.judge_hostile_delivery(to, h);

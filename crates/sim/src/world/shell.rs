@@ -429,6 +429,17 @@ impl World {
                     self.schedule_at(self.now_us + RETRY_US, Ev::Join { node: i, queue: q });
                 }
             }
+            Reply::Invited(r) => {
+                let Some((invitee, q)) = self.nodes[i].inviting.remove(&cmd) else {
+                    return;
+                };
+                match r {
+                    Ok(inv) => {
+                        self.invites.insert((invitee, q), inv.token);
+                    }
+                    Err(e) => self.trace(|| format!("node{i} could not invite node{invitee}: {e}")),
+                }
+            }
             Reply::Created(_)
             | Reply::Paused(_)
             | Reply::Configured(_)
@@ -439,7 +450,6 @@ impl World {
             | Reply::Status(_)
             | Reply::Document(_)
             | Reply::Resources(_)
-            | Reply::Invited(_)
             | Reply::Members(_)
             | Reply::Schedules(_) => {}
             Reply::Stopped(report) => {
