@@ -637,6 +637,9 @@ pub enum SubmitError {
     /// This node has not joined the queue.
     #[error("this node has not joined queue {0}")]
     NotJoined(QueueId),
+    /// This node was removed from the queue.
+    #[error("this node was removed from queue {0}: it submits nothing more")]
+    Removed(QueueId),
     /// The request is invalid.
     #[error("invalid task: {0}")]
     Invalid(String),

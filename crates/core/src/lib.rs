@@ -1062,6 +1062,16 @@ pub enum Io {
         /// The topic.
         topic: String,
     },
+    /// Whether `peer` is a member of a queue this node serves, now that a membership changed
+    /// (a peer added, or removed from every queue that had it): the transport sends nothing
+    /// on any topic to a peer that is not, nor takes anything from it
+    /// ([`Core::gossip_standing`] answers for a peer that subscribes).
+    Standing {
+        /// The peer.
+        peer: PeerId,
+        /// A member of a queue this node serves.
+        member: bool,
+    },
     /// Keep the final status of inline tasks (which have no task document) once the queue
     /// document stops carrying them: each record is a task and its [`api::TaskStatus`] as
     /// JSON. No answer; the store keeps the latest ones up to its retention.

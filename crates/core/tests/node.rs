@@ -3005,6 +3005,10 @@ fn a_stranger_that_knows_the_queue_id_gets_nothing_and_changes_nothing() {
         .map(|(_, d)| d.clone())
         .expect("a router heartbeat of a");
     let pa = a.core.peer().clone();
+    // The transport is told to send it nothing (graylisted) when it subscribes.
+    assert_eq!(b.core.gossip_standing(&topic, &s), Some(false));
+    assert_eq!(b.core.gossip_standing(&topic, &pa), Some(true));
+    assert_eq!(b.core.gossip_standing("another-topic", &s), None);
     assert_eq!(
         b.core.handle_gossip(b.now, &topic, &pa, &s, &real),
         GossipVerdict::Reject,
@@ -3056,6 +3060,12 @@ fn a_removed_member_receives_no_new_task_document_and_its_sessions_close() {
     };
     let entry = members.iter().find(|m| m.peer == pb).expect("listed");
     assert!(entry.removed && entry.removed_by.as_ref() == Some(a.core.peer()));
+    let topic = piecework_core::topic_for(&q);
+    assert_eq!(
+        a.core.gossip_standing(&topic, &pb),
+        Some(false),
+        "its gossip standing is gone"
+    );
     // Submitted at a alone: acknowledged unreplicated once the replication wait is over.
     let cmd = submit_padded(&mut a, &q, 2);
     let mut reply = None;
@@ -3114,4 +3124,41 @@ fn submit_replicated(a: &mut One, b: &mut One, q: &QueueId, i: usize, t: &mut u6
         b.step(*t);
     }
     panic!("the submit was never acknowledged")
+}
+
+/// A queue written before memberships were signed (issue 37) opens with its creator as admin
+/// and the members it lists kept; its creator's node then signs an add for each and writes its
+/// key, after which a peer that lists itself the old way is not a member.
+#[test]
+fn a_queue_written_before_signed_membership_is_adopted_by_its_creator() {
+    let mut doc = Automerge::new();
+    queue::create(
+        &mut doc,
+        "old",
+        &QueueConfig::default(),
+        &PeerId::new("me"),
+        1,
+    )
+    .unwrap();
+    queue::set_member(&mut doc, &PeerId::new("listed"), &[], 1).unwrap();
+    let mut one = One::new();
+    let q = join_from_disk(&mut one, &doc, 3);
+    one.ack_saves();
+    let m = one.core.view(&q).unwrap().membership.clone();
+    assert!(!m.is_legacy(), "adopted");
+    assert_eq!(
+        m.role(&PeerId::new("me")),
+        Some(piecework_queue_doc::Role::Admin)
+    );
+    let listed = &m.records()[&PeerId::new("listed")];
+    assert_eq!(listed.role, piecework_queue_doc::Role::Member);
+    assert_eq!(listed.added_by, Some(PeerId::new("me")));
+    // A peer listing itself the old way, in a copy of the adopted document.
+    let root = DocId::parse(q.as_str()).unwrap();
+    let mut copy = Automerge::load(&one.disk[&root].concat()).unwrap();
+    queue::set_member(&mut copy, &PeerId::new("sneaky"), &[], 2).unwrap();
+    let v = piecework_queue_doc::QueueView::read(&copy).unwrap();
+    assert!(v.members.contains_key(&PeerId::new("sneaky")));
+    assert!(!v.is_member(&PeerId::new("sneaky")));
+    assert!(v.is_member(&PeerId::new("listed")));
 }

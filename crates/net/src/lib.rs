@@ -169,6 +169,14 @@ pub enum Event {
         /// The payload.
         data: Vec<u8>,
     },
+    /// A peer subscribed to a gossip topic: the application says whether it is a member
+    /// ([`Client::standing`]); one that is not is sent nothing on any topic.
+    Subscribed {
+        /// The peer.
+        peer: PeerId,
+        /// The topic.
+        topic: String,
+    },
 }
 
 /// Starting the network failed.
@@ -239,6 +247,10 @@ enum Command {
         via: PeerId,
         acceptance: gossipsub::MessageAcceptance,
     },
+    Standing {
+        peer: PeerId,
+        member: bool,
+    },
 }
 
 /// A handle to the network's event loop. Cheap to clone.
@@ -258,6 +270,7 @@ impl std::fmt::Debug for Command {
             Command::Dial { opts, .. } => write!(f, "Dial({:?})", opts.get_peer_id()),
             Command::Info(_) => write!(f, "Info"),
             Command::Validate { acceptance, .. } => write!(f, "Validate({acceptance:?})"),
+            Command::Standing { peer, member } => write!(f, "Standing({peer}, {member})"),
         }
     }
 }
@@ -299,6 +312,17 @@ impl Client {
                 via,
                 acceptance,
             })
+            .is_ok()
+    }
+
+    /// Whether `peer` is a member of a queue this node serves, without waiting: one that is
+    /// not gets an application score that puts it below gossipsub's graylist threshold
+    /// ([`NON_MEMBER_SCORE`]): nothing is published or gossiped to it and nothing taken from
+    /// it, on any topic, until it is said to be one. Returns false if the command queue is
+    /// full.
+    pub fn standing(&self, peer: PeerId, member: bool) -> bool {
+        self.commands
+            .try_send(Command::Standing { peer, member })
             .is_ok()
     }
 
@@ -432,6 +456,11 @@ pub struct Net {
     /// sync messages.
     pub gossip: mpsc::Receiver<Event>,
 }
+
+/// The application score of a peer that is a member of none of this node's queues: with
+/// gossipsub's default weight (10) and thresholds, −100 in all, below the graylist threshold
+/// (−80): nothing is sent to it or taken from it.
+pub const NON_MEMBER_SCORE: f64 = -10.0;
 
 /// Peer scoring of a queue's topic: every message rejected (from or through a peer that is
 /// not a member, or malformed) costs its sender, squared, until its score falls below
@@ -631,6 +660,10 @@ impl EventLoop {
             } => {
                 gossip.report_message_validation_result(&id, &via, acceptance);
             }
+            Command::Standing { peer, member } => {
+                let score = if member { 0.0 } else { NON_MEMBER_SCORE };
+                gossip.set_application_score(&peer, score);
+            }
             Command::Unsubscribe(t) => {
                 gossip.unsubscribe(&IdentTopic::new(t));
             }
@@ -700,6 +733,19 @@ impl EventLoop {
             })) => {
                 for addr in info.listen_addrs {
                     self.swarm.add_peer_address(peer_id, addr);
+                }
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Subscribed {
+                peer_id,
+                topic,
+                ..
+            })) => {
+                let ev = Event::Subscribed {
+                    peer: peer_id,
+                    topic: topic.into_string(),
+                };
+                if let Err(mpsc::error::TrySendError::Closed(_)) = self.gossip.try_send(ev) {
+                    return Err(());
                 }
             }
             SwarmEvent::Behaviour(BehaviourEvent::Gossipsub(gossipsub::Event::Message {

@@ -98,6 +98,7 @@ impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         let code = match e {
             SubmitError::NotJoined(_) => StatusCode::NOT_FOUND,
+            SubmitError::Removed(_) => StatusCode::FORBIDDEN,
             SubmitError::Invalid(_) => StatusCode::BAD_REQUEST,
             SubmitError::Busy(_)
             | SubmitError::Full { .. }

@@ -556,6 +556,11 @@ impl Shell {
             net::Event::SyncMessage { peer, data } => {
                 self.core.handle_sync(t, &peer_of(&peer), &data);
             }
+            net::Event::Subscribed { peer, topic } => {
+                if let Some(member) = self.core.gossip_standing(&topic, &peer_of(&peer)) {
+                    self.shared.net.standing(peer, member);
+                }
+            }
             net::Event::Message {
                 topic,
                 source,
@@ -758,6 +763,11 @@ impl Shell {
                     );
                 }
                 self.shared.net.publish(topic, data);
+            }
+            Io::Standing { peer, member } => {
+                if let Ok(p) = peer.as_str().parse::<net::PeerId>() {
+                    self.shared.net.standing(p, member);
+                }
             }
             Io::Subscribe { topic } => {
                 let net = self.shared.net.clone();

@@ -808,6 +808,7 @@ pub fn carry_covering(
         .filter_map(key_of)
         .collect();
     let mut covers_touched = false;
+    let mut members_touched = false;
     // The settings (the pause flag, the config's fields): carried as registers if one of the
     // changes wrote there (see `settings`).
     let config_maps: HashSet<ObjKey> = am::all_objects(from, &ROOT, keys::CONFIG, ObjType::Map)
@@ -849,6 +850,11 @@ pub fn carry_covering(
                     router_touched = true
                 }
                 (ObjectId::Root, Key::Map(key)) if key == COVERED => covers_touched = true,
+                (ObjectId::Root, Key::Map(key))
+                    if key.starts_with(crate::membership::OP_PREFIX) =>
+                {
+                    members_touched = true
+                }
                 _ => {}
             }
         }
@@ -865,7 +871,17 @@ pub fn carry_covering(
         .then(|| carried_claim(from, &*into))
         .flatten()
         .filter(|c| effective_claim(into).is_none_or(|m| *c > m));
-    if touched.is_empty() && claim.is_none() && !settings_touched {
+    // Membership operations written late into the sealed document: those `into` lacks.
+    let ops: Vec<(String, Vec<u8>)> = if members_touched {
+        let have = crate::view::stored_ops(into);
+        crate::view::stored_ops(from)
+            .into_iter()
+            .filter(|(k, _)| !have.contains_key(k))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if touched.is_empty() && claim.is_none() && !settings_touched && ops.is_empty() {
         return Ok(out);
     }
     let mut writes: BTreeMap<(usize, String), automerge::ScalarValue> = BTreeMap::new();
@@ -904,6 +920,14 @@ pub fn carry_covering(
                     out.writes += 1;
                 }
             }
+        }
+        for (key, bytes) in &ops {
+            tx.put(
+                ROOT,
+                key.as_str(),
+                automerge::ScalarValue::Bytes(bytes.clone()),
+            )?;
+            out.writes += 1;
         }
         if settings_touched {
             out.writes += settings::carry_settings(from, tx)?;

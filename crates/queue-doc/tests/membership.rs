@@ -209,3 +209,61 @@ fn a_queue_made_before_signed_membership_keeps_its_creator_and_members() {
     assert_eq!(m.role(signer(1).peer()), Some(Role::Member));
     assert_eq!(m.role(signer(2).peer()), None);
 }
+
+#[test]
+fn a_successor_holds_the_membership_and_a_late_operation_is_carried() {
+    use piecework_queue_doc::Claim;
+    use piecework_queue_doc::epoch::{self, Rotation};
+    let q = QueueId::new("automerge:q0");
+    let creator = signer(0);
+    let mut old = Automerge::new().with_actor(ActorId::from(&[1u8; 16][..]));
+    queue::create(&mut old, "q", &QueueConfig::default(), creator.peer(), 0).unwrap();
+    queue::set_signed_membership(&mut old, &q, &creator.public()).unwrap();
+    write(
+        &mut old,
+        &q,
+        &creator,
+        OpKind::Add,
+        &signer(1),
+        Role::Member,
+    );
+    // A member that has not seen the seal yet writes an add into the old document.
+    let mut late = old.fork().with_actor(ActorId::from(&[2u8; 16][..]));
+    let view = QueueView::read(&old).unwrap();
+    let mut succ = Automerge::new().with_actor(ActorId::from(&[3u8; 16][..]));
+    epoch::build_successor(
+        &old,
+        &view,
+        &mut succ,
+        &Rotation {
+            origin: &q,
+            prev: "automerge:q0",
+            successor: "automerge:q1",
+            epoch: 1,
+            claim: &Claim::new(1, creator.peer().clone()),
+            now_ms: 1,
+        },
+    )
+    .unwrap();
+    let m = view_of(&succ);
+    assert!(!m.is_legacy(), "the creator's key went on");
+    assert_eq!(m.role(signer(1).peer()), Some(Role::Member));
+    let since = old.get_heads();
+    write(
+        &mut late,
+        &q,
+        &creator,
+        OpKind::Add,
+        &signer(2),
+        Role::Submitter,
+    );
+    old.merge(&mut late).unwrap();
+    let carried =
+        epoch::carry(&old, &since, &mut succ, &|_| false, None, usize::MAX).expect("carried");
+    assert!(carried.writes >= 1, "{carried:?}");
+    assert_eq!(view_of(&succ).role(signer(2).peer()), Some(Role::Submitter));
+}
+
+fn view_of(doc: &Automerge) -> std::sync::Arc<Membership> {
+    view(doc).membership
+}

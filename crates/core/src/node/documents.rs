@@ -259,6 +259,18 @@ impl Core {
     pub(super) fn unavailable(&mut self, now: Time, doc: &DocId) {
         for w in self.docs.take_waiters(doc) {
             match w {
+                DocWaiter::Join {
+                    cmd,
+                    invite: Some(by),
+                    ..
+                } if by.presented => self.replies.push_back((
+                    cmd,
+                    Reply::Joined(Err(QueueError::BadInvite(format!(
+                        "{} did not admit this node: the invite is for another peer, expired, \
+                         or made by a member that is no longer an admin",
+                        by.member
+                    )))),
+                )),
                 w @ DocWaiter::Join {
                     from_peers: true,
                     deadline,

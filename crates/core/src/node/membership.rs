@@ -176,6 +176,7 @@ impl Core {
             addrs: invite.addrs.clone(),
             proof: invite::presented(token, &self.signer.public()),
             for_this_peer: matches!(invite.proof, InviteProof::Add(_)),
+            presented: false,
         };
         self.wait_for(
             now,
@@ -195,10 +196,10 @@ impl Core {
     /// [`JOIN_ASK_EVERY`]). An invite for this peer alone (an add written in the queue) is
     /// presented to every connected peer too: any member admits its peer. An invite for
     /// whoever holds it goes to its member alone (to others it would be given away).
-    pub(super) fn present_invite(&mut self, now: Time, doc: &DocId, waiter: DocWaiter) {
+    pub(super) fn present_invite(&mut self, now: Time, doc: &DocId, mut waiter: DocWaiter) {
         let DocWaiter::Join {
             invite: Some(by), ..
-        } = &waiter
+        } = &mut waiter
         else {
             return;
         };
@@ -206,6 +207,7 @@ impl Core {
         let mut to: Vec<PeerId> = Vec::new();
         if self.members.is_connected(&member) {
             to.push(member.clone());
+            by.presented = true;
         } else {
             self.io.push_back(Io::Dial {
                 peer: member.clone(),
@@ -336,6 +338,92 @@ impl Core {
         Ok(())
     }
 
+    /// A queue made before memberships were signed, opened by its creator: it signs an add
+    /// (as a member) for every peer the queue lists, then writes its key, in one change. From
+    /// then on only signed operations make members: a peer that lists itself the old way is
+    /// no longer one.
+    pub(super) fn adopt_legacy(&mut self, now: Time, id: &QueueId) {
+        let Some(q) = self.queues.get(id) else { return };
+        let m = &q.view.membership;
+        if !m.is_legacy() || m.creator() != Some(&self.config.peer) {
+            return;
+        }
+        let listed: Vec<PeerId> = m
+            .active()
+            .filter(|(p, _)| **p != self.config.peer)
+            .map(|(p, _)| p.clone())
+            .collect();
+        let mut ops = Vec::with_capacity(listed.len());
+        for peer in &listed {
+            let mut op = self.sign_op(NewOp {
+                queue: id,
+                kind: OpKind::Add,
+                peer,
+                role: Some(Role::Member),
+                key: None,
+                deps: vec![],
+                at_ms: now.unix_ms,
+                via: None,
+            });
+            // Each names the ones before it as seen: one causal chain.
+            if let Some(prev) = ops.last().map(|o: &MemberOp| o.id.clone()) {
+                op = MemberOp::sign(
+                    &self.signer,
+                    NewOp {
+                        queue: id,
+                        kind: OpKind::Add,
+                        peer,
+                        role: Some(Role::Member),
+                        key: None,
+                        deps: vec![prev],
+                        at_ms: now.unix_ms,
+                        via: None,
+                    },
+                );
+            }
+            ops.push(op);
+        }
+        let key = self.signer.public();
+        self.write_queue(now, id, "the queue's signed membership", |d| {
+            for op in &ops {
+                queue::add_member_op(d, op)?;
+            }
+            queue::set_signed_membership(d, id, &key)
+        });
+    }
+
+    /// Whether `peer`, which subscribed to `topic`, is a member of a queue this node serves
+    /// (`None`: the topic is none of this node's queues').
+    pub fn gossip_standing(&self, topic: &str, peer: &PeerId) -> Option<bool> {
+        self.topics.get(topic)?;
+        Some(self.queues.values().any(|q| q.view.is_member(peer)))
+    }
+
+    /// A queue's membership changed from `old` to `new`: the transport's standing of the peers
+    /// that came in or went out ([`Io::Standing`]).
+    pub(super) fn standings(&mut self, old: &QueueView, new: &QueueView) {
+        let before: BTreeSet<&PeerId> = old.membership.active().map(|(p, _)| p).collect();
+        let after: BTreeSet<&PeerId> = new.membership.active().map(|(p, _)| p).collect();
+        for p in after.difference(&before) {
+            if **p != self.config.peer {
+                self.io.push_back(Io::Standing {
+                    peer: (*p).clone(),
+                    member: true,
+                });
+            }
+        }
+        for p in before.difference(&after) {
+            // Still a member of another queue here: it keeps its standing.
+            if self.queues.values().any(|q| q.view.is_member(p)) {
+                continue;
+            }
+            self.io.push_back(Io::Standing {
+                peer: (*p).clone(),
+                member: false,
+            });
+        }
+    }
+
     /// The members of a joined queue, as the API lists them.
     pub(super) fn members_of(&self, queue: &QueueId) -> Result<Vec<api::MemberEntry>, QueueError> {
         let q = self
@@ -414,4 +502,7 @@ pub(super) struct InviteJoin {
     pub(super) proof: Vec<u8>,
     /// An invite for this peer alone: presented to every connected peer.
     pub(super) for_this_peer: bool,
+    /// Presented to the invite's member at least once: an "unavailable" from every peer asked
+    /// then is a refusal, answered at once rather than asked again until the deadline.
+    pub(super) presented: bool,
 }

@@ -174,6 +174,7 @@ impl Core {
 
     /// Writes this node's membership and addresses into a queue, if they differ.
     pub(super) fn write_member(&mut self, now: Time, id: &QueueId) {
+        self.adopt_legacy(now, id);
         let Some(q) = self.queues.get(id) else { return };
         let me = self.config.peer.clone();
         if q.view
@@ -394,6 +395,9 @@ impl Core {
         }
         // A member that joined or moved: dial it now rather than at the next round, so that a
         // full mesh forms before the peer everyone bootstrapped from can go away.
+        if view.membership != old.membership {
+            self.standings(&old, &view);
+        }
         if view.members != old.members || view.membership != old.membership {
             let introducer = self.queues.get(id).and_then(|q| q.introducer.clone());
             let group = self.group_of(&view, introducer.as_ref());

@@ -262,6 +262,16 @@ impl Core {
         else {
             return Err(SubmitError::NotJoined(queue_id));
         };
+        // A node the queue removed submits nothing more (its members would not take it).
+        if self.queues.get(&queue_id).is_some_and(|q| {
+            q.view
+                .membership
+                .records()
+                .get(&self.config.peer)
+                .is_some_and(|r| !r.active())
+        }) {
+            return Err(SubmitError::Removed(queue_id));
+        }
         if self.submits.is_full() {
             return Err(SubmitError::Busy(MAX_PENDING_SUBMITS));
         }

@@ -266,6 +266,8 @@ impl World {
             Io::Subscribe { topic } => {
                 self.nodes[i].subscribed.insert(topic);
             }
+            // Gossip standing is the transport's; the simulated network has none.
+            Io::Standing { .. } => {}
             Io::RememberQueue { id, .. } => {
                 self.nodes[i].disk.queues.insert(id);
             }
