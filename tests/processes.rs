@@ -175,11 +175,26 @@ async fn a_sigterm_to_the_routers_process_hands_over_at_once_and_exits_zero() {
         .position(|n| n.as_ref().is_some_and(|n| n.peer == router.peer.as_str()))
         .unwrap();
     let via = (victim + 1) % 3;
-    // Enough work that tasks wait when the signal comes: the router's own workers run some,
-    // which must end within the grace time.
+    // Enough work that tasks wait when the signal comes: four times as many as the cluster's
+    // six workers, in one batch (one by one, a slow machine's submits let the backlog drain
+    // before the signal); the router's own workers run some, which must end within the grace
+    // time.
     let mut tasks = vec![warm];
-    for _ in 0..12 {
-        tasks.push(support::submit_sleep(nodes[via].as_ref().unwrap(), &queue, 300).await);
+    let batch: Vec<serde_json::Value> = (0..24)
+        .map(|_| serde_json::json!({ "kind": "sleep", "input": { "ms": 300 } }))
+        .collect();
+    let entries = nodes[via]
+        .as_ref()
+        .unwrap()
+        .client()
+        .submit_many(&queue, &batch)
+        .await
+        .unwrap();
+    for e in entries {
+        match e {
+            api::BatchEntry::Submitted { task_id, .. } => tasks.push(task_id),
+            other => panic!("a batch entry refused: {other:?}"),
+        }
     }
     let signalled = wall_ms();
     let node = nodes[victim].take().unwrap();
