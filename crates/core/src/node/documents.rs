@@ -280,18 +280,10 @@ impl Core {
                     self.docs.retry_join(w);
                 }
                 DocWaiter::Join {
-                    cmd,
-                    invite: Some(_),
-                    ..
+                    cmd, id, invite, ..
                 } => self
                     .replies
-                    .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
-                // Not on disk, and no connected member gave it: a node that never joined
-                // needs an invite.
-                DocWaiter::Join { cmd, id, .. } => {
-                    self.replies
-                        .push_back((cmd, Reply::Joined(Err(QueueError::InviteNeeded(id)))));
-                }
+                    .push_back((cmd, Reply::Joined(Err(join_failed(id, invite.is_some()))))),
                 // No member has a document for it (an inline task has none): the members may
                 // still know what became of it.
                 DocWaiter::Status { cmd, task, .. } => self.ask_members(now, cmd, task),
@@ -364,15 +356,10 @@ impl Core {
         for w in self.docs.expire(now.mono) {
             match w {
                 DocWaiter::Join {
-                    cmd,
-                    invite: Some(_),
-                    ..
+                    cmd, id, invite, ..
                 } => self
                     .replies
-                    .push_back((cmd, Reply::Joined(Err(invite_unanswered())))),
-                DocWaiter::Join { cmd, id, .. } => self
-                    .replies
-                    .push_back((cmd, Reply::Joined(Err(QueueError::InviteNeeded(id))))),
+                    .push_back((cmd, Reply::Joined(Err(join_failed(id, invite.is_some()))))),
                 DocWaiter::Status { cmd, task, .. } => self
                     .replies
                     .push_back((cmd, Reply::Task(Box::new(Err(TaskError::NotFound(task)))))),
@@ -483,8 +470,13 @@ impl Core {
     }
 }
 
-/// A join by invite that no member answered with the queue in time.
-fn invite_unanswered() -> QueueError {
+/// Why a join ended without its queue's document: a join by invite that no member answered
+/// with it in time, or a join by id of a queue neither on disk nor given by a connected member
+/// (a node that never joined needs an invite).
+fn join_failed(id: QueueId, invited: bool) -> QueueError {
+    if !invited {
+        return QueueError::InviteNeeded(id);
+    }
     QueueError::BadInvite(
         "the member at the invite's addresses did not admit this node in time: it may be \
          unreachable, or the invite expired, was made by a member no longer an admin, or was \

@@ -62,17 +62,7 @@ impl Replica {
             self.events.push_back(Event::Unavailable(id.clone()));
             return;
         }
-        let deadline = now + FETCH_TIMEOUT;
-        self.end_fetch(id);
-        self.deadlines.insert((deadline, id.clone()));
-        self.fetching.insert(
-            id.clone(),
-            Fetch {
-                asked,
-                deadline,
-                arrived: false,
-            },
-        );
+        self.begin_fetch(id, asked, now);
     }
 
     /// Asks every connected peer a fetch of `id` may ask again, for a fetch still waiting for
@@ -124,6 +114,11 @@ impl Replica {
             self.events.push_back(Event::Unavailable(id.clone()));
             return;
         }
+        self.begin_fetch(id, asked, now);
+    }
+
+    /// Waits for `id` from the peers `asked`, until [`FETCH_TIMEOUT`] from `now`.
+    fn begin_fetch(&mut self, id: &DocId, asked: BTreeSet<PeerId>, now: Instant) {
         let deadline = now + FETCH_TIMEOUT;
         self.end_fetch(id);
         self.deadlines.insert((deadline, id.clone()));
