@@ -197,6 +197,7 @@ mod tests {
                 deps: vec![],
                 at_ms: 0,
                 via: None,
+                cut: None,
             },
         );
         let other = Invite {

@@ -3060,6 +3060,22 @@ fn a_removed_member_receives_no_new_task_document_and_its_sessions_close() {
     };
     let entry = members.iter().find(|m| m.peer == pb).expect("listed");
     assert!(entry.removed && entry.removed_by.as_ref() == Some(a.core.peer()));
+    // The removal names what a had seen of b's writes in the queue document (b's node writes
+    // with an actor tagged with its peer): every replica ignores the rest.
+    let view = a.core.view(&q).expect("a view");
+    let removal = view
+        .membership
+        .op_ids()
+        .filter_map(|id| view.membership.op(id))
+        .find(|op| op.kind == piecework_queue_doc::membership::OpKind::Remove)
+        .expect("the removal");
+    let cut = removal.cut.as_ref().expect("a removal carries its cut");
+    assert_eq!(Some(cut.doc.as_str()), view.doc_key.as_deref());
+    assert_eq!(cut.doc, q.as_str());
+    assert!(
+        !cut.clock.is_empty(),
+        "b wrote to the queue document (its run's start and end)"
+    );
     let topic = piecework_core::topic_for(&q);
     assert_eq!(
         a.core.gossip_standing(&topic, &pb),

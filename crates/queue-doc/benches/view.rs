@@ -11,6 +11,9 @@
 //!   against the cached view (`queue::record_attempts_in_view`), a refresh after each write.
 //! - `full_read`: reading the whole view (what a node does once, when it opens a queue), for
 //!   comparison.
+//! - `.../judged`: the same over history, in a queue whose membership makes every value read
+//!   be judged by its writer (signed membership with a submitter and a removed member, writes
+//!   under the creator's tagged actor): the cost of `judge.rs` where it cannot be skipped.
 //! - `rotate/live`: a rotation of a queue holding 1k or 10k live tasks (with as many finished
 //!   ones): writing the successor (`epoch::build_successor`). `rotate/load` loads that
 //!   successor from its saved bytes and reads its view, as a node opening it does. The
@@ -22,9 +25,10 @@ use std::time::Duration;
 
 use automerge::Automerge;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use piecework_queue_doc::membership::{MemberOp, NewOp, OpKind, actor_for};
 use piecework_queue_doc::{
-    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueView, Submission,
-    TaskId, ViewCache, WorkerId, epoch, queue,
+    Assignment, AttemptId, AttemptOutcome, Claim, PeerId, QueueConfig, QueueId, QueueView, Role,
+    Signer, Submission, TaskId, ViewCache, WorkerId, epoch, queue,
 };
 
 fn me() -> PeerId {
@@ -122,6 +126,51 @@ fn queue_with(n: u64, finished: bool) -> Automerge {
     doc
 }
 
+/// A queue with `n` finished tasks whose every value is judged: signed membership, a
+/// submitter and a removed member beside the creator, who writes everything.
+fn judged_queue_with(n: u64) -> Automerge {
+    let creator = Signer::new(me(), [1; 32]);
+    let q = QueueId::new("automerge:judged");
+    let mut doc = Automerge::new().with_actor(actor_for(&me(), [1; 8]));
+    queue::create(&mut doc, "q", &QueueConfig::default(), &me(), 0).expect("create");
+    queue::set_signed_membership(&mut doc, &q, &creator.public()).expect("signed");
+    for (peer, kind) in [
+        ("submitter", OpKind::Add),
+        ("gone", OpKind::Add),
+        ("gone", OpKind::Remove),
+    ] {
+        let secret = [peer.len() as u8; 32];
+        let peer = Signer::new(PeerId::new(peer), secret);
+        let deps = QueueView::read(&doc).expect("a queue").membership.heads();
+        let op = MemberOp::sign(
+            &creator,
+            NewOp {
+                queue: &q,
+                kind,
+                peer: peer.peer(),
+                role: (kind == OpKind::Add).then_some(Role::Submitter),
+                key: Some(peer.public()),
+                deps,
+                at_ms: 0,
+                via: None,
+                cut: None,
+            },
+        );
+        queue::add_member_op(&mut doc, &op).expect("op");
+    }
+    assert!(
+        !QueueView::read(&doc)
+            .expect("a queue")
+            .membership
+            .all_work()
+    );
+    for i in 0..n {
+        let t = submit(&mut doc, i);
+        run(&mut doc, &t);
+    }
+    doc
+}
+
 fn sizes() -> Vec<u64> {
     std::env::var("PIECEWORK_BENCH_SIZES")
         .ok()
@@ -134,8 +183,11 @@ fn hot_paths(c: &mut Criterion) {
     g.sample_size(20);
     g.measurement_time(Duration::from_secs(3));
     for n in sizes() {
-        for (what, finished) in [("history", true), ("live", false)] {
-            let mut doc = queue_with(n, finished);
+        for (what, finished) in [("history", true), ("live", false), ("judged", true)] {
+            let mut doc = match what {
+                "judged" => judged_queue_with(n),
+                _ => queue_with(n, finished),
+            };
             let mut cache = ViewCache::new();
             cache.refresh(&doc);
             let mut next = n;

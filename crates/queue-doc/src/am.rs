@@ -125,3 +125,45 @@ pub(crate) fn as_bool(v: &ValueRef<'_>) -> Option<bool> {
         _ => None,
     }
 }
+
+/// Of the concurrent values of `key`, the one Automerge would pick (the last) among those
+/// `judge` counts for a write needing `need` (see `judge.rs`).
+pub(crate) fn judged<R: ReadDoc>(
+    doc: &R,
+    obj: &ObjId,
+    key: &str,
+    judge: &crate::judge::Judge<'_>,
+    need: crate::judge::Right,
+) -> Option<Value<'static>> {
+    doc.get_all(obj, key)
+        .ok()?
+        .into_iter()
+        .rev()
+        .find(|(_, id)| judge.allows(id, need))
+        .map(|(v, _)| v.into_owned())
+}
+
+/// A non-negative integer value.
+pub(crate) fn value_uint(v: &Value<'_>) -> Option<u64> {
+    match v.as_scalar()? {
+        ScalarValue::Uint(x) => Some(*x),
+        ScalarValue::Int(x) => u64::try_from(*x).ok(),
+        _ => None,
+    }
+}
+
+/// A string value.
+pub(crate) fn value_str<'v>(v: &'v Value<'_>) -> Option<&'v str> {
+    match v.as_scalar()? {
+        ScalarValue::Str(s) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+/// A boolean value.
+pub(crate) fn value_bool(v: &Value<'_>) -> Option<bool> {
+    match v.as_scalar()? {
+        ScalarValue::Boolean(b) => Some(*b),
+        _ => None,
+    }
+}

@@ -27,6 +27,7 @@ use automerge::{ActorId, Automerge, ChangeHash, ObjId, ReadDoc, ScalarValue};
 use crate::am;
 use crate::entry::{AttemptOutcome, Finished, Started, TaskEntry};
 use crate::ids::TaskId;
+use crate::judge::{Judge, Right};
 use crate::keys;
 use crate::packed;
 use crate::read::{EntryValue, Records, read_task_entry, read_task_entry_from};
@@ -174,9 +175,15 @@ impl ViewCache {
         .iter()
         .filter_map(key_of)
         .collect();
+        let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
+        let judge = Judge::new(&membership, doc_key.as_deref());
         if let Some(tasks) = tasks {
-            let records = Records::read(doc);
+            let records = Records::read(doc, &judge);
             for item in doc.map_range(&tasks, ..) {
+                // A removed peer's submission its removal had not seen.
+                if !judge.allows(&item.id(), Right::Any) {
+                    continue;
+                }
                 let id = TaskId::new(item.key.as_ref());
                 let owners = &mut self.owners;
                 let mut own = |o: &ObjId| {
@@ -187,7 +194,15 @@ impl ViewCache {
                 let mut bad = 0;
                 let value = EntryValue::of(&item.value, item.id());
                 let records = Some(&records);
-                match read_task_entry_from(doc, records, value, id.clone(), &mut bad, &mut own) {
+                match read_task_entry_from(
+                    doc,
+                    &judge,
+                    records,
+                    value,
+                    id.clone(),
+                    &mut bad,
+                    &mut own,
+                ) {
                     Some(entry) => view.set_task(id.clone(), Some(entry)),
                     None => bad += 1,
                 }
@@ -286,7 +301,7 @@ impl ViewCache {
     fn incremental(&mut self, doc: &Automerge) -> bool {
         let mut root = false;
         let mut dirty = BTreeSet::new();
-        let mut patches: BTreeMap<TaskId, Vec<Patch>> = BTreeMap::new();
+        let mut patches: BTreeMap<TaskId, Vec<(Patch, ObjId)>> = BTreeMap::new();
         // Assignments, starts and ends seen: afterwards, any whose attempt the view does not
         // show hides records from it.
         let mut records: Vec<(TaskId, String)> = Vec::new();
@@ -310,7 +325,8 @@ impl ViewCache {
                         }
                         match Patch::of(map, key, op) {
                             Some(p) => {
-                                patches.entry(task).or_default().push(p);
+                                let id = ObjId::Id(start + i, expanded.actor_id.clone(), 0);
+                                patches.entry(task).or_default().push((p, id));
                                 None
                             }
                             None => Some(task),
@@ -334,7 +350,15 @@ impl ViewCache {
                 Some((_, bad_claims)) => self.root_malformed = bad_claims,
                 None => return false,
             }
+            // Who may write what changed: every value is judged anew (rare: an invite, a
+            // removal).
+            let before = self.view.as_deref().expect("incremental needs a view");
+            if view.membership != before.membership || view.doc_key != before.doc_key {
+                return self.full(doc);
+            }
         }
+        let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
+        let judge = Judge::new(&membership, doc_key.as_deref());
         let mut changed: BTreeSet<TaskId> = dirty.clone();
         for (id, list) in patches {
             changed.insert(id.clone());
@@ -344,7 +368,10 @@ impl ViewCache {
             let patched = match view.task(&id) {
                 Some(entry) if !self.hidden.contains(&id) => {
                     let mut entry = entry.clone();
-                    list.iter().all(|p| p.apply(&mut entry)).then_some(entry)
+                    // A record its writer's role does not allow is left to the re-read.
+                    list.iter()
+                        .all(|(p, id)| judge.allows(id, Right::Work) && p.apply(&mut entry))
+                        .then_some(entry)
                 }
                 _ => None,
             };
@@ -364,6 +391,9 @@ impl ViewCache {
             // As in a full read: a key whose value is no readable task entry is malformed.
             let value = tasks.as_ref().and_then(|t| {
                 let (v, o) = doc.get(t, id.as_str()).ok().flatten()?;
+                if !judge.allows(&o, Right::Any) {
+                    return None;
+                }
                 Some(match v {
                     automerge::Value::Object(automerge::ObjType::Map) => EntryValue::Map(o),
                     automerge::Value::Scalar(s) => match s.as_ref() {
@@ -381,13 +411,15 @@ impl ViewCache {
             };
             let mut bad = 0;
             match value {
-                Some(value) => match read_task_entry(doc, value, id.clone(), &mut bad, &mut own) {
-                    Some(entry) => view.set_task(id.clone(), Some(entry)),
-                    None => {
-                        bad += 1;
-                        view.set_task(id.clone(), None);
+                Some(value) => {
+                    match read_task_entry(doc, &judge, value, id.clone(), &mut bad, &mut own) {
+                        Some(entry) => view.set_task(id.clone(), Some(entry)),
+                        None => {
+                            bad += 1;
+                            view.set_task(id.clone(), None);
+                        }
                     }
-                },
+                }
                 None => view.set_task(id.clone(), None),
             }
             match bad {

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::am;
 use crate::chain::{PackedLatest, PackedSeal, decode_heads, encode_heads};
 use crate::ids::{Claim, QueueId, TaskId};
+use crate::judge::Judge;
 use crate::keys;
 use crate::keys::{
     CARRIED_FROM, COVERED, EPOCH, LATEST, LINEAGE, ORIGIN, PREV, PREV_HEADS, RETIRED, SEALS,
@@ -557,11 +558,11 @@ pub fn set_latest(doc: &mut Automerge, latest: &Latest) -> Result<(), WriteError
 /// only if their chain runs through a claim that counts in `into`. A node fences with it
 /// before the carry is written.
 pub fn carried_claim<R: ReadDoc, S: ReadDoc>(from: &R, into: &S) -> Option<Claim> {
-    let (counted, _) = crate::view::read_claims(into);
+    let (counted, _) = crate::view::read_claims(into, &Judge::open());
     let mut counted: std::collections::BTreeSet<Claim> = counted.into_iter().collect();
     let mut bad = 0;
-    let mut records = crate::view::chained_records(from, &mut bad);
-    records.extend(crate::view::chained_records(into, &mut bad));
+    let mut records = crate::view::chained_records(from, &Judge::open(), &mut bad);
+    records.extend(crate::view::chained_records(into, &Judge::open(), &mut bad));
     crate::view::extend_chain(&mut counted, records);
     counted.into_iter().next_back()
 }
@@ -593,7 +594,10 @@ pub fn read_epoch<R: ReadDoc>(doc: &R) -> Option<(u64, Option<QueueId>)> {
 
 /// The effective router claim of a queue document (the greatest of its concurrent claims).
 pub fn effective_claim<R: ReadDoc>(doc: &R) -> Option<Claim> {
-    crate::view::read_claims(doc).0.into_iter().max()
+    crate::view::read_claims(doc, &Judge::open())
+        .0
+        .into_iter()
+        .max()
 }
 
 /// The sealed document a queue document continues, and its heads at sealing (`None` in
@@ -648,7 +652,14 @@ fn entry_alone(doc: &Automerge, task: &TaskId) -> Option<crate::TaskEntry> {
         },
         _ => return None,
     };
-    crate::read::read_task_entry(doc, value, task.clone(), &mut 0, &mut |_| {})
+    crate::read::read_task_entry(
+        doc,
+        &Judge::open(),
+        value,
+        task.clone(),
+        &mut 0,
+        &mut |_| {},
+    )
 }
 
 /// The heads among `heads` that `doc` has.
@@ -896,11 +907,11 @@ pub fn carry_covering(
             // only with the chain below it, and the chain runs through a claim that counts
             // there (the sealer's, a base of its lineage). Records that would not count (a
             // forged term, say) are left behind.
-            let (before, _) = crate::view::read_claims(tx);
+            let (before, _) = crate::view::read_claims(tx, &Judge::open());
             let mut after: BTreeSet<Claim> = before.iter().cloned().collect();
             let mut bad = 0;
-            let mut records = crate::view::chained_records(from, &mut bad);
-            records.extend(crate::view::chained_records(tx, &mut bad));
+            let mut records = crate::view::chained_records(from, &Judge::open(), &mut bad);
+            records.extend(crate::view::chained_records(tx, &Judge::open(), &mut bad));
             crate::view::extend_chain(&mut after, records);
             let new: HashSet<String> = after
                 .difference(&before.into_iter().collect())

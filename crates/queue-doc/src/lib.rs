@@ -51,8 +51,13 @@
 //!
 //! # Values from peers
 //!
-//! Any member can write any value, so readers validate what they read, the same way on every
-//! replica: the [`QueueConfig`] is clamped into its documented ranges
+//! Every value is judged by who wrote it (module `judge`): a node writes with an actor id tagged
+//! with its peer ([`membership::actor_for`]), and a view ignores a write its writer's role does
+//! not allow (the configuration and schedules are an admin's, routing and running a member's)
+//! and a removed peer's writes beyond its removal's [`membership::Cut`].
+//!
+//! Beyond that any member can write any value, so readers validate what they read, the same
+//! way on every replica: the [`QueueConfig`] is clamped into its documented ranges
 //! ([`QueueConfig::clamped`]), router claims above [`MAX_TERM`] are ignored and attempts made
 //! under one are malformed (both counted in [`QueueView::malformed`]), and priorities and
 //! per-task attempt limits are clamped. Each attempt names the pool incarnation it is
@@ -93,6 +98,7 @@ mod ends;
 mod entry;
 pub mod epoch;
 mod ids;
+mod judge;
 mod keys;
 pub mod membership;
 mod packed;

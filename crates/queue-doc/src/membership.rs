@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use automerge::{ActorId, Automerge};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, Verifier as _, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -40,8 +41,19 @@ pub(crate) const OP_PREFIX: &str = "mop/";
 /// ignored. Far above what invites and removals by hand make.
 pub const MAX_MEMBER_OPS: usize = 4096;
 
-/// The most bytes one encoded operation may take.
-pub const MAX_OP_BYTES: usize = 4096;
+/// The most bytes one encoded operation may take (a removal's [`Cut`] names up to
+/// [`MAX_CUT_ACTORS`] actors).
+pub const MAX_OP_BYTES: usize = 16 * 1024;
+
+/// The most actors a removal's [`Cut`] names: a peer's starts within one document, far more
+/// than a node makes between two rotations.
+pub const MAX_CUT_ACTORS: usize = 256;
+
+/// How many leading bytes of an Automerge actor id name the peer that writes with it
+/// ([`actor_tag`]); the rest are the start's random part.
+pub const ACTOR_TAG_LEN: usize = 8;
+
+const ACTOR_DOMAIN: &[u8] = b"piecework/actor/v1\0";
 
 /// The most operations one operation may name as seen.
 pub const MAX_DEPS: usize = 64;
@@ -192,6 +204,8 @@ struct OpBody {
     at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     via: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cut: Option<Cut>,
 }
 
 /// A membership operation could not be read.
@@ -233,6 +247,8 @@ pub struct MemberOp {
     pub at_ms: u64,
     /// The invite it redeems, if any (the grant's nonce): information only.
     pub via: Option<String>,
+    /// A removal: what its signer had seen of the removed peer's writes (see [`Cut`]).
+    pub cut: Option<Cut>,
     bytes: Vec<u8>,
 }
 
@@ -255,6 +271,8 @@ pub struct NewOp<'a> {
     pub at_ms: u64,
     /// The invite redeemed.
     pub via: Option<String>,
+    /// A removal's [`Cut`] ([`Cut::of_doc`]).
+    pub cut: Option<Cut>,
 }
 
 fn op_id(bytes: &[u8]) -> String {
@@ -280,6 +298,7 @@ impl MemberOp {
             deps: new.deps,
             at_ms: new.at_ms,
             via: new.via,
+            cut: new.cut,
         };
         let body = serde_json::to_vec(&body).expect("an operation serializes");
         let sig = signer.sign(OP_DOMAIN, &body);
@@ -324,6 +343,14 @@ impl MemberOp {
         {
             return Err(OpError::WrongKey(peer));
         }
+        if b.cut
+            .as_ref()
+            .is_some_and(|c| c.clock.len() > MAX_CUT_ACTORS)
+        {
+            return Err(OpError::Malformed(
+                "a cut naming too many actors".to_owned(),
+            ));
+        }
         if b.op == OpKind::Add && b.role.is_none() {
             return Err(OpError::Malformed("an add without a role".to_owned()));
         }
@@ -339,6 +366,7 @@ impl MemberOp {
             deps: b.deps,
             at_ms: b.at_ms,
             via: b.via,
+            cut: b.cut,
             bytes: bytes.to_vec(),
         })
     }
@@ -369,6 +397,85 @@ pub(crate) fn names(key: &str, bytes: &[u8]) -> bool {
         .is_some_and(|id| id == op_id(bytes))
 }
 
+/// The first [`ACTOR_TAG_LEN`] bytes of the Automerge actor ids `peer` writes with: the start
+/// of the SHA-256 of its id (domain-separated). A reader attributes a write to the member whose
+/// tag its actor starts with ([`Membership::writer`]). Changes are not signed, so the tag is a
+/// claim, not a proof: it lets honest replicas tell honest writers apart, and a hostile member
+/// can still write under another member's tag (see `docs/security.md`).
+pub fn actor_tag(peer: &PeerId) -> [u8; ACTOR_TAG_LEN] {
+    let mut h = Sha256::new();
+    h.update(ACTOR_DOMAIN);
+    h.update(peer.as_str().as_bytes());
+    let d = h.finalize();
+    let mut tag = [0u8; ACTOR_TAG_LEN];
+    tag.copy_from_slice(&d[..ACTOR_TAG_LEN]);
+    tag
+}
+
+/// An actor id for one start of `peer`: its [`actor_tag`], then `nonce` (random per start).
+pub fn actor_for(peer: &PeerId, nonce: [u8; 8]) -> ActorId {
+    let mut bytes = actor_tag(peer).to_vec();
+    bytes.extend_from_slice(&nonce);
+    ActorId::from(bytes)
+}
+
+fn tag_of(actor: &ActorId) -> Option<[u8; ACTOR_TAG_LEN]> {
+    actor.to_bytes().get(..ACTOR_TAG_LEN)?.try_into().ok()
+}
+
+/// What a removal had seen of the removed peer's writes in the document it was written to:
+/// for each of the peer's actors there, the greatest operation counter. Every replica ignores
+/// the removed peer's writes in that document beyond it (and, in any document, the writes of
+/// an actor of the peer that it does not name): removal converges whatever the order the
+/// replicas learn of it, and what the remover had seen stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Cut {
+    /// The document's key ([`crate::QueueView::doc_key`]).
+    #[serde(rename = "d")]
+    pub doc: String,
+    /// Actor (hex) → the greatest operation counter seen.
+    #[serde(rename = "c")]
+    pub clock: BTreeMap<String, u64>,
+}
+
+impl Cut {
+    /// The cut of `peer`'s writes in `doc` (whose key is `doc_key`), as `doc` holds them now:
+    /// O(the document's changes), once per removal.
+    pub fn of_doc(doc: &Automerge, doc_key: &str, peer: &PeerId) -> Cut {
+        let tag = actor_tag(peer);
+        let mut clock: BTreeMap<String, u64> = BTreeMap::new();
+        for m in doc.get_changes_meta(&[]) {
+            if tag_of(&m.actor) == Some(tag) {
+                let e = clock.entry(m.actor.to_hex_string()).or_insert(0);
+                *e = (*e).max(m.max_op);
+            }
+        }
+        if clock.len() > MAX_CUT_ACTORS {
+            // Keep the actors with the most writes seen; the others' writes are ignored.
+            let mut by_count: Vec<(String, u64)> = clock.into_iter().collect();
+            by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            by_count.truncate(MAX_CUT_ACTORS);
+            clock = by_count.into_iter().collect();
+        }
+        Cut {
+            doc: doc_key.to_owned(),
+            clock,
+        }
+    }
+}
+
+/// Who wrote a value, as a reader can tell ([`Membership::writer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer<'a> {
+    /// An actor no member's tag names (a queue written before actors were tagged, or a
+    /// forged one): the writer cannot be known, and its writes are read as before.
+    Unknown,
+    /// A member (removed or not) and its role.
+    Member(&'a PeerId, Role),
+    /// A removed peer's write beyond its removal's [`Cut`]: ignored by every reader.
+    Cut,
+}
+
 /// A member as the materialization leaves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberRecord {
@@ -383,6 +490,9 @@ pub struct MemberRecord {
     pub key: Option<PublicKey>,
     /// The operations of its own the removal had seen (see [`Membership::counts`]).
     seen_at_removal: BTreeSet<String>,
+    /// What the removal had seen of its writes (none: every write of a removed peer is
+    /// ignored).
+    cut: Option<Cut>,
 }
 
 impl MemberRecord {
@@ -404,6 +514,10 @@ pub struct Membership {
     /// Whether members listed the old way (the `members` map of a queue made before
     /// memberships were signed) count.
     legacy: bool,
+    /// Every peer ever added, by its [`actor_tag`].
+    writers: BTreeMap<[u8; ACTOR_TAG_LEN], PeerId>,
+    /// See [`Membership::all_work`].
+    all_work: bool,
 }
 
 impl Membership {
@@ -434,6 +548,7 @@ impl Membership {
                 removed_by: None,
                 key: creator_key.or_else(|| peer_key(creator)),
                 seen_at_removal: BTreeSet::new(),
+                cut: None,
             },
         );
         for p in legacy.into_iter().flatten() {
@@ -446,6 +561,7 @@ impl Membership {
                         removed_by: None,
                         key: peer_key(p),
                         seen_at_removal: BTreeSet::new(),
+                        cut: None,
                     },
                 );
             }
@@ -473,10 +589,12 @@ impl Membership {
                             removed_by: None,
                             key,
                             seen_at_removal: BTreeSet::new(),
+                            cut: None,
                         });
                         m.role = role;
                         m.added_by = Some(op.by.clone());
                         m.removed_by = None;
+                        m.cut = None;
                         if m.key.is_none() {
                             m.key = key;
                         }
@@ -494,6 +612,7 @@ impl Membership {
                         }
                         if let Some(m) = members.get_mut(&op.peer) {
                             m.removed_by = Some(op.by.clone());
+                            m.cut = op.cut.clone();
                             m.seen_at_removal = seen
                                 .into_iter()
                                 .filter(|s| all.get(s).is_some_and(|o| o.by == op.peer))
@@ -507,12 +626,16 @@ impl Membership {
                 continue;
             }
             let counted = counted.iter().map(|o| o.id.clone()).collect();
+            let writers = members.keys().map(|p| (actor_tag(p), p.clone())).collect();
+            let all_work = members.values().all(|m| m.active() && m.role.works());
             return Membership {
                 creator: Some(creator.clone()),
                 members,
                 ops: all,
                 counted,
                 legacy: legacy.is_some(),
+                writers,
+                all_work,
             };
         }
     }
@@ -553,6 +676,42 @@ impl Membership {
             .get(peer)
             .filter(|m| m.active())
             .map(|m| m.role)
+    }
+
+    /// Who wrote with `actor` an operation numbered `counter` in the document whose key is
+    /// `doc` ([`crate::QueueView::doc_key`]): the member whose [`actor_tag`] the actor starts
+    /// with, or [`Writer::Cut`] if that member was removed and the removal's [`Cut`] does not
+    /// include the operation (a document without a key: a removed peer's writes count, as no
+    /// cut can name it).
+    pub fn writer(&self, doc: Option<&str>, counter: u64, actor: &ActorId) -> Writer<'_> {
+        let Some(peer) = tag_of(actor).and_then(|t| self.writers.get(&t)) else {
+            return Writer::Unknown;
+        };
+        let Some(m) = self.members.get(peer) else {
+            return Writer::Unknown;
+        };
+        if m.active() {
+            return Writer::Member(peer, m.role);
+        }
+        let Some(doc) = doc else {
+            return Writer::Member(peer, m.role);
+        };
+        let seen = m
+            .cut
+            .as_ref()
+            .filter(|c| c.doc == doc)
+            .and_then(|c| c.clock.get(&actor.to_hex_string()))
+            .is_some_and(|&max| counter <= max);
+        match seen {
+            true => Writer::Member(peer, m.role),
+            false => Writer::Cut,
+        }
+    }
+
+    /// Whether every member not removed routes and runs and none was removed: then every
+    /// write a reader checks for [`Role::works`] is allowed without looking its writer up.
+    pub fn all_work(&self) -> bool {
+        self.all_work
     }
 
     /// Whether `peer` is a member not removed.
@@ -817,6 +976,7 @@ mod tests {
                 deps,
                 at_ms: 1,
                 via: None,
+                cut: None,
             },
         )
     }
@@ -833,6 +993,7 @@ mod tests {
                 deps,
                 at_ms: 2,
                 via: None,
+                cut: None,
             },
         )
     }

@@ -350,6 +350,28 @@ pub fn add_member_op(doc: &mut Automerge, op: &crate::MemberOp) -> Result<bool, 
 /// greatest `(term, peer)` that counts is effective. A term above [`MAX_TERM`], or one with
 /// no claim counting at the term below it ([`WriteError::SkipsTerm`]), is refused.
 pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(), WriteError> {
+    claim_router_among(doc, claim, now_ms, None)
+}
+
+/// [`claim_router`], naming the claim it supersedes among the claims `view` counts (`view`
+/// must be this document's view at its current heads): a claim a view ignores (written by a
+/// peer whose role does not route, see `judge.rs`) is never the one superseded, so the new
+/// claim counts where that view's does.
+pub fn claim_router_in_view(
+    doc: &mut Automerge,
+    view: &QueueView,
+    claim: &Claim,
+    now_ms: u64,
+) -> Result<(), WriteError> {
+    claim_router_among(doc, claim, now_ms, Some(&view.claims))
+}
+
+fn claim_router_among(
+    doc: &mut Automerge,
+    claim: &Claim,
+    now_ms: u64,
+    counted: Option<&[Claim]>,
+) -> Result<(), WriteError> {
     if !claim.is_valid() {
         return Err(WriteError::TermTooLarge(claim.term));
     }
@@ -360,7 +382,10 @@ pub fn claim_router(doc: &mut Automerge, claim: &Claim, now_ms: u64) -> Result<(
         let prev = match claim.term.checked_sub(1) {
             Some(0) => None,
             Some(below) => {
-                let (counted, _) = crate::view::read_claims(tx);
+                let counted = match counted {
+                    Some(c) => c.to_vec(),
+                    None => crate::view::read_claims(tx, &crate::judge::Judge::open()).0,
+                };
                 let prev = counted
                     .into_iter()
                     .filter(|c| c.term == below)

@@ -10,6 +10,7 @@ use crate::am;
 use crate::config::QueueConfig;
 use crate::entry::{Attempt, AttemptOutcome, Finished, MAX_PRIORITY, Started, TaskEntry};
 use crate::ids::{AttemptId, Claim, PeerId, TaskId, WorkerId};
+use crate::judge::{Judge, Right};
 use crate::keys;
 use crate::packed;
 
@@ -36,12 +37,13 @@ impl EntryValue {
 /// layout-1 object id that belongs to it to `owned` (for [`crate::ViewCache`]'s object table).
 pub(crate) fn read_task_entry(
     doc: &Automerge,
+    judge: &Judge<'_>,
     value: EntryValue,
     id: TaskId,
     malformed: &mut usize,
     owned: &mut dyn FnMut(&ObjId),
 ) -> Option<TaskEntry> {
-    read_task_entry_from(doc, None, value, id, malformed, owned)
+    read_task_entry_from(doc, judge, None, value, id, malformed, owned)
 }
 
 /// The layout-2 records of a whole document, read map by map: a whole read looks a task's
@@ -57,13 +59,14 @@ pub(crate) struct Records {
     ended: HashMap<String, Vec<String>>,
     seen: HashMap<String, u64>,
     bumps: HashMap<String, Vec<String>>,
-    cancels: HashMap<String, Vec<String>>,
-    requeues: HashMap<String, Vec<String>>,
+    /// With, for a value a submitter wrote, that submitter: it counts for its own tasks only.
+    cancels: HashMap<String, Vec<(String, Option<PeerId>)>>,
+    requeues: HashMap<String, Vec<(String, Option<PeerId>)>>,
 }
 
 impl Records {
-    /// Reads the layout-2 maps of `doc` whole: O(records).
-    pub(crate) fn read(doc: &Automerge) -> Records {
+    /// Reads the layout-2 maps of `doc` whole, keeping the values `judge` counts: O(records).
+    pub(crate) fn read(doc: &Automerge, judge: &Judge<'_>) -> Records {
         let mut r = Records::default();
         let text = |v: &automerge::Value<'_>| match v {
             automerge::Value::Scalar(s) => match s.as_ref() {
@@ -75,6 +78,9 @@ impl Records {
         let assigned = am::all_objects(doc, &ROOT, packed::ASSIGNED, ObjType::Map);
         for (i, m) in assigned.iter().enumerate() {
             for item in doc.map_range(m, ..) {
+                if !judge.allows(&item.id(), Right::Work) {
+                    continue;
+                }
                 let value = am::as_str(&item.value).map(str::to_owned);
                 // Unreadable values count as malformed where the task reads them.
                 r.assigned
@@ -83,33 +89,56 @@ impl Records {
                     .push((i, value.unwrap_or_default()));
             }
         }
-        for (name, into) in [
-            (packed::STARTED, &mut r.started),
-            (packed::ENDED, &mut r.ended),
-            (packed::BUMPS, &mut r.bumps),
-            (packed::CANCELS, &mut r.cancels),
-            (packed::REQUEUES, &mut r.requeues),
-        ] {
+        // Every counted value of each key of the root map `name`, with its writer if only a
+        // task's own submitter counts it.
+        let values_of = |name: &str, right: Option<Right>| {
+            let mut out: HashMap<String, Vec<(String, Option<PeerId>)>> = HashMap::new();
             for m in am::all_objects(doc, &ROOT, name, ObjType::Map) {
                 for item in doc.map_range(&m, ..) {
-                    let values = into.entry(item.key.to_string()).or_default();
+                    let values = out.entry(item.key.to_string()).or_default();
+                    let mut keep = |v: Option<String>, id: &ObjId| {
+                        let owner = match right {
+                            Some(right) => judge.allows(id, right).then_some(None),
+                            None => judge.owner_only(id),
+                        };
+                        if let (Some(v), Some(owner)) = (v, owner) {
+                            values.push((v, owner));
+                        }
+                    };
                     match item.conflict {
-                        false => values.extend(am::as_str(&item.value).map(str::to_owned)),
-                        true => values.extend(
-                            doc.get_all(&m, item.key.as_ref())
-                                .unwrap_or_default()
-                                .iter()
-                                .filter_map(|(v, _)| text(v)),
-                        ),
+                        false => keep(am::as_str(&item.value).map(str::to_owned), &item.id()),
+                        true => {
+                            for (v, id) in doc.get_all(&m, item.key.as_ref()).unwrap_or_default() {
+                                keep(text(&v), &id);
+                            }
+                        }
                     }
                 }
             }
-        }
+            out
+        };
+        let plain = |m: HashMap<String, Vec<(String, Option<PeerId>)>>| {
+            m.into_iter()
+                .map(|(k, vs)| (k, vs.into_iter().map(|(v, _)| v).collect()))
+                .collect::<HashMap<String, Vec<String>>>()
+        };
+        r.started = plain(values_of(packed::STARTED, Some(Right::Work)));
+        r.ended = plain(values_of(packed::ENDED, Some(Right::Work)));
+        r.bumps = plain(values_of(packed::BUMPS, Some(Right::Any)));
+        r.cancels = values_of(packed::CANCELS, None);
+        r.requeues = values_of(packed::REQUEUES, None);
         for m in am::all_objects(doc, &ROOT, packed::SEEN, ObjType::Map) {
             for item in doc.map_range(&m, ..) {
-                let n = match item.conflict {
+                let n = match item.conflict || !judge.allows(&item.id(), Right::Any) {
                     false => am::as_uint(&item.value).unwrap_or(0),
-                    true => am::max_uint(doc, &m, item.key.as_ref()),
+                    true => doc
+                        .get_all(&m, item.key.as_ref())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|(_, id)| judge.allows(id, Right::Any))
+                        .filter_map(|(v, _)| am::value_uint(&v))
+                        .max()
+                        .unwrap_or(0),
                 };
                 let e = r.seen.entry(item.key.to_string()).or_default();
                 *e = (*e).max(n);
@@ -131,6 +160,7 @@ impl Records {
 /// and from the document otherwise.
 pub(crate) fn read_task_entry_from(
     doc: &Automerge,
+    judge: &Judge<'_>,
     records: Option<&Records>,
     value: EntryValue,
     id: TaskId,
@@ -138,7 +168,7 @@ pub(crate) fn read_task_entry_from(
     owned: &mut dyn FnMut(&ObjId),
 ) -> Option<TaskEntry> {
     let mut entry = match value {
-        EntryValue::Map(obj) => read_map_entry(doc, &obj, id.clone(), malformed, owned)?,
+        EntryValue::Map(obj) => read_map_entry(doc, judge, &obj, id.clone(), malformed, owned)?,
         EntryValue::Packed(s) => {
             let e: packed::Entry = packed::decode(&s)?;
             let rules = e.r.normalized(&id);
@@ -168,11 +198,11 @@ pub(crate) fn read_task_entry_from(
     // Layout-2 records: attempts, and the starts and ends of attempts of either layout.
     let started = |key: &str| match records {
         Some(r) => r.started(key),
-        None => packed_started(doc, key),
+        None => started_of(judged_values(doc, judge, packed::STARTED, key)),
     };
     let finished = |key: &str| match records {
         Some(r) => r.finished(key),
-        None => packed_finished(doc, key),
+        None => finished_of(judged_values(doc, judge, packed::ENDED, key)),
     };
     for a in &mut entry.attempts {
         let key = packed::attempt_key(&id, &a.id);
@@ -213,6 +243,9 @@ pub(crate) fn read_task_entry_from(
         None => {
             for m in am::all_objects(doc, &ROOT, packed::ASSIGNED, ObjType::Map) {
                 for item in doc.map_range(&m, packed::attempts_of(&id)) {
+                    if !judge.allows(&item.id(), Right::Work) {
+                        continue;
+                    }
                     push(item.key.as_ref(), am::as_str(&item.value));
                 }
             }
@@ -222,20 +255,38 @@ pub(crate) fn read_task_entry_from(
     entry.attempts.dedup_by(|a, b| a.id == b.id);
     let seen = match records {
         Some(r) => r.seen.get(id.as_str()).copied().unwrap_or(0),
-        None => packed_seen(doc, &id),
+        None => packed_seen(doc, judge, &id),
     };
     entry.input_seen = entry.input_seen.max(seen);
     entry.bump = match records {
         Some(r) => bump_of(r.bumps.get(id.as_str()).into_iter().flatten().cloned()),
-        None => bump_of(packed_values(doc, packed::BUMPS, id.as_str())),
+        None => bump_of(judged_values(doc, judge, packed::BUMPS, id.as_str())),
     };
+    // A cancel or a requeue counts if a member wrote it, or the task's own submitter.
+    let submitter = entry.submitter.clone();
+    let own =
+        |(v, owner): (String, Option<PeerId>)| owner.is_none_or(|o| o == submitter).then_some(v);
     entry.cancel = match records {
-        Some(r) => merged_of(r.cancels.get(id.as_str()).into_iter().flatten().cloned()),
-        None => merged_of(packed_values(doc, packed::CANCELS, id.as_str())),
+        Some(r) => merged_of(
+            r.cancels
+                .get(id.as_str())
+                .into_iter()
+                .flatten()
+                .cloned()
+                .filter_map(own),
+        ),
+        None => merged_of(owned_values(doc, judge, packed::CANCELS, id.as_str()).filter_map(own)),
     };
     entry.requeue = match records {
-        Some(r) => merged_of(r.requeues.get(id.as_str()).into_iter().flatten().cloned()),
-        None => merged_of(packed_values(doc, packed::REQUEUES, id.as_str())),
+        Some(r) => merged_of(
+            r.requeues
+                .get(id.as_str())
+                .into_iter()
+                .flatten()
+                .cloned()
+                .filter_map(own),
+        ),
+        None => merged_of(owned_values(doc, judge, packed::REQUEUES, id.as_str()).filter_map(own)),
     };
     Some(entry)
 }
@@ -324,12 +375,46 @@ pub(crate) fn finished_of(values: impl Iterator<Item = String>) -> Option<Finish
 }
 
 /// The layout-2 mark of a task's input (0 if none); concurrent marks keep the greatest.
-fn packed_seen<R: ReadDoc>(doc: &R, task: &TaskId) -> u64 {
+fn packed_seen<R: ReadDoc>(doc: &R, judge: &Judge<'_>, task: &TaskId) -> u64 {
     am::all_objects(doc, &ROOT, packed::SEEN, ObjType::Map)
         .iter()
-        .map(|m| am::max_uint(doc, m, task.as_str()))
+        .flat_map(|m| doc.get_all(m, task.as_str()).unwrap_or_default())
+        .filter(|(_, id)| judge.allows(id, Right::Any))
+        .filter_map(|(v, _)| am::value_uint(&v))
         .max()
         .unwrap_or(0)
+}
+
+/// [`packed_values`], keeping the values `judge` counts for a write needing `right`.
+pub(crate) fn judged_values<'a, R: ReadDoc>(
+    doc: &'a R,
+    judge: &'a Judge<'a>,
+    map: &str,
+    key: &'a str,
+) -> impl Iterator<Item = String> + 'a {
+    let right = match map {
+        packed::BUMPS | packed::SEEN => Right::Any,
+        _ => Right::Work,
+    };
+    am::all_objects(doc, &ROOT, map, ObjType::Map)
+        .into_iter()
+        .flat_map(move |m| doc.get_all(&m, key).unwrap_or_default())
+        .filter(move |(_, id)| judge.allows(id, right))
+        .filter_map(|(v, _)| am::value_str(&v).map(str::to_owned))
+}
+
+/// The values of a cancel or requeue record that `judge` counts, each with its writer if it
+/// counts for that writer's own tasks only ([`Judge::owner_only`]).
+fn owned_values<'a, R: ReadDoc>(
+    doc: &'a R,
+    judge: &'a Judge<'a>,
+    map: &str,
+    key: &'a str,
+) -> impl Iterator<Item = (String, Option<PeerId>)> + 'a {
+    am::all_objects(doc, &ROOT, map, ObjType::Map)
+        .into_iter()
+        .flat_map(move |m| doc.get_all(&m, key).unwrap_or_default())
+        .filter_map(move |(v, id)| Some((am::value_str(&v)?.to_owned(), judge.owner_only(&id)?)))
 }
 
 /// The greatest attempt number at which a task's input was marked available, in either layout.
@@ -337,7 +422,7 @@ pub(crate) fn input_seen<R: ReadDoc>(doc: &R, task: &TaskId) -> u64 {
     let v1 = am::object(doc, &ROOT, keys::TASKS, ObjType::Map)
         .and_then(|t| am::object(doc, &t, task.as_str(), ObjType::Map))
         .map_or(0, |e| am::max_uint(doc, &e, keys::INPUT_SEEN));
-    v1.max(packed_seen(doc, task))
+    v1.max(packed_seen(doc, &Judge::open(), task))
 }
 
 /// Every concurrent string value of `key` in every concurrent copy of the root map `map`.
@@ -369,6 +454,7 @@ pub(crate) fn later_finish(a: &Finished, b: &Finished) -> std::cmp::Ordering {
 /// Reads a layout-1 task entry in a single pass over each of its objects.
 fn read_map_entry(
     doc: &Automerge,
+    judge: &Judge<'_>,
     obj: &ObjId,
     id: TaskId,
     malformed: &mut usize,
@@ -407,6 +493,11 @@ fn read_map_entry(
         for item in doc.list_range(&list, ..) {
             if !matches!(item.value, ValueRef::Object(ObjType::Map)) {
                 *malformed += 1;
+                continue;
+            }
+            // An attempt is made by the router, and its record is written by the router and
+            // the worker: all of it needs a working role.
+            if !judge.allows(&item.id(), Right::Work) {
                 continue;
             }
             match read_attempt(doc, &item.id(), owned) {

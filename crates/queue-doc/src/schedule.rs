@@ -23,6 +23,7 @@ use automerge::transaction::{Transactable, Transaction};
 use automerge::{Automerge, ObjType, ROOT, ReadDoc, ScalarValue};
 use serde::{Deserialize, Serialize};
 
+use crate::judge::{Judge, Right};
 use crate::queue::WriteError;
 use crate::{am, keys, packed};
 
@@ -291,7 +292,7 @@ pub fn put_schedule(
     if template.len() > MAX_TEMPLATE {
         return Err(ScheduleError::TooLarge(template.len()));
     }
-    let schedules = read_schedules(doc);
+    let schedules = read_schedules(doc, &Judge::open());
     if !schedules.contains_key(name) && schedules.len() >= MAX_SCHEDULES {
         return Err(ScheduleError::TooMany);
     }
@@ -306,7 +307,7 @@ pub fn put_schedule(
 
 /// Deletes schedule `name`, as of `now_ms`.
 pub fn delete_schedule(doc: &mut Automerge, name: &str, now_ms: u64) -> Result<(), ScheduleError> {
-    let Some(current) = read_schedules(doc).remove(name) else {
+    let Some(current) = read_schedules(doc, &Judge::open()).remove(name) else {
         return Err(ScheduleError::Unknown(name.to_owned()));
     };
     write(doc, name, now_ms, |t| ScheduleRecord {
@@ -324,7 +325,7 @@ fn write(
     now_ms: u64,
     record: impl FnOnce(u64) -> ScheduleRecord,
 ) -> Result<(), ScheduleError> {
-    let regs = read_registers(doc);
+    let regs = read_registers(doc, &Judge::open());
     let t = now_ms.max(
         regs.schedules
             .get(name)
@@ -376,7 +377,7 @@ pub(crate) struct Registers {
     slots: BTreeMap<String, SlotRecord>,
 }
 
-fn read_registers<R: ReadDoc>(doc: &R) -> Registers {
+fn read_registers<R: ReadDoc>(doc: &R, judge: &Judge<'_>) -> Registers {
     let mut regs = Registers::default();
     let Some(obj) = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map) else {
         return regs;
@@ -396,10 +397,16 @@ fn read_registers<R: ReadDoc>(doc: &R) -> Registers {
             else {
                 continue;
             };
+            // A schedule is an admin's to write; its firing slot, the router's.
+            let need = match prefix == SCHEDULE {
+                true => Right::Admin,
+                false => Right::Work,
+            };
             let texts = doc
                 .get_all(&obj, key.as_str())
                 .unwrap_or_default()
                 .into_iter()
+                .filter(|(_, id)| judge.allows(id, need))
                 .filter_map(|(v, _)| match v {
                     automerge::Value::Scalar(s) => match s.as_ref() {
                         ScalarValue::Str(text) => Some(text.to_string()),
@@ -433,8 +440,8 @@ fn read_registers<R: ReadDoc>(doc: &R) -> Registers {
 
 /// The live schedules of a document, by name (deleted ones and ones whose timing cannot be
 /// read are left out).
-pub(crate) fn read_schedules<R: ReadDoc>(doc: &R) -> BTreeMap<String, Schedule> {
-    let regs = read_registers(doc);
+pub(crate) fn read_schedules<R: ReadDoc>(doc: &R, judge: &Judge<'_>) -> BTreeMap<String, Schedule> {
+    let regs = read_registers(doc, judge);
     regs.schedules
         .into_iter()
         .filter(|(_, (r, _))| !r.d && r.e.check().is_ok())
@@ -466,11 +473,11 @@ pub(crate) fn carry_schedules(
     from: &Automerge,
     tx: &mut Transaction<'_>,
 ) -> Result<usize, automerge::AutomergeError> {
-    let theirs = read_registers(from);
+    let theirs = read_registers(from, &Judge::open());
     if theirs.schedules.is_empty() && theirs.slots.is_empty() {
         return Ok(0);
     }
-    let ours = read_registers(&*tx);
+    let ours = read_registers(&*tx, &Judge::open());
     let Some(obj) = am::object(&*tx, &ROOT, keys::CONFIG, ObjType::Map) else {
         return Ok(0);
     };

@@ -23,6 +23,7 @@ use automerge::{Automerge, ObjId, ObjType, ROOT, ReadDoc, ScalarValue};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, Order, QueueConfig};
+use crate::judge::{Judge, Right};
 use crate::queue::WriteError;
 use crate::{am, keys};
 
@@ -165,7 +166,7 @@ pub fn set_paused(doc: &mut Automerge, paused: bool, now_ms: u64) -> Result<(), 
             return Err(WriteError::NotAQueue);
         }
         let at = after(am::uint(tx, &ROOT, PAUSED_AT), now_ms);
-        tx.put(ROOT, keys::PAUSED, paused)?;
+        put_fresh(tx, &ROOT, keys::PAUSED, ScalarValue::Boolean(paused))?;
         tx.put(ROOT, PAUSED_AT, at)?;
         Ok(())
     })
@@ -194,13 +195,28 @@ pub fn set_config(
         };
         for (name, value) in patch.fields() {
             let at = after(am::uint(tx, &obj, &at_key(name)), now_ms);
-            tx.put(&obj, name, value)?;
+            put_fresh(tx, &obj, name, value)?;
             tx.put(&obj, at_key(name), at)?;
         }
         Ok(())
     })
     .map_err(|f| f.error)?;
     Ok(next)
+}
+
+/// Puts `value` under `key` as a new operation of this writer's even when the key holds that
+/// value already: Automerge writes nothing for a put of the value a key shows, which would
+/// leave the value to its earlier writer, whom readers may not count (`judge.rs`).
+fn put_fresh(
+    tx: &mut Transaction<'_>,
+    obj: &ObjId,
+    key: &str,
+    value: ScalarValue,
+) -> Result<(), automerge::AutomergeError> {
+    if am::scalar(tx, obj, key).as_ref() == Some(&value) {
+        tx.delete(obj, key)?;
+    }
+    tx.put(obj, key, value)
 }
 
 /// The config map's key holding the boost of `tag`.
@@ -225,6 +241,7 @@ pub(crate) struct BoostRegister {
 /// `(time, boost)`. Unreadable values and invalid tags are skipped.
 pub(crate) fn read_boost_registers<R: ReadDoc>(
     doc: &R,
+    judge: &Judge<'_>,
 ) -> std::collections::BTreeMap<String, BoostRegister> {
     let mut out = std::collections::BTreeMap::new();
     let Some(obj) = am::object(doc, &ROOT, keys::CONFIG, ObjType::Map) else {
@@ -246,6 +263,7 @@ pub(crate) fn read_boost_registers<R: ReadDoc>(
             .get_all(&obj, key.as_str())
             .unwrap_or_default()
             .into_iter()
+            .filter(|(_, id)| judge.allows(id, Right::Work))
             .filter_map(|(v, _)| match v {
                 automerge::Value::Scalar(s) => match s.as_ref() {
                     ScalarValue::Str(text) => crate::packed::decode::<BoostRegister>(text),
@@ -275,7 +293,9 @@ pub fn set_boost(
     if !(-max..=max).contains(&boost) {
         return Err(SetBoostError::OutOfRange(boost));
     }
-    let current = read_boost_registers(doc).get(tag).map(|r| r.t);
+    let current = read_boost_registers(doc, &Judge::open())
+        .get(tag)
+        .map(|r| r.t);
     let reg = BoostRegister {
         t: after(current, now_ms),
         b: boost,
@@ -326,7 +346,7 @@ pub(crate) fn copy_times(
             tx.put(config, at_key(name), *at)?;
         }
     }
-    for (tag, reg) in read_boost_registers(from) {
+    for (tag, reg) in read_boost_registers(from, &Judge::open()) {
         tx.put(config, boost_key(&tag), crate::packed::encode(&reg))?;
     }
     Ok(())
@@ -366,8 +386,8 @@ pub(crate) fn carry_settings(
             n += 1;
         }
     }
-    let ours = read_boost_registers(&*tx);
-    for (tag, reg) in read_boost_registers(from) {
+    let ours = read_boost_registers(&*tx, &Judge::open());
+    for (tag, reg) in read_boost_registers(from, &Judge::open()) {
         if ours.get(&tag).is_none_or(|o| reg > *o) {
             tx.put(&obj, boost_key(&tag), crate::packed::encode(&reg))?;
             n += 1;

@@ -19,7 +19,7 @@ pub fn counted_seals<R: ReadDoc>(doc: &R) -> Vec<Seal> {
     if seals.is_empty() {
         return seals;
     }
-    let (counted, _) = crate::view::read_claims(doc);
+    let (counted, _) = crate::view::read_claims(doc, &crate::judge::Judge::open());
     seals
         .into_iter()
         .filter(|s| counted.contains(&s.claim))
@@ -69,7 +69,7 @@ pub fn check_successor(
     else {
         return Err(SuccessorCheck::NotYet);
     };
-    let (counted, _) = crate::view::read_claims(prev);
+    let (counted, _) = crate::view::read_claims(prev, &crate::judge::Judge::open());
     if !counted.contains(&seal.claim) {
         return Err(SuccessorCheck::SealerNotRouter(seal.claim));
     }

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::am;
 use crate::entry::AttemptOutcome;
 use crate::ids::{AttemptId, Claim, PeerId, QueueId, WorkerId};
+use crate::judge::{Judge, Right};
 use crate::keys;
+use crate::membership::Membership;
 
 /// What a task document is created with.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -127,7 +129,7 @@ pub fn record_summary(doc: &mut Automerge, summary: &Summary) -> Result<(), Task
     if !summary.state.is_final() {
         return Ok(());
     }
-    if read_summary(doc).is_some_and(|s| s.state.rank() >= summary.state.rank()) {
+    if read_summary(doc, &Judge::open()).is_some_and(|s| s.state.rank() >= summary.state.rank()) {
         return Ok(());
     }
     let json = serde_json::to_string(summary)?;
@@ -140,10 +142,11 @@ pub fn record_summary(doc: &mut Automerge, summary: &Summary) -> Result<(), Task
     })
 }
 
-fn read_summary<R: ReadDoc>(doc: &R) -> Option<Summary> {
+fn read_summary<R: ReadDoc>(doc: &R, judge: &Judge<'_>) -> Option<Summary> {
     doc.get_all(ROOT, SUMMARY)
         .ok()?
         .into_iter()
+        .filter(|(_, id)| judge.allows(id, Right::Work))
         .filter_map(|(v, _)| match v {
             automerge::Value::Scalar(s) => match s.as_ref() {
                 automerge::ScalarValue::Str(s) => serde_json::from_str::<Summary>(s).ok(),
@@ -345,7 +348,9 @@ pub fn record_runs(
         .collect::<Result<Vec<_>, _>>()?;
     let summary = summary
         .filter(|s| s.state.is_final())
-        .filter(|s| read_summary(doc).is_none_or(|o| o.state.rank() < s.state.rank()))
+        .filter(|s| {
+            read_summary(doc, &Judge::open()).is_none_or(|o| o.state.rank() < s.state.rank())
+        })
         .map(serde_json::to_string)
         .transpose()?;
     if runs.is_empty() && summary.is_none() {
@@ -416,6 +421,18 @@ pub fn read_input(doc: &Automerge) -> Result<serde_json::Value, TaskReadError> {
 
 /// Reads a task document. Malformed run records are skipped.
 pub fn read(doc: &Automerge) -> Result<TaskDoc, TaskReadError> {
+    read_with(doc, &Judge::open())
+}
+
+/// [`read`], counting only the run records and summaries that a member or an admin of the
+/// task's queue wrote, by `membership` (its queue's): a submitter's node, modified to write a
+/// run's result, is not read (`judge.rs`). A task document names no epoch, so a removal's cut
+/// does not apply here: a removed peer's runs are judged by its role.
+pub fn read_judged(doc: &Automerge, membership: &Membership) -> Result<TaskDoc, TaskReadError> {
+    read_with(doc, &Judge::new(membership, None))
+}
+
+fn read_with(doc: &Automerge, judge: &Judge<'_>) -> Result<TaskDoc, TaskReadError> {
     if !is_task(doc) {
         return Err(TaskReadError::NotATask);
     }
@@ -426,6 +443,7 @@ pub fn read(doc: &Automerge) -> Result<TaskDoc, TaskReadError> {
         .map(|l| {
             am::list_objects(doc, &l, ObjType::Map)
                 .iter()
+                .filter(|r| judge.allows(r, Right::Work))
                 .filter_map(|r| read_run(doc, r))
                 .collect()
         })
@@ -443,6 +461,6 @@ pub fn read(doc: &Automerge) -> Result<TaskDoc, TaskReadError> {
         submitted_at: am::uint(doc, &ROOT, keys::SUBMITTED_AT)
             .ok_or(TaskReadError::Malformed(keys::SUBMITTED_AT))?,
         runs,
-        summary: read_summary(doc),
+        summary: read_summary(doc, judge),
     })
 }

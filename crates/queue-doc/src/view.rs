@@ -16,6 +16,7 @@ use crate::chain;
 use crate::config::{Order, QueueConfig};
 use crate::entry::{Attempt, TaskEntry, TaskState};
 use crate::ids::{Claim, MAX_TERM, PeerId, TaskId, WorkerId};
+use crate::judge::{Judge, Right};
 use crate::keys;
 use crate::membership::{self, Membership};
 use crate::packed;
@@ -66,6 +67,10 @@ pub struct QueueView {
     pub version: u64,
     /// This document's epoch: 0 for a queue's first document ([`crate::epoch`]).
     pub epoch: u64,
+    /// This document's own id, as it names itself: the queue's id in its first document, its
+    /// lineage's last link in a successor; `None` in a queue written before either was
+    /// recorded. A removal's [`Cut`](crate::membership::Cut) names the document by it.
+    pub doc_key: Option<String>,
     /// The queue this document continues (its first document's id); `None` in epoch 0.
     pub origin: Option<crate::QueueId>,
     /// The sealed document this one continues, and its heads at sealing; `None` in epoch 0.
@@ -375,12 +380,26 @@ impl QueueView {
         let (tasks, bad_claims) = read_root(doc, &mut view)?;
         view.malformed += bad_claims;
         if let Some(tasks) = tasks {
-            let records = Records::read(doc);
+            let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
+            let judge = Judge::new(&membership, doc_key.as_deref());
+            let records = Records::read(doc, &judge);
             for item in doc.map_range(&tasks, ..) {
+                // A removed peer's submission its removal had not seen.
+                if !judge.allows(&item.id(), Right::Any) {
+                    continue;
+                }
                 let id = TaskId::new(item.key.as_ref());
                 let value = EntryValue::of(&item.value, item.id());
                 let (bad, records) = (&mut view.malformed, Some(&records));
-                match read_task_entry_from(doc, records, value, id.clone(), bad, &mut |_| {}) {
+                match read_task_entry_from(
+                    doc,
+                    &judge,
+                    records,
+                    value,
+                    id.clone(),
+                    bad,
+                    &mut |_| {},
+                ) {
                     Some(entry) => view.set_task(id, Some(entry)),
                     None => view.malformed += 1,
                 }
@@ -819,6 +838,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     view.origin = None;
     let mut prev = None;
     let mut prev_heads = Vec::new();
+    let mut paused = None;
     for item in doc.map_range(ROOT, ..) {
         match (item.key.as_ref(), &item.value) {
             (keys::EPOCH, v) => view.epoch = am::as_uint(v).unwrap_or(0),
@@ -830,7 +850,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
             (keys::SCHEMA, v) => schema_ok = am::as_str(v) == Some(keys::QUEUE_SCHEMA),
             (keys::VERSION, v) => view.version = am::as_uint(v).unwrap_or(u64::MAX),
             (keys::NAME, v) => view.name = am::as_str(v).unwrap_or_default().to_owned(),
-            (keys::PAUSED, v) => view.paused = am::as_bool(v).unwrap_or(false),
+            (keys::PAUSED, _) => paused = Some(item.id()),
             (keys::TASKS, ValueRef::Object(ObjType::Map)) => tasks = Some(item.id()),
             (keys::CONFIG, ValueRef::Object(ObjType::Map)) => config = Some(item.id()),
             (keys::MEMBERS, ValueRef::Object(ObjType::Map)) => members = Some(item.id()),
@@ -859,16 +879,6 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     view.seals = chain::read_seals(doc);
     view.latest = chain::read_latest(doc);
     view.retired = chain::read_retired(doc);
-    let (config, boosts) = config
-        .map(|c| (read_config(doc, &c), read_boosts(doc)))
-        .unwrap_or_default();
-    view.config = config;
-    view.reorder();
-    view.set_boosts(boosts);
-    view.schedules = crate::schedule::read_schedules(doc);
-    let (claims, bad_claims) = read_claims(doc);
-    view.claims = claims;
-    view.router = view.claims.iter().max().cloned();
     view.members.clear();
     if let Some(members) = members {
         for item in doc.map_range(&members, ..) {
@@ -897,6 +907,11 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     let legacy: Option<BTreeSet<PeerId>> = creator_key
         .is_none()
         .then(|| view.members.keys().cloned().collect());
+    let lineage = chain::read_lineage(doc);
+    view.doc_key = match view.epoch {
+        0 => queue_id.as_ref().map(|q| q.as_str().to_owned()),
+        _ => lineage.last().map(|l| l.doc.clone()),
+    };
     let queue = view.origin.clone().or(queue_id);
     view.membership = Arc::new(view.membership.with_stored(
         queue.as_ref(),
@@ -905,6 +920,25 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
         &ops,
         legacy.as_ref(),
     ));
+    // Everything below is judged by who wrote it (`judge.rs`).
+    let membership = Arc::clone(&view.membership);
+    let doc_key = view.doc_key.clone();
+    let judge = Judge::new(&membership, doc_key.as_deref());
+    view.paused = paused.is_some_and(|_| {
+        am::judged(doc, &ROOT, keys::PAUSED, &judge, Right::Work)
+            .and_then(|v| am::value_bool(&v))
+            .unwrap_or(false)
+    });
+    let (config, boosts) = config
+        .map(|c| (read_config(doc, &c, &judge), read_boosts(doc, &judge)))
+        .unwrap_or_default();
+    view.config = config;
+    view.reorder();
+    view.set_boosts(boosts);
+    view.schedules = crate::schedule::read_schedules(doc, &judge);
+    let (claims, bad_claims) = read_claims(doc, &judge);
+    view.claims = claims;
+    view.router = view.claims.iter().max().cloned();
     Some((tasks, bad_claims))
 }
 
@@ -932,14 +966,16 @@ fn stored_op(doc: &Automerge, key: &str) -> Option<Vec<u8>> {
 /// The configuration of a queue document, read alone (without the tasks): `None` if the
 /// document has no config map.
 pub(crate) fn read_config_of(doc: &Automerge) -> Option<QueueConfig> {
-    am::object(doc, &ROOT, keys::CONFIG, ObjType::Map).map(|c| read_config(doc, &c))
+    // Read by writers (a submission's default attempts, a settings change), not by views:
+    // every value counts here.
+    am::object(doc, &ROOT, keys::CONFIG, ObjType::Map).map(|c| read_config(doc, &c, &Judge::open()))
 }
 
 /// The boosts written in the config map: valid tags only, clamped to
 /// `[-MAX_BOOST, MAX_BOOST]`, zeros left out.
-fn read_boosts(doc: &Automerge) -> BTreeMap<String, i64> {
+fn read_boosts(doc: &Automerge, judge: &Judge<'_>) -> BTreeMap<String, i64> {
     let max = crate::entry::MAX_BOOST;
-    crate::settings::read_boost_registers(doc)
+    crate::settings::read_boost_registers(doc, judge)
         .into_iter()
         .map(|(tag, r)| (tag, r.b.clamp(-max, max)))
         .filter(|(_, b)| *b != 0)
@@ -948,11 +984,21 @@ fn read_boosts(doc: &Automerge) -> BTreeMap<String, i64> {
 
 /// The configuration as written, [clamped](QueueConfig::clamped) into its ranges: every replica
 /// derives the same timers from the same document, whatever a peer wrote.
-fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
+fn read_config(doc: &Automerge, obj: &ObjId, judge: &Judge<'_>) -> QueueConfig {
     let mut c = QueueConfig::default();
     for item in doc.map_range(obj, ..) {
-        let v = &item.value;
-        let u = am::as_uint(v);
+        if !crate::settings::CONFIG_FIELDS.contains(&item.key.as_ref()) {
+            continue;
+        }
+        // A value an admin did not write does not count (nor, then, does one it overwrote).
+        let v = match item.conflict || !judge.allows(&item.id(), Right::Admin) {
+            false => item.value.clone().into_value(),
+            true => match am::judged(doc, obj, item.key.as_ref(), judge, Right::Admin) {
+                Some(v) => v,
+                None => continue,
+            },
+        };
+        let u = am::value_uint(&v);
         let small = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
         match item.key.as_ref() {
             "heartbeat_ms" => c.heartbeat_ms = u.unwrap_or(c.heartbeat_ms),
@@ -967,13 +1013,13 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
             // An unreadable map leaves the default (retry every kind), as a member can write
             // anything.
             "failure_policy" => {
-                if let Some(p) = am::as_str(v).and_then(|t| serde_json::from_str(t).ok()) {
+                if let Some(p) = am::value_str(&v).and_then(|t| serde_json::from_str(t).ok()) {
                     c.failure_policy = p;
                 }
             }
             "max_attempts" => c.max_attempts = u.map_or(c.max_attempts, small),
             "concurrency" => c.concurrency = u.map_or(c.concurrency, small),
-            "order" => c.order = am::as_str(v).and_then(Order::parse).unwrap_or(c.order),
+            "order" => c.order = am::value_str(&v).and_then(Order::parse).unwrap_or(c.order),
             _ => {}
         }
     }
@@ -988,7 +1034,7 @@ fn read_config(doc: &Automerge, obj: &ObjId) -> QueueConfig {
 /// A claim that skips a term, names a
 /// claim that does not count, is above [`MAX_TERM`], or does not read, is ignored: no
 /// member can write a term nobody can out-claim. Linear in the claims written (plus a sort).
-pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
+pub(crate) fn read_claims<R: ReadDoc>(doc: &R, judge: &Judge<'_>) -> (Vec<Claim>, usize) {
     let mut bad = 0;
     // The bases of the chain: the sealers' claims the document's lineage names, its own
     // epoch's and those before it (a claim carried from a sealed epoch chains through that
@@ -1003,6 +1049,10 @@ pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
     // documents written before claims were chained. A value counts only as a base: at term 1,
     // or one the lineage names.
     for obj in am::all_objects(doc, &ROOT, keys::ROUTER, ObjType::Map) {
+        if !judge.allows(&obj, Right::Work) {
+            bad += 1;
+            continue;
+        }
         let claim = am::uint(doc, &obj, keys::TERM)
             .zip(am::string(doc, &obj, keys::PEER))
             .map(|(term, peer)| Claim::new(term, PeerId::new(peer)));
@@ -1013,7 +1063,7 @@ pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
             _ => bad += 1,
         }
     }
-    let records = chained_records(doc, &mut bad);
+    let records = chained_records(doc, judge, &mut bad);
     bad += extend_chain(&mut counted, records);
     (counted.into_iter().collect(), bad)
 }
@@ -1022,11 +1072,17 @@ pub(crate) fn read_claims<R: ReadDoc>(doc: &R) -> (Vec<Claim>, usize) {
 /// one that does not read adds to `bad`.
 pub(crate) fn chained_records<R: ReadDoc>(
     doc: &R,
+    judge: &Judge<'_>,
     bad: &mut usize,
 ) -> Vec<(u64, PeerId, Option<PeerId>)> {
     let mut records = Vec::new();
     for map in am::all_objects(doc, &ROOT, keys::CLAIMS, ObjType::Map) {
         for item in doc.map_range(&map, ..) {
+            // A claim's key names its term and claimant: written once, never overwritten.
+            if !judge.allows(&item.id(), Right::Work) {
+                *bad += 1;
+                continue;
+            }
             match am::as_str(&item.value).and_then(packed::decode::<PackedClaim>) {
                 Some(r) => records.push((r.t, PeerId::new(r.c), r.p.map(PeerId::new))),
                 None => *bad += 1,

@@ -4,17 +4,28 @@
 //! adding a peer, a removed member removing itself). Replicas merge pairwise in random orders;
 //! at the end every replica merges every other, in an order of its own.
 //!
+//! Beside them, peers write to the document (a task submitted and a tag boosted, in one
+//! change), each with an actor tagged with its peer as a node's are, whatever their role:
+//! removed peers and submitters too. Each replica keeps a [`ViewCache`] refreshed after every
+//! step, as a node does.
+//!
 //! What must hold: every replica then materializes the same membership (members, roles, who
 //! added and who removed each, which operations count); an operation whose signer was removed
 //! by a counted removal that it had seen (a later write of a removed peer) never counts; an
-//! operation signed by a peer no replica ever made an admin never counts.
+//! operation signed by a peer no replica ever made an admin never counts. Every replica's
+//! view is the same, and its cache (refreshed incrementally through the merges) reads as a
+//! whole read does; a removed peer's document write made after its replica learned of the
+//! removal is ignored by every replica (its task is not in any view, nor its boost); a boost
+//! (a write that needs a working role) by a peer that ends a submitter is ignored, and one by
+//! a member or an admin counts.
 
 use std::collections::BTreeSet;
 
 use automerge::{ActorId, Automerge};
-use piecework_queue_doc::membership::{MemberOp, NewOp, OpKind};
+use piecework_queue_doc::membership::{Cut, MemberOp, NewOp, OpKind, actor_for};
 use piecework_queue_doc::{
-    Membership, PeerId, QueueConfig, QueueId, QueueView, Role, Signer, queue,
+    Membership, PeerId, QueueConfig, QueueId, QueueView, Role, Signer, Submission, TaskId,
+    ViewCache, queue,
 };
 use proptest::prelude::*;
 
@@ -31,6 +42,8 @@ enum Step {
     Add { at: u8, by: u8, peer: u8, role: u8 },
     /// At replica `at`, peer `by` removes peer `peer`.
     Remove { at: u8, by: u8, peer: u8 },
+    /// At replica `at`, peer `by` submits a task and boosts a tag (one change).
+    Write { at: u8, by: u8 },
     /// Replica `from`'s changes merged into replica `into`.
     Merge { from: u8, into: u8 },
 }
@@ -40,6 +53,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..3u8, 0..PEERS, 1..PEERS, 0..3u8)
             .prop_map(|(at, by, peer, role)| Step::Add { at, by, peer, role }),
         2 => (0..3u8, 0..PEERS, 0..PEERS).prop_map(|(at, by, peer)| Step::Remove { at, by, peer }),
+        3 => (0..3u8, 0..PEERS).prop_map(|(at, by)| Step::Write { at, by }),
         3 => (0..3u8, 0..3u8).prop_map(|(from, into)| Step::Merge { from, into }),
     ]
 }
@@ -56,7 +70,17 @@ fn write(
     peer: &Signer,
     role: Role,
 ) -> MemberOp {
-    let deps = view(doc).membership.heads();
+    let v = view(doc);
+    let deps = v.membership.heads();
+    // A removal says what its signer had seen of the removed peer's writes, as a node's does.
+    let cut = (kind == OpKind::Remove).then(|| {
+        Cut::of_doc(
+            doc,
+            v.doc_key.as_deref().expect("a keyed document"),
+            peer.peer(),
+        )
+    });
+    doc.set_actor(tagged(by.peer(), doc));
     let op = MemberOp::sign(
         by,
         NewOp {
@@ -68,10 +92,40 @@ fn write(
             deps,
             at_ms: 0,
             via: None,
+            cut,
         },
     );
     queue::add_member_op(doc, &op).expect("stored");
     op
+}
+
+/// The actor `peer` writes with at the replica whose first actor is `doc`'s own (one per peer
+/// and replica: two replicas never write as the same actor).
+fn tagged(peer: &PeerId, doc: &Automerge) -> ActorId {
+    // The last byte of any actor a replica writes with is its number.
+    let replica = *doc.get_actor().to_bytes().last().expect("an actor");
+    actor_for(peer, [0, 0, 0, 0, 0, 0, 0, replica])
+}
+
+/// Peer `by` writes, at `doc`, a task `task` and a boost of tag `task`.
+fn write_doc(doc: &mut Automerge, by: &PeerId, task: &str) {
+    doc.set_actor(tagged(by, doc));
+    queue::submit(
+        doc,
+        &Submission {
+            id: TaskId::new(task),
+            kind: "k".into(),
+            submitter: by.clone(),
+            submitted_at: 1,
+            priority: 0,
+            urgent: false,
+            max_attempts: None,
+            input: Some("{}".into()),
+            rules: Default::default(),
+        },
+    )
+    .expect("submitted");
+    queue::set_boost(doc, task, 1, 1).expect("boosted");
 }
 
 /// What a replica's materialization says, in a comparable form.
@@ -108,7 +162,11 @@ proptest! {
         // Operations signed by peers removed in the signing replica's view, after that removal
         // (their `deps` include it): these must never count.
         let mut after_removal: Vec<String> = Vec::new();
-        for s in &steps {
+        // Document writes: (task, writer, the removal of the writer its replica had seen).
+        let mut writes: Vec<(String, PeerId, Option<String>)> = Vec::new();
+        let mut removals: Vec<(PeerId, String)> = Vec::new();
+        let mut caches: Vec<ViewCache> = (0..3).map(|_| ViewCache::new()).collect();
+        for (n, s) in steps.iter().enumerate() {
             match *s {
                 Step::Add { at, by, peer, role } => {
                     let doc = &mut docs[usize::from(at)];
@@ -131,6 +189,22 @@ proptest! {
                     if removed {
                         after_removal.push(op.id.clone());
                     }
+                    removals.push((peer.peer().clone(), op.id.clone()));
+                }
+                Step::Write { at, by } => {
+                    let doc = &mut docs[usize::from(at)];
+                    let m = view(doc).membership;
+                    let by = signer(by).peer().clone();
+                    // The counted removal of the writer this replica holds, if any.
+                    let seen = removals
+                        .iter()
+                        .filter(|(p, id)| *p == by && m.counts(id))
+                        .map(|(_, id)| id.clone())
+                        .next_back();
+                    let task = format!("t{n}");
+                    write_doc(doc, &by, &task);
+                    let removed = !m.is_member(&by);
+                    writes.push((task, by, seen.filter(|_| removed)));
                 }
                 Step::Merge { from, into } => {
                     if from != into {
@@ -139,15 +213,57 @@ proptest! {
                     }
                 }
             }
+            for (cache, doc) in caches.iter_mut().zip(&docs) {
+                cache.refresh(doc);
+            }
         }
         let mut merged = Vec::new();
+        let mut views = Vec::new();
         for (i, order) in orders.iter().enumerate() {
             let mut d = docs[i].fork();
             for &j in order {
                 let mut src = docs[usize::from(j)].fork();
                 d.merge(&mut src).unwrap();
+                caches[i].refresh(&d);
             }
-            merged.push(view(&d).membership);
+            let whole = view(&d);
+            let cached = caches[i].refresh(&d).expect("a queue");
+            prop_assert_eq!(&**cached, &whole, "replica {}'s cache and a whole read differ", i);
+            merged.push(whole.membership.clone());
+            views.push(whole);
+        }
+        for v in &views[1..] {
+            prop_assert_eq!(v, &views[0]);
+        }
+        let last = &views[0];
+        for (task, by, seen) in &writes {
+            let shown = last.task(&TaskId::new(task.as_str())).is_some();
+            let boosted = last.boosts.contains_key(task.as_str());
+            let rec = last.membership.records().get(by);
+            let removed_once = |id: &String| {
+                removals
+                    .iter()
+                    .filter(|(p, r)| p == by && last.membership.counts(r))
+                    .all(|(_, r)| r == id)
+            };
+            match seen {
+                // Written after its replica had seen the writer's removal, which still stands
+                // alone at the end: ignored everywhere.
+                Some(id) if last.membership.counts(id)
+                    && rec.is_some_and(|r| !r.active())
+                    && removed_once(id) =>
+                {
+                    prop_assert!(!shown, "{}'s task {} written after its removal shows", by, task);
+                    prop_assert!(!boosted, "{}'s boost {} written after its removal counts", by, task);
+                }
+                _ => {
+                    // A member not removed: its task counts; its boost if it routes and runs.
+                    if let Some(role) = last.membership.role(by) {
+                        prop_assert!(shown, "{}'s task {} is missing", by, task);
+                        prop_assert_eq!(boosted, role.works(), "{}'s boost {} as a {}", by, task, role);
+                    }
+                }
+            }
         }
         let first = &merged[0];
         for m in &merged[1..] {

@@ -125,14 +125,14 @@ fn default_mix_seeds_pass_and_every_fault_kind_fires() {
 #[test]
 fn a_fetch_that_times_out_is_exercised() {
     // Seed 797 until the queue document's first change held the dedup and idempotency maps;
-    // 938 until retry delays had jitter; 449 until members joined by invite (494 is the first
-    // from 449 since).
-    let r = run(494, &Config::default());
+    // 938 until retry delays had jitter; 449 until members joined by invite; 494 until actors
+    // were tagged with their peer (692 is the first from 494 since).
+    let r = run(692, &Config::default());
     assert!(r.passed(), "{}", describe(&r));
     let fired = r.faults.get("fetch_timeout").copied().unwrap_or(0);
     assert!(
         fired > 0,
-        "seed 494 no longer times a fetch out: {:?}",
+        "seed 692 no longer times a fetch out: {:?}",
         r.faults
     );
 }
@@ -363,7 +363,8 @@ fn seeds_pass_with_sealed_epochs_deleted_and_members_move_past_them() {
         mix: FaultMix::crashes(),
         ..Config::default()
     };
-    let faults = seeds_with(&config, 0..10);
+    // Seeds 0..10 until actors were tagged with their peer; seed 11 is the first since.
+    let faults = seeds_with(&config, 0..12);
     assert!(
         faults
             .get("moved_past_deleted_epochs")
@@ -405,8 +406,9 @@ fn a_node_that_does_not_fence_is_caught() {
     };
     // Seed 1 until the queue document's first change held the dedup and idempotency maps,
     // which moved its schedule off a fenced start; 16 until retry delays had jitter; 2 until
-    // members joined by invite (5 is the first of seeds 0..1,000 caught since).
-    caught_fencing(5, &config);
+    // members joined by invite; 5 until actors were tagged with their peer (14 is the first
+    // from 5 caught since).
+    caught_fencing(14, &config);
 }
 
 /// Seed `seed` of a broken protocol fails, as a fencing violation (invariant 4).
@@ -536,9 +538,12 @@ mod regressions {
     /// Re-pinned from seed 1058 to 1074: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 1058's schedule off this situation.
+    ///
+    /// Re-pinned from seed 1074 to 1123: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 1074's schedule off this situation.
     #[test]
-    fn seed_1074_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
-        let r = passes_with(1074, FaultMix::crashes());
+    fn seed_1123_crashes_an_unacknowledged_submit_leaves_only_its_own_document() {
+        let r = passes_with(1123, FaultMix::crashes());
         shows(&r, &["unacknowledged_write_kept"]);
     }
 
@@ -560,9 +565,12 @@ mod regressions {
     /// Re-pinned from seed 826 to 832: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 826's schedule off this situation.
+    ///
+    /// Re-pinned from seed 832 to 836: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 832's schedule off this situation.
     #[test]
-    fn seed_832_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
-        let r = passes_config(832, &Config::swarm(832));
+    fn seed_836_swarm_a_run_interrupted_by_a_stop_is_cancelled() {
+        let r = passes_config(836, &Config::swarm(836));
         shows(&r, &["run_aborted"]);
     }
 
@@ -607,9 +615,12 @@ mod regressions {
     /// Re-pinned from seed 11 to 21: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 11's schedule off this situation.
+    ///
+    /// Re-pinned from seed 21 to 36: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 21's schedule off this situation.
     #[test]
-    fn seed_21_an_assignment_of_a_finished_task_is_refused() {
-        let r = passes(21);
+    fn seed_36_an_assignment_of_a_finished_task_is_refused() {
+        let r = passes(36);
         shows(&r, &["refused_final"]);
     }
 
@@ -631,13 +642,16 @@ mod regressions {
     /// Re-pinned from seed 204 to 213: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 204's schedule off this situation.
+    ///
+    /// Re-pinned from seed 213 to 214: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 213's schedule off this situation.
     #[test]
-    fn seed_213_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
+    fn seed_214_at_7_an_earlier_run_of_a_pending_task_counts_against_the_limit() {
         let config = Config {
             nodes: 7,
             ..Config::default()
         };
-        let r = passes_config(213, &config);
+        let r = passes_config(214, &config);
         shows(&r, &["partition", "fenced"]);
     }
 
@@ -690,9 +704,12 @@ mod regressions {
     /// Re-pinned from seed 1 to 41: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 1's schedule off this situation.
+    ///
+    /// Re-pinned from seed 41 to 44: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 41's schedule off this situation.
     #[test]
-    fn seed_41_a_double_seal_converges_on_one_branch() {
-        let r = passes(41);
+    fn seed_44_a_double_seal_converges_on_one_branch() {
+        let r = passes(44);
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -722,9 +739,12 @@ mod regressions {
     /// Re-pinned from seed 16 to 56: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 16's schedule off this situation.
+    ///
+    /// Re-pinned from seed 56 to 61: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 56's schedule off this situation.
     #[test]
-    fn seed_56_a_start_is_fenced_where_it_is_written() {
-        let r = passes(56);
+    fn seed_61_a_start_is_fenced_where_it_is_written() {
+        let r = passes(61);
         shows(&r, &["fenced", "double_seal_followed"]);
     }
 
@@ -746,9 +766,12 @@ mod regressions {
     ///
     /// Found at seed 124; its schedule moved when claims were chained: seed 0 is the first of
     /// the same shape.
+    ///
+    /// Re-pinned from seed 0 to 1: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 0's schedule off this situation.
     #[test]
-    fn seed_0_a_failed_fetch_of_the_next_epoch_is_retried() {
-        let r = passes(0);
+    fn seed_1_a_failed_fetch_of_the_next_epoch_is_retried() {
+        let r = passes(1);
         shows(&r, &["epoch_switch", "long_downtime"]);
     }
 
@@ -789,9 +812,12 @@ mod regressions {
     /// Re-pinned from seed 100 to 109: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 100's schedule off this situation.
+    ///
+    /// Re-pinned from seed 109 to 110: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 109's schedule off this situation.
     #[test]
-    fn seed_109_a_carry_waits_for_an_empty_chain_document() {
-        let r = passes(109);
+    fn seed_110_a_carry_waits_for_an_empty_chain_document() {
+        let r = passes(110);
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 
@@ -805,9 +831,12 @@ mod regressions {
     /// Re-pinned from seed 7 to 41: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 7's schedule off this situation.
+    ///
+    /// Re-pinned from seed 41 to 44: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 41's schedule off this situation.
     #[test]
-    fn seed_41_a_losing_branch_waits_for_the_winning_chain() {
-        let r = passes(41);
+    fn seed_44_a_losing_branch_waits_for_the_winning_chain() {
+        let r = passes(44);
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -820,9 +849,12 @@ mod regressions {
     /// Re-pinned from seed 22 to 41: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 22's schedule off this situation.
+    ///
+    /// Re-pinned from seed 41 to 44: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 41's schedule off this situation.
     #[test]
-    fn seed_41_a_same_numbered_winner_is_followed() {
-        let r = passes(41);
+    fn seed_44_a_same_numbered_winner_is_followed() {
+        let r = passes(44);
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -991,9 +1023,12 @@ mod regressions {
     /// dirty whose retention timer then fired at every turn: a livelock.
     /// Waits are now looked at again after `CARRY_RETRY`, and a dirty document sets no
     /// retention timer.
+    ///
+    /// Re-pinned from seed 3014 to 3015: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 3014's schedule off this situation.
     #[test]
-    fn seed_3014_partitions_at_7_waiting_carries_do_not_spin() {
-        let r = passes_at_7_deleting(3014, FaultMix::partitions());
+    fn seed_3015_partitions_at_7_waiting_carries_do_not_spin() {
+        let r = passes_at_7_deleting(3015, FaultMix::partitions());
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -1028,9 +1063,12 @@ mod regressions {
     /// Re-pinned from seed 5001 to 5002: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 5001's schedule off this situation.
+    ///
+    /// Re-pinned from seed 5002 to 5005: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 5002's schedule off this situation.
     #[test]
-    fn seed_5002_partitions_at_7_an_end_is_carried_before_its_task() {
-        let r = passes_at_7(5002, FaultMix::partitions(), Some((100, 300)));
+    fn seed_5005_partitions_at_7_an_end_is_carried_before_its_task() {
+        let r = passes_at_7(5005, FaultMix::partitions(), Some((100, 300)));
         shows(&r, &["double_seal_followed", "successor_merge"]);
     }
 
@@ -1070,9 +1108,12 @@ mod regressions {
     /// Re-pinned from seed 5004 to 5005: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 5004's schedule off this situation.
+    ///
+    /// Re-pinned from seed 5005 to 5008: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 5005's schedule off this situation.
     #[test]
-    fn seed_5005_default_at_7_a_sideways_move_reads_the_fork_back() {
-        let r = passes_at_7(5005, FaultMix::default_mix(), Some((100, 300)));
+    fn seed_5008_default_at_7_a_sideways_move_reads_the_fork_back() {
+        let r = passes_at_7(5008, FaultMix::default_mix(), Some((100, 300)));
         shows(&r, &["double_seal_followed"]);
     }
 
@@ -1089,9 +1130,13 @@ mod regressions {
     /// Re-pinned from seed 402 to 440: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 402's schedule off this situation.
+    ///
+    /// Re-pinned from seed 440 to 1113 (none of 440..1,113 shows it): actors tagged with
+    /// their peer (each write judged by its writer's role) moved seed 440's schedule off this
+    /// situation.
     #[test]
-    fn seed_440_a_crash_loses_an_unacknowledged_write() {
-        let r = passes(440);
+    fn seed_1113_a_crash_loses_an_unacknowledged_write() {
+        let r = passes(1113);
         shows(&r, &["unacknowledged_write_lost"]);
     }
 
@@ -1115,10 +1160,13 @@ mod regressions {
     /// Re-pinned from seed 20014 to 20020: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 20014's schedule off this situation.
+    ///
+    /// Re-pinned from seed 20020 to 20023: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 20020's schedule off this situation.
     #[test]
-    fn seed_20020_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
+    fn seed_20023_partitions_a_fence_raised_on_a_losing_branch_does_not_outlive_the_move() {
         let r = passes_config(
-            20_020,
+            20_023,
             &Config {
                 mix: FaultMix::partitions(),
                 ..Config::default()
@@ -1164,10 +1212,13 @@ mod regressions {
     /// Re-pinned from seed 11002 to 11003: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 11002's schedule off this situation.
+    ///
+    /// Re-pinned from seed 11003 to 11010: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 11003's schedule off this situation.
     #[test]
-    fn seed_11003_scheduling_a_late_dependent_of_a_dedup_copy_follows_the_survivor() {
+    fn seed_11010_scheduling_a_late_dependent_of_a_dedup_copy_follows_the_survivor() {
         let r = passes_config(
-            11_003,
+            11_010,
             &Config {
                 mix: FaultMix::scheduling(),
                 ..Config::default()
@@ -1204,9 +1255,12 @@ mod regressions {
     /// Re-pinned from seed 2 to 6: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 2's schedule off this situation.
+    ///
+    /// Re-pinned from seed 6 to 7: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 6's schedule off this situation.
     #[test]
-    fn seed_6_lifecycle_a_timeout_runs_from_the_hand_over() {
-        let r = passes_config(6, &lifecycle());
+    fn seed_7_lifecycle_a_timeout_runs_from_the_hand_over() {
+        let r = passes_config(7, &lifecycle());
         shows(&r, &["attempt_timed_out", "load_error"]);
     }
 
@@ -1226,9 +1280,12 @@ mod regressions {
     /// Re-pinned from seed 12200 to 12201: members joining by invite (a signed add written
     /// into the queue when it is created, the join presented to the members) moved seed
     /// 12200's schedule off this situation.
+    ///
+    /// Re-pinned from seed 12201 to 12208: actors tagged with their peer (each write
+    /// judged by its writer's role) moved seed 12201's schedule off this situation.
     #[test]
-    fn seed_12201_lifecycle_a_losing_branch_never_covers_the_winners_chain() {
-        let r = passes_config(12_201, &lifecycle());
+    fn seed_12208_lifecycle_a_losing_branch_never_covers_the_winners_chain() {
+        let r = passes_config(12_208, &lifecycle());
         shows(&r, &["double_seal_followed", "carried_late_writes"]);
     }
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use piecework_queue_doc::membership::{Grant, MemberOp, NewOp, OpKind, peer_key};
+use piecework_queue_doc::membership::{Cut, Grant, MemberOp, NewOp, OpKind, peer_key};
 use piecework_queue_doc::{PeerId, QueueId, Role, queue};
 use piecework_replica::DocId;
 
@@ -102,6 +102,7 @@ impl Core {
                     deps: vec![],
                     at_ms: now.unix_ms,
                     via: None,
+                    cut: None,
                 });
                 self.write_op(now, queue, &op)?;
                 InviteProof::Add(op)
@@ -299,6 +300,7 @@ impl Core {
                     deps: vec![],
                     at_ms: now.unix_ms,
                     via,
+                    cut: None,
                 });
                 self.write_op(now, queue, &op).map_err(|e| e.to_string())?;
             }
@@ -364,6 +366,7 @@ impl Core {
                 deps: vec![],
                 at_ms: now.unix_ms,
                 via: None,
+                cut: None,
             });
             // Each names the ones before it as seen: one causal chain.
             if let Some(prev) = ops.last().map(|o: &MemberOp| o.id.clone()) {
@@ -378,6 +381,7 @@ impl Core {
                         deps: vec![prev],
                         at_ms: now.unix_ms,
                         via: None,
+                        cut: None,
                     },
                 );
             }
@@ -465,6 +469,12 @@ impl Core {
         if !m.is_member(peer) {
             return Err(QueueError::UnknownMember(queue.clone(), peer.clone()));
         }
+        // What this node has seen of the peer's writes in the queue's current document: the
+        // rest is ignored by every replica (`queue-doc`'s `judge.rs`).
+        let cut = q.view.doc_key.as_deref().and_then(|key| {
+            let doc = self.replica.get(&q.doc)?;
+            Some(Cut::of_doc(doc, key, peer))
+        });
         let op = self.sign_op(NewOp {
             queue,
             kind: OpKind::Remove,
@@ -474,6 +484,7 @@ impl Core {
             deps: vec![],
             at_ms: now.unix_ms,
             via: None,
+            cut,
         });
         self.write_op(now, queue, &op)?;
         self.members_of(queue)

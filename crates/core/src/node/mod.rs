@@ -150,9 +150,12 @@ impl Core {
         let resume = std::mem::take(&mut config.resume).into_iter().collect();
         let ends = Ends::keeping(config.recent_ends);
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
-        let mut actor = [0u8; 16];
-        rng.fill_bytes(&mut actor);
-        let actor = ActorId::from(&actor[..]);
+        let mut random = [0u8; 16];
+        rng.fill_bytes(&mut random);
+        let mut nonce = [0u8; 8];
+        nonce.copy_from_slice(&random[8..]);
+        // Tagged with this peer: readers attribute its writes to it (`queue-doc`'s judge).
+        let actor = piecework_queue_doc::membership::actor_for(&config.peer, nonce);
         let mut replica = Replica::new();
         // Each start writes as a new Automerge actor: a change lost in a crash can never
         // collide with a new change under the same (actor, seq).

@@ -691,8 +691,11 @@ impl Core {
     ) {
         match action {
             RouterAction::Claim(claim) => {
-                self.write_queue(now, id, "a router claim", |d| {
-                    queue::claim_router(d, &claim, now.unix_ms)
+                // Superseding a claim the view counts, so that this one counts too.
+                let view = self.current_view(id);
+                self.write_queue(now, id, "a router claim", |d| match &view {
+                    Some(v) => queue::claim_router_in_view(d, v, &claim, now.unix_ms),
+                    None => queue::claim_router(d, &claim, now.unix_ms),
                 });
             }
             RouterAction::Assign(list) => {

@@ -300,6 +300,12 @@ impl Core {
             .queues
             .get(&t.queue)
             .ok_or_else(|| TaskError::NotJoined(task.clone(), t.queue.clone()))?;
+        // Runs and summaries count only from members that route and run (`judge.rs`).
+        let t = match q.view.membership.all_work() {
+            true => t,
+            false => task::read_judged(d, &q.view.membership)
+                .map_err(|e| TaskError::NotATask(task.clone(), e))?,
+        };
         let entry = q.view.task(task);
         let (priority, urgent, max_attempts) = match (entry, &t.summary) {
             (Some(e), _) => (
