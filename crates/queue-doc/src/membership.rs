@@ -425,9 +425,12 @@ fn tag_of(actor: &ActorId) -> Option<[u8; ACTOR_TAG_LEN]> {
 
 /// What a removal had seen of the removed peer's writes in the document it was written to:
 /// for each of the peer's actors there, the greatest operation counter. Every replica ignores
-/// the removed peer's writes in that document beyond it (and, in any document, the writes of
-/// an actor of the peer that it does not name): removal converges whatever the order the
-/// replicas learn of it, and what the remover had seen stands.
+/// the removed peer's writes in that document beyond it (the writes of an actor it does not
+/// name, all of them): removal converges whatever the order the replicas learn of it, and what
+/// the remover had seen stands. In another document of the queue the removed peer's writes are
+/// judged by its role alone: one built after the removal holds it from its first change, so no
+/// honest member takes the removed peer's writes into it, and one built without it (by a
+/// router in a partition) holds the queue's live tasks, which at-least-once must keep.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Cut {
     /// The document's key ([`crate::QueueView::doc_key`]).
@@ -680,9 +683,9 @@ impl Membership {
 
     /// Who wrote with `actor` an operation numbered `counter` in the document whose key is
     /// `doc` ([`crate::QueueView::doc_key`]): the member whose [`actor_tag`] the actor starts
-    /// with, or [`Writer::Cut`] if that member was removed and the removal's [`Cut`] does not
-    /// include the operation (a document without a key: a removed peer's writes count, as no
-    /// cut can name it).
+    /// with, or [`Writer::Cut`] if that member was removed by a removal whose [`Cut`] names this
+    /// document and does not include the operation. (A removal written before removals carried
+    /// cuts, or in a document without a key, cuts nothing.)
     pub fn writer(&self, doc: Option<&str>, counter: u64, actor: &ActorId) -> Writer<'_> {
         let Some(peer) = tag_of(actor).and_then(|t| self.writers.get(&t)) else {
             return Writer::Unknown;
@@ -693,14 +696,12 @@ impl Membership {
         if m.active() {
             return Writer::Member(peer, m.role);
         }
-        let Some(doc) = doc else {
+        let Some(cut) = m.cut.as_ref().filter(|c| Some(c.doc.as_str()) == doc) else {
             return Writer::Member(peer, m.role);
         };
-        let seen = m
-            .cut
-            .as_ref()
-            .filter(|c| c.doc == doc)
-            .and_then(|c| c.clock.get(&actor.to_hex_string()))
+        let seen = cut
+            .clock
+            .get(&actor.to_hex_string())
             .is_some_and(|&max| counter <= max);
         match seen {
             true => Writer::Member(peer, m.role),

@@ -314,3 +314,33 @@ fn a_task_documents_runs_count_from_members_only() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_removal_without_a_cut_keeps_what_the_removed_member_wrote() {
+    // A removal signed before removals carried cuts: the member's writes are judged by its
+    // role alone, so its tasks stay (at least once).
+    let mut w = World::new();
+    let member = w.member.peer().clone();
+    let mut d = w.fork(&member);
+    queue::submit(&mut d, &submission("earlier", &member)).unwrap();
+    w.merge(d);
+    let v = w.view();
+    let op = MemberOp::sign(
+        &w.admin,
+        NewOp {
+            queue: &w.q,
+            kind: OpKind::Remove,
+            peer: &member,
+            role: None,
+            key: None,
+            deps: v.membership.heads(),
+            at_ms: 0,
+            via: None,
+            cut: None,
+        },
+    );
+    queue::add_member_op(&mut w.doc, &op).unwrap();
+    let v = w.view();
+    assert!(!v.membership.is_member(&member));
+    assert!(v.task(&TaskId::new("earlier")).is_some());
+}
