@@ -176,7 +176,8 @@ impl ViewCache {
         .filter_map(key_of)
         .collect();
         let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
-        let judge = Judge::new(&membership, doc_key.as_deref());
+        let built = view.built.clone();
+        let judge = Judge::new(&membership, doc_key.as_deref()).built(built.as_ref());
         if let Some(tasks) = tasks {
             let records = Records::read(doc, &judge);
             for item in doc.map_range(&tasks, ..) {
@@ -353,12 +354,16 @@ impl ViewCache {
             // Who may write what changed: every value is judged anew (rare: an invite, a
             // removal).
             let before = self.view.as_deref().expect("incremental needs a view");
-            if view.membership != before.membership || view.doc_key != before.doc_key {
+            if view.membership != before.membership
+                || view.doc_key != before.doc_key
+                || view.built != before.built
+            {
                 return self.full(doc);
             }
         }
         let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
-        let judge = Judge::new(&membership, doc_key.as_deref());
+        let built = view.built.clone();
+        let judge = Judge::new(&membership, doc_key.as_deref()).built(built.as_ref());
         let mut changed: BTreeSet<TaskId> = dirty.clone();
         for (id, list) in patches {
             changed.insert(id.clone());

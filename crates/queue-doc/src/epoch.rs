@@ -502,6 +502,10 @@ pub fn build_successor(
                 tx.put(&requeues, t.id.as_str(), packed::encode(q))?;
             }
         }
+        // The last operation of the build: everything up to it, by this actor, is the
+        // predecessor's state as its view judged it, copied (`judge.rs` counts it whatever the
+        // builder's role: a member's rotation keeps an admin's configuration).
+        tx.put(ROOT, keys::BUILT, true)?;
         Ok::<_, RotateError>(())
     })
     .map_err(|f| f.error)?;

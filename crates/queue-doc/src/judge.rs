@@ -10,6 +10,8 @@
 //!   (router claims, assignments, starts and ends, schedule firings, pause, boosts) needs a
 //!   member or an admin, `Admin` (the configuration, the schedules) an admin; a cancel or a
 //!   requeue needs a member, or the task's own submitter;
+//! - in a successor, its build (the operations up to the `built` key's, by its writer) counts
+//!   whatever the builder's role: it copies the predecessor's state as that view judged it;
 //! - a write whose writer cannot be known (an actor no member's tag names: a queue written
 //!   before actors were tagged, or a forged actor) counts, as every write did before.
 //!
@@ -17,7 +19,7 @@
 //! the same document is not brought back (Automerge keeps no history a view reads).
 //! Every replica holding the same changes judges them the same, so views still agree.
 
-use automerge::ObjId;
+use automerge::{ActorId, ObjId};
 
 use crate::ids::PeerId;
 use crate::membership::{Membership, Role, Writer};
@@ -38,6 +40,7 @@ pub(crate) enum Right {
 pub(crate) struct Judge<'a> {
     membership: Option<&'a Membership>,
     doc: Option<&'a str>,
+    built: Option<&'a (u64, ActorId)>,
 }
 
 impl<'a> Judge<'a> {
@@ -48,6 +51,7 @@ impl<'a> Judge<'a> {
         Judge {
             membership: None,
             doc: None,
+            built: None,
         }
     }
 
@@ -56,6 +60,23 @@ impl<'a> Judge<'a> {
         Judge {
             membership: Some(membership),
             doc,
+            built: None,
+        }
+    }
+
+    /// In a successor: `built` is its build's last operation (counter, actor); the operations
+    /// up to it by that actor are the predecessor's state as its view judged it, and count
+    /// whatever the builder's role (a member's rotation keeps an admin's configuration).
+    pub(crate) fn built(self, built: Option<&'a (u64, ActorId)>) -> Judge<'a> {
+        Judge { built, ..self }
+    }
+
+    fn copied(&self, id: &ObjId) -> bool {
+        match (self.built, id) {
+            (Some((last, builder)), ObjId::Id(counter, actor, _)) => {
+                counter <= last && actor == builder
+            }
+            _ => false,
         }
     }
 
@@ -72,7 +93,7 @@ impl<'a> Judge<'a> {
         let Some(m) = self.membership else {
             return true;
         };
-        if need != Right::Admin && m.all_work() {
+        if (need != Right::Admin && m.all_work()) || self.copied(id) {
             return true;
         }
         match self.writer(id) {
@@ -90,7 +111,7 @@ impl<'a> Judge<'a> {
     /// counts for any task, `Some(Some(peer))` if only for a task `peer` submitted (its writer
     /// is a submitter).
     pub(crate) fn owner_only(&self, id: &ObjId) -> Option<Option<PeerId>> {
-        if self.membership.is_none_or(Membership::all_work) {
+        if self.membership.is_none_or(Membership::all_work) || self.copied(id) {
             return Some(None);
         }
         match self.writer(id) {

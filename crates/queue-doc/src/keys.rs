@@ -75,3 +75,6 @@ pub(crate) const CARRIED_FROM: &str = "carried_from";
 /// those writes.
 pub(crate) const COVERED: &str = "covered";
 pub(crate) const RETIRED: &str = "retired";
+/// Root key of a successor, written last when it is built: its operation id bounds the build's
+/// operations, which readers count as copies of the predecessor's judged state.
+pub(crate) const BUILT: &str = "built";

@@ -90,6 +90,9 @@ pub struct QueueView {
     /// Task entries, attempts and router claims that could not be read or were ignored (written
     /// by a faulty or hostile peer).
     pub malformed: usize,
+    /// In a successor, the build's last operation: the operations up to it by its actor are
+    /// the predecessor's state, copied (see `judge.rs`).
+    pub(crate) built: Option<(u64, automerge::ActorId)>,
     /// Tasks re-derived because a dependency's outcome changed, since the last
     /// its last refresh (the cache reports them as changed).
     rederived: Rederived,
@@ -381,7 +384,8 @@ impl QueueView {
         view.malformed += bad_claims;
         if let Some(tasks) = tasks {
             let (membership, doc_key) = (Arc::clone(&view.membership), view.doc_key.clone());
-            let judge = Judge::new(&membership, doc_key.as_deref());
+            let built = view.built.clone();
+            let judge = Judge::new(&membership, doc_key.as_deref()).built(built.as_ref());
             let records = Records::read(doc, &judge);
             for item in doc.map_range(&tasks, ..) {
                 // A removed peer's submission its removal had not seen.
@@ -839,6 +843,7 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     let mut prev = None;
     let mut prev_heads = Vec::new();
     let mut paused = None;
+    let mut built = None;
     for item in doc.map_range(ROOT, ..) {
         match (item.key.as_ref(), &item.value) {
             (keys::EPOCH, v) => view.epoch = am::as_uint(v).unwrap_or(0),
@@ -851,6 +856,12 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
             (keys::VERSION, v) => view.version = am::as_uint(v).unwrap_or(u64::MAX),
             (keys::NAME, v) => view.name = am::as_str(v).unwrap_or_default().to_owned(),
             (keys::PAUSED, _) => paused = Some(item.id()),
+            (keys::BUILT, _) => {
+                built = match item.id() {
+                    ObjId::Id(counter, actor, _) => Some((counter, actor)),
+                    ObjId::Root => None,
+                }
+            }
             (keys::TASKS, ValueRef::Object(ObjType::Map)) => tasks = Some(item.id()),
             (keys::CONFIG, ValueRef::Object(ObjType::Map)) => config = Some(item.id()),
             (keys::MEMBERS, ValueRef::Object(ObjType::Map)) => members = Some(item.id()),
@@ -922,8 +933,10 @@ pub(crate) fn read_root(doc: &Automerge, view: &mut QueueView) -> Option<(Option
     ));
     // Everything below is judged by who wrote it (`judge.rs`).
     let membership = Arc::clone(&view.membership);
+    view.built = built.filter(|_| view.epoch > 0);
     let doc_key = view.doc_key.clone();
-    let judge = Judge::new(&membership, doc_key.as_deref());
+    let built = view.built.clone();
+    let judge = Judge::new(&membership, doc_key.as_deref()).built(built.as_ref());
     view.paused = paused.is_some_and(|_| {
         am::judged(doc, &ROOT, keys::PAUSED, &judge, Right::Work)
             .and_then(|v| am::value_bool(&v))

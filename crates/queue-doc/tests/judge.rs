@@ -344,3 +344,57 @@ fn a_removal_without_a_cut_keeps_what_the_removed_member_wrote() {
     assert!(!v.membership.is_member(&member));
     assert!(v.task(&TaskId::new("earlier")).is_some());
 }
+
+#[test]
+fn a_members_rotation_keeps_the_admins_configuration_and_schedules() {
+    use piecework_queue_doc::epoch::{self, Rotation};
+    let mut w = World::new();
+    let (admin, member) = (w.admin.peer().clone(), w.member.peer().clone());
+    let mut d = w.fork(&admin);
+    queue::set_config(&mut d, &attempts(9), 20).unwrap();
+    schedule(&mut d, "nightly");
+    w.merge(d);
+    let mut d = w.fork(&member);
+    queue::claim_router(&mut d, &Claim::new(1, member.clone()), 10).unwrap();
+    queue::submit(&mut d, &submission("live", &member)).unwrap();
+    w.merge(d);
+    let view = w.view();
+    assert_eq!(view.config.max_attempts, 9);
+    // The member, routing, rotates: the successor is written under its actor alone.
+    let mut succ = Automerge::new().with_actor(actor_for(&member, [2; 8]));
+    let claim = Claim::new(2, member.clone());
+    epoch::build_successor(
+        &w.doc,
+        &view,
+        &mut succ,
+        &Rotation {
+            origin: &w.q,
+            prev: w.q.as_str(),
+            successor: "automerge:successor",
+            epoch: 1,
+            claim: &claim,
+            now_ms: 30,
+        },
+    )
+    .unwrap();
+    let next = QueueView::read(&succ).unwrap();
+    assert_eq!(next.doc_key.as_deref(), Some("automerge:successor"));
+    assert_eq!(
+        next.config.max_attempts, 9,
+        "the admin's configuration, copied"
+    );
+    assert!(next.schedules.contains_key("nightly"));
+    assert!(next.task(&TaskId::new("live")).is_some());
+    // After the build, the member's own configuration write is judged as its own: it does
+    // not count (and the copy it overwrote is not brought back: the default is read).
+    queue::set_config(&mut succ, &attempts(4), 40).unwrap();
+    assert_eq!(
+        QueueView::read(&succ).unwrap().config.max_attempts,
+        QueueConfig::default().max_attempts
+    );
+    let mut cache = ViewCache::new();
+    assert_eq!(
+        **cache.refresh(&succ).unwrap(),
+        QueueView::read(&succ).unwrap()
+    );
+}

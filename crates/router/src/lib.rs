@@ -622,10 +622,12 @@ impl Router {
     /// routes. If it is the active router, it hands the role over: its next heartbeats
     /// ([`Router::poll_beat`], due at once) name a successor, which claims without waiting
     /// `takeover_after`, and it beats until a view shows another effective claim. The
-    /// successor is the member whose pool was heard last (within three pool heartbeats and
-    /// not stopping itself), the smaller peer id on a tie; with none, nobody is named and
-    /// the others take over after `takeover_after` as after a crash. Assignments already
-    /// made keep their claim: workers run them.
+    /// successor is the member whose pool was heard last (within its lease, not stopping
+    /// itself), the smaller peer id on a tie; with none heard (a loaded machine's beats not
+    /// read yet), the first member of the view that routes and runs and was not heard
+    /// stopping; with none, nobody is named and the others take over after
+    /// `takeover_after` as after a crash (as they do if the member named is gone). Assignments
+    /// already made keep their claim: workers run them.
     pub fn stop(&mut self, now: Instant) {
         if matches!(self.role, Role::Stopped { .. }) {
             return;
@@ -647,8 +649,11 @@ impl Router {
     /// The member to hand the router role over to (see [`Router::stop`]).
     fn successor(&self, now: Instant) -> Option<PeerId> {
         let view = self.view.as_ref()?;
-        let c = &view.config;
-        let fresh = ms(c.pool_heartbeat_ms.saturating_mul(3).min(c.lease_ms));
+        // Within the lease, not three heartbeats as for routing: the latest heard is named
+        // anyway, and a router stopping at the end of a long turn (a big batch, a loaded
+        // machine) may not have read the last beats. Naming a member that died since costs
+        // what naming nobody costs: the others take over after `takeover_after`.
+        let fresh = ms(view.config.lease_ms);
         self.pools
             .iter()
             .filter(|(p, s)| {
@@ -660,6 +665,19 @@ impl Router {
             // The latest heard; on a tie the smaller id (the map is ordered by id).
             .max_by(|(pa, a), (pb, b)| a.heard_at.cmp(&b.heard_at).then(pb.cmp(pa)))
             .map(|(p, _)| p.clone())
+            .or_else(|| {
+                // None heard: any member that may route. Named and gone costs what naming
+                // nobody costs.
+                view.membership
+                    .active()
+                    .filter(|(p, role)| {
+                        **p != self.me
+                            && role.works()
+                            && self.pools.get(*p).is_none_or(|s| !s.beat.draining)
+                    })
+                    .map(|(p, _)| p.clone())
+                    .next()
+            })
     }
 
     /// What keeps every live pool this router hears from running `task`, if no such pool can
