@@ -129,10 +129,11 @@ fn queue_with(n: u64, finished: bool) -> Automerge {
 /// A queue with `n` finished tasks whose every value is judged: signed membership, a
 /// submitter and a removed member beside the creator, who writes everything.
 fn judged_queue_with(n: u64) -> Automerge {
-    let creator = Signer::new(me(), [1; 32]);
+    // Not a libp2p id: its key is the signer's own.
+    let creator = Signer::new(PeerId::new("bench-creator"), [1; 32]);
     let q = QueueId::new("automerge:judged");
-    let mut doc = Automerge::new().with_actor(actor_for(&me(), [1; 8]));
-    queue::create(&mut doc, "q", &QueueConfig::default(), &me(), 0).expect("create");
+    let mut doc = Automerge::new().with_actor(actor_for(creator.peer(), [1; 8]));
+    queue::create(&mut doc, "q", &QueueConfig::default(), creator.peer(), 0).expect("create");
     queue::set_signed_membership(&mut doc, &q, &creator.public()).expect("signed");
     for (peer, kind) in [
         ("submitter", OpKind::Add),
