@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::am;
 use crate::chain::{PackedLatest, PackedSeal, decode_heads, encode_heads};
 use crate::ids::{Claim, QueueId, TaskId};
-use crate::judge::Judge;
+use crate::judge::{Judge, Right};
 use crate::keys;
 use crate::keys::{
     CARRIED_FROM, COVERED, EPOCH, LATEST, LINEAGE, ORIGIN, PREV, PREV_HEADS, RETIRED, SEALS,
@@ -832,6 +832,15 @@ pub fn carry_covering(
         .collect();
     let mut settings_touched = false;
     let mut looked = Cover::default();
+    // Late writes are judged as `from`'s view judges them (`judge.rs`): what a removed peer
+    // wrote beyond its removal's cut, or a peer beyond its role, is not carried (carried, it
+    // would be the carrier's write).
+    let mut root = QueueView::default();
+    let judged = crate::view::read_root(from, &mut root).is_some();
+    let judge = match judged {
+        true => Judge::new(&root.membership, root.doc_key.as_deref()).built(root.built.as_ref()),
+        false => Judge::open(),
+    };
     for change in &changes {
         if let Some((_, epoch)) = cover {
             looked.epoch = epoch;
@@ -842,27 +851,39 @@ pub fn carry_covering(
             *e = (*e).max(change.max_op());
         }
         let expanded = change.decode();
-        for op in &expanded.operations {
+        let start = expanded.start_op.get();
+        for (n, op) in (0u64..).zip(expanded.operations.iter()) {
+            let id = ObjId::Id(start + n, expanded.actor_id.clone(), 0);
+            let may = |right: Right| judge.allows(&id, right);
             match (&op.obj, &op.key) {
                 (ObjectId::Id(OpId(counter, actor)), Key::Map(key)) => {
                     let k = (*counter, actor.clone());
                     if let Some(&i) = maps.get(&k) {
-                        touched.insert((i, key.to_string()));
+                        let counts = match CARRIED[i] {
+                            packed::ASSIGNED | packed::STARTED | packed::ENDED | packed::OUTPUT => {
+                                may(Right::Work)
+                            }
+                            packed::CANCELS | packed::REQUEUES => judge.owner_only(&id).is_some(),
+                            _ => may(Right::Any),
+                        };
+                        if counts {
+                            touched.insert((i, key.to_string()));
+                        }
                     } else if routers.contains(&k) {
-                        router_touched = true;
+                        router_touched |= may(Right::Work);
                     } else if cover_maps.contains(&k) {
                         covers_touched = true;
                     } else if config_maps.contains(&k) {
-                        settings_touched = true;
+                        settings_touched |= may(Right::Work);
                     }
                 }
                 (ObjectId::Root, Key::Map(key))
                     if key == keys::PAUSED || key == settings::PAUSED_AT || key == keys::CONFIG =>
                 {
-                    settings_touched = true
+                    settings_touched |= may(Right::Work)
                 }
                 (ObjectId::Root, Key::Map(key)) if key == keys::ROUTER || key == keys::CLAIMS => {
-                    router_touched = true
+                    router_touched |= may(Right::Work)
                 }
                 (ObjectId::Root, Key::Map(key)) if key == COVERED => covers_touched = true,
                 (ObjectId::Root, Key::Map(key))

@@ -398,3 +398,49 @@ fn a_members_rotation_keeps_the_admins_configuration_and_schedules() {
         QueueView::read(&succ).unwrap()
     );
 }
+
+#[test]
+fn a_removed_members_late_write_is_not_carried_into_the_successor() {
+    use piecework_queue_doc::epoch::{self, Rotation};
+    let mut w = World::new();
+    let (admin, member, submitter) = (
+        w.admin.peer().clone(),
+        w.member.peer().clone(),
+        w.submitter.peer().clone(),
+    );
+    // Replicas of the member and the submitter, partitioned from here on.
+    let mut theirs = w.fork(&member);
+    let mut sub = w.fork(&submitter);
+    // The admin removes the member and rotates.
+    w.op(OpKind::Remove, &member, None);
+    let view = w.view();
+    let sealed_at = w.doc.get_heads();
+    let mut succ = Automerge::new().with_actor(actor_for(&admin, [3; 8]));
+    let claim = Claim::new(1, admin.clone());
+    epoch::build_successor(
+        &w.doc,
+        &view,
+        &mut succ,
+        &Rotation {
+            origin: &w.q,
+            prev: w.q.as_str(),
+            successor: "automerge:next",
+            epoch: 1,
+            claim: &claim,
+            now_ms: 30,
+        },
+    )
+    .unwrap();
+    // Late writes into the sealed document: the removed member's, and a submitter's.
+    queue::submit(&mut theirs, &submission("removed-late", &member)).unwrap();
+    queue::submit(&mut sub, &submission("submitter-late", &submitter)).unwrap();
+    w.merge(theirs);
+    w.merge(sub);
+    epoch::carry(&w.doc, &sealed_at, &mut succ, &|_| false, None, 1_000).unwrap();
+    let next = QueueView::read(&succ).unwrap();
+    assert!(next.task(&TaskId::new("submitter-late")).is_some());
+    assert!(
+        next.task(&TaskId::new("removed-late")).is_none(),
+        "a removed member's write its removal had not seen, carried by the admin"
+    );
+}
